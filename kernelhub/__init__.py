@@ -1,0 +1,34 @@
+"""kernelhub: grouped matmuls for JAX, one contract, the best kernel for where it runs.
+
+    import kernelhub
+    out = kernelhub.grouped_matmul(lhs, rhs, group_sizes)          # best for this backend
+    gmm = kernelhub.get("grouped_matmul", platform="xla")           # or force one
+    kernelhub.resolve("grouped_matmul")                             # which would run
+
+Importing registers the implementations; it touches no device and reads no environment.
+"""
+
+from kernelhub._dispatch import NoImplementationError, get, resolve
+from kernelhub._registry import Backend, KernelSpec, Platform, implementations, ops, register
+from kernelhub._runtime_checks import runtime_checks
+from kernelhub.ops.grouped_matmul import grouped_matmul
+from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
+
+from kernelhub import _xla  # noqa: E402,F401  (registers the xla implementations)
+
+__all__ = [
+    "Backend",
+    "KernelSpec",
+    "NoImplementationError",
+    "Platform",
+    "get",
+    "grouped_matmul",
+    "implementations",
+    "ops",
+    "register",
+    "resolve",
+    "runtime_checks",
+    "transposed_grouped_matmul",
+]
+
+__version__ = "0.1.0"

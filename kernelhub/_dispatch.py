@@ -1,0 +1,162 @@
+"""Call-time selection of an implementation.
+
+Order of authority: an explicit `platform=`/`backend=` given to `get` or `resolve`, then the
+KERNELHUB_PLATFORM environment variable (read on every call), then the best available
+implementation for the backend the computation runs on. A forced choice that cannot be served is
+an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+
+from kernelhub import _registry, _runtime_checks
+from kernelhub._registry import Backend, KernelSpec, Platform
+
+PLATFORM_VARIABLE = "KERNELHUB_PLATFORM"
+
+# jax names several GPU platforms; kernelhub's backends group them.
+_JAX_PLATFORM_TO_BACKEND = {"cpu": Backend.CPU, "gpu": Backend.GPU, "cuda": Backend.GPU,
+                            "rocm": Backend.GPU, "tpu": Backend.TPU}
+
+
+class NoImplementationError(ValueError):
+    """No implementation fits what was asked (a forced platform or backend, or none registered)."""
+
+
+def platform_from_environment() -> Platform | None:
+    """The platform forced by KERNELHUB_PLATFORM, or None when it is unset or empty."""
+    value = os.environ.get(PLATFORM_VARIABLE, "").strip()
+    if not value:
+        return None
+    return _registry.as_platform(value, argument=PLATFORM_VARIABLE)
+
+
+def backend_of_jax_platform(name: str) -> Backend:
+    try:
+        return _JAX_PLATFORM_TO_BACKEND[name]
+    except KeyError:
+        raise NoImplementationError(f"kernelhub has no backend for the jax platform {name!r}") from None
+
+
+def running_backend(arrays: Iterable[Any] = ()) -> Backend:
+    """The backend a call on `arrays` runs on: their devices when committed, else jax's default."""
+    platforms = set()
+    for array in arrays:
+        if isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer):
+            if getattr(array, "committed", False):
+                platforms.update(device.platform for device in array.devices())
+    if len(platforms) > 1:
+        raise ValueError(f"inputs are committed to devices of several platforms: {sorted(platforms)}")
+    name = platforms.pop() if platforms else jax.default_backend()
+    return backend_of_jax_platform(name)
+
+
+def resolve(
+    op: str,
+    platform: Platform | str | None = None,
+    backend: Backend | str | None = None,
+    *,
+    arrays: Iterable[Any] = (),
+) -> KernelSpec:
+    """The implementation a call of `op` would use now; see the module docstring for the order."""
+    definition = _registry.op_definition(op)
+    forced_platform = _registry.as_platform(platform) if platform is not None else None
+    source = "platform argument"
+    if forced_platform is None:
+        forced_platform = platform_from_environment()
+        source = f"{PLATFORM_VARIABLE}={os.environ.get(PLATFORM_VARIABLE, '').strip()}"
+    if backend is not None:
+        target = _registry.as_backend(backend)
+        if target is Backend.ANY:
+            raise ValueError("backend='any' names no hardware; use tpu, gpu or cpu")
+        backend_forced = True
+    else:
+        target = running_backend(arrays)
+        backend_forced = False
+
+    candidates = [
+        spec
+        for spec in _registry.implementations(definition.name)
+        if spec.backend in (target, Backend.ANY)
+        and (forced_platform is None or spec.platform is forced_platform)
+        and (forced_platform is not None or not spec.interpret_only)
+    ]
+    usable = [spec for spec in candidates if _usable(spec, backend_forced)]
+    if usable:
+        # A kernel written for this backend beats a portable one of the same priority.
+        return max(usable, key=lambda s: (s.priority, s.backend is not Backend.ANY))
+
+    wanted = f"backend={target.value}" + ("" if forced_platform is None else
+                                          f", platform={forced_platform.value} (from {source})")
+    reasons = [f"{s.platform.value}/{s.backend.value}: {s.unavailable_reason()}" for s in candidates]
+    others = [f"{s.platform.value}/{s.backend.value}" for s in _registry.implementations(definition.name)]
+    detail = ("; ".join(reasons) if reasons else "none is registered") + (
+        f". Registered for {op}: {', '.join(others) or 'none'}")
+    raise NoImplementationError(f"no implementation of {op} for {wanted}: {detail}")
+
+
+def _usable(spec: KernelSpec, backend_forced: bool) -> bool:
+    """Whether `spec` may serve the call.
+
+    With a forced backend the call is lowered for hardware that may be absent here (ahead-of-time
+    compilation), so only the implementation's own requirements (its imports) count.
+    """
+    reason = spec.unavailable_reason()
+    if reason is None:
+        return True
+    return backend_forced and reason.startswith(_registry.NO_DEVICE_PREFIX)
+
+
+class Dispatched:
+    """The callable `get` returns: checks the contract, selects, and calls an implementation."""
+
+    def __init__(self, op: str, platform: Platform | str | None, backend: Backend | str | None):
+        self._definition = _registry.op_definition(op)
+        self._platform = _registry.as_platform(platform) if platform is not None else None
+        self._backend = _registry.as_backend(backend) if backend is not None else None
+        self.__signature__ = self._definition.signature
+        self.__doc__ = self._definition.doc
+        self.__name__ = self.__qualname__ = self._definition.name
+
+    def __repr__(self) -> str:
+        forced = [f"{k}={v.value}" for k, v in (("platform", self._platform), ("backend", self._backend)) if v]
+        return f"kernelhub.get({self._definition.name!r}{''.join(', ' + f for f in forced)})"
+
+    def resolve(self, *arrays: Any) -> KernelSpec:
+        return resolve(self._definition.name, self._platform, self._backend, arrays=arrays)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        definition = self._definition
+        try:
+            bound = definition.signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{definition.name}: {error}") from None
+        bound.apply_defaults()
+        definition.typecheck(*bound.args, **bound.kwargs)
+        prepared = definition.prepare(bound)
+        spec = self.resolve(*(v for v in prepared.values() if isinstance(v, jax.Array)))
+        if _runtime_checks.enabled():
+            prepared = _runtime_checks.attach(definition.name, prepared)
+        return spec.fn(**prepared)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_get(op: str, platform: Platform | None, backend: Backend | None) -> Dispatched:
+    return Dispatched(op, platform, backend)
+
+
+def get(op: str, platform: Platform | str | None = None,
+        backend: Backend | str | None = None) -> Callable[..., Any]:
+    """A callable for `op` that selects its implementation each time it is called or traced."""
+    _registry.op_definition(op)
+    return _cached_get(
+        op,
+        _registry.as_platform(platform) if platform is not None else None,
+        _registry.as_backend(backend) if backend is not None else None,
+    )

@@ -1,0 +1,81 @@
+"""The opt-in runtime check of group sizes and offsets under jit.
+
+When the values are concrete the contract checks them before any kernel runs. Under `jit` they are
+not known while tracing; with this switch on, the traced call carries a host callback that raises
+a ValueError naming the bad argument when the computation runs. It costs a device-to-host copy of
+group_sizes per call, which is why it is off by default. With it off, the kernels clamp every
+index, so bad sizes give unspecified values but never out-of-bounds memory access.
+
+Switch it on with the environment variable KERNELHUB_RUNTIME_CHECKS=1 (read when a call is
+traced), or for a block of code with `kernelhub.runtime_checks()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+RUNTIME_CHECKS_VARIABLE = "KERNELHUB_RUNTIME_CHECKS"
+_override: contextvars.ContextVar[bool | None] = contextvars.ContextVar("kernelhub_runtime_checks", default=None)
+
+
+def enabled() -> bool:
+    override = _override.get()
+    if override is not None:
+        return override
+    return os.environ.get(RUNTIME_CHECKS_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def runtime_checks(enable: bool = True) -> Iterator[None]:
+    """Turns the runtime check of group sizes on (or off) for calls traced inside the block."""
+    token = _override.set(bool(enable))
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def _rows_of(op: str, prepared: dict[str, Any]) -> int:
+    # grouped_matmul's rows are lhs's first axis; transposed_grouped_matmul's are its second.
+    return prepared["lhs"].shape[0 if op == "grouped_matmul" else 1]
+
+
+def _local_groups(op: str, prepared: dict[str, Any]) -> int:
+    if op == "grouped_matmul":
+        return prepared["rhs"].shape[0]
+    return prepared["num_actual_groups"]
+
+
+def attach(op: str, prepared: dict[str, Any]) -> dict[str, Any]:
+    """Returns `prepared` with group_sizes routed through a host check of its values."""
+    rows = _rows_of(op, prepared)
+    local_groups = _local_groups(op, prepared)
+
+    def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
+        validate_values(np.asarray(group_sizes), int(group_offset), rows, local_groups, op)
+
+    jax.debug.callback(check, prepared["group_sizes"], prepared["group_offset"], ordered=False)
+    return prepared
+
+
+def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int, local_groups: int, op: str) -> None:
+    """Raises a ValueError when concrete group sizes or offsets break the contract of `op`."""
+    if np.any(group_sizes < 0):
+        bad = np.flatnonzero(group_sizes < 0)[:5].tolist()
+        raise ValueError(f"{op}: group_sizes must be >= 0; negative at indices {bad}")
+    total = int(np.sum(group_sizes, dtype=np.int64))
+    if total > rows:
+        raise ValueError(f"{op}: group_sizes sum to {total}, more than the {rows} rows of lhs")
+    num_groups = group_sizes.shape[0]
+    if group_offset < 0 or group_offset + local_groups > num_groups:
+        raise ValueError(
+            f"{op}: group_offset={group_offset} with {local_groups} local groups must lie within "
+            f"the {num_groups} groups of group_sizes (0 <= group_offset <= {num_groups - local_groups})"
+        )

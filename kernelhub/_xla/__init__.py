@@ -1,0 +1,22 @@
+"""Pure-XLA implementations: run on every backend, differentiable, the default on CPU."""
+
+from __future__ import annotations
+
+import jax
+
+from kernelhub._registry import register
+from kernelhub._xla.grouped_matmul import raw_grouped_matmul
+from kernelhub._xla.transposed_grouped_matmul import raw_transposed_grouped_matmul
+from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
+from kernelhub.ops._autodiff import differentiable
+
+_differentiable = differentiable(raw_grouped_matmul, raw_transposed_grouped_matmul)
+
+grouped_matmul = register(GROUPED_MATMUL, "xla", "any")(
+    jax.jit(_differentiable.grouped_matmul,
+            static_argnames=("preferred_element_type", "tiling", "transpose_rhs"))
+)
+transposed_grouped_matmul = register(TRANSPOSED_GROUPED_MATMUL, "xla", "any")(
+    jax.jit(_differentiable.transposed_grouped_matmul,
+            static_argnames=("preferred_element_type", "tiling", "num_actual_groups"))
+)

@@ -1,0 +1,87 @@
+"""Covering a group's rows with few, well-shaped matmuls, for XLA on any backend.
+
+A group of r rows is cut into chunks whose sizes follow r's binary digits: as many chunks of the
+largest size as fit, then at most one chunk of each smaller power of two, then one masked chunk
+of the smallest size for the rest. A group thus costs about r rows of work plus at most
+`smallest - 1` masked rows, whatever the mix of group sizes, and an empty group costs nothing:
+neither many small groups nor one huge group wastes work, which a single fixed tile would.
+
+Chunks read a window that is clamped to the array, so no chunk reads or writes out of bounds;
+the rows of a window that are not the chunk's own are masked with a select (never a multiply,
+so a NaN elsewhere cannot leak in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+SMALLEST_CHUNK = 8
+DEFAULT_LARGEST_CHUNK = 512
+
+# step(carry, window_start, window_rows, row_is_valid[window_rows]) -> carry
+ChunkStep = Callable[[Any, jax.Array, int, jax.Array], Any]
+
+
+def chunk_sizes(rows: int, largest: int = DEFAULT_LARGEST_CHUNK) -> tuple[int, ...]:
+    """The chunk sizes used for an array of `rows` rows, largest first (powers of two)."""
+    top = 1
+    while top * 2 <= min(largest, rows):
+        top *= 2
+    sizes = [top]
+    while sizes[-1] > SMALLEST_CHUNK:
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
+
+
+def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ...],
+               step: ChunkStep, carry: Any) -> Any:
+    """Folds `step` over chunks covering rows [start, end) of an array with `rows` rows."""
+
+    def run(size: int, state: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
+        carry, logical_start = state
+        window_start = jnp.minimum(logical_start, rows - size)
+        row = window_start + jnp.arange(size, dtype=jnp.int32)
+        valid = (row >= logical_start) & (row < end)
+        return step(carry, window_start, size, valid), logical_start + size
+
+    top = sizes[0]
+    full_chunks = jnp.maximum(end - start, 0) // top
+    state = lax.fori_loop(0, full_chunks, lambda _, s: run(top, s), (carry, start))
+    for size in sizes[1:]:
+        state = lax.cond(end - state[1] >= size, lambda s, size=size: run(size, s), lambda s: s, state)
+    smallest = sizes[-1]
+    state = lax.cond(end - state[1] > 0, lambda s: run(smallest, s), lambda s: s, state)
+    return state[0]
+
+
+def as_bits(array: jax.Array) -> jax.Array:
+    """16-bit floats as uint16 so XLA:CPU slices them without upcasting the whole array."""
+    if array.dtype.itemsize == 2:
+        return lax.bitcast_convert_type(array, jnp.uint16)
+    return array
+
+
+def from_bits(array: jax.Array, dtype: Any) -> jax.Array:
+    if array.dtype == jnp.uint16:
+        return lax.bitcast_convert_type(array, dtype)
+    return array
+
+
+def largest_chunk(tiling: Any, m: int, k: int, n: int) -> int:
+    """The largest row chunk: tiling[0] when given (a power of two), else the default."""
+    if callable(tiling):
+        tiling = tiling(m, k, n)
+    if tiling is None:
+        return DEFAULT_LARGEST_CHUNK
+    rows = tiling[0]
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(
+            f"tiling for the xla implementation is (rows, ...): rows, the largest row chunk, must "
+            f"be a power of two, got {tiling!r}"
+        )
+    return rows

@@ -1,0 +1,49 @@
+"""grouped_matmul in plain XLA (contract: kernelhub/ops/grouped_matmul.py).
+
+One loop over the local groups; each group's rows are covered by `_row_chunks`, so the work
+is about m*k*n whatever the number or sizes of groups, with no [G, m, ...] intermediate.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._xla import _row_chunks
+from kernelhub.ops._groups import local_bounds
+
+
+def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
+                       group_offset=None, existing_out=None, transpose_rhs=False) -> jax.Array:
+    out_dtype = jnp.dtype(preferred_element_type)
+    m, k = lhs.shape
+    local_groups = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    if group_offset is None:
+        group_offset = jnp.zeros((), jnp.int32)
+    out = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
+    if m == 0 or n == 0:
+        return out
+    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    sizes = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))
+    starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
+    lhs_bits, rhs_bits = _row_chunks.as_bits(lhs), _row_chunks.as_bits(rhs)
+    contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
+
+    def one_group(j, out_bits):
+        weights = _row_chunks.from_bits(rhs_bits[j], rhs.dtype).astype(compute_dtype)
+
+        def step(out_bits, window_start, window_rows, valid):
+            rows = lax.dynamic_slice_in_dim(lhs_bits, window_start, window_rows, 0)
+            rows = _row_chunks.from_bits(rows, lhs.dtype).astype(compute_dtype)
+            product = lax.dot_general(rows, weights, (contract, ((), ())),
+                                      preferred_element_type=jnp.float32).astype(out_dtype)
+            old = lax.dynamic_slice_in_dim(out_bits, window_start, window_rows, 0)
+            new = jnp.where(valid[:, None], _row_chunks.as_bits(product), old)
+            return lax.dynamic_update_slice_in_dim(out_bits, new, window_start, 0)
+
+        return _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step, out_bits)
+
+    out_bits = lax.fori_loop(0, local_groups, one_group, _row_chunks.as_bits(out))
+    return _row_chunks.from_bits(out_bits, out_dtype)

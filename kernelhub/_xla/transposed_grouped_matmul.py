@@ -1,0 +1,56 @@
+"""transposed_grouped_matmul in plain XLA (contract: kernelhub/ops/transposed_grouped_matmul.py).
+
+One loop over the computed groups; each accumulates its rows' outer products in float32 over
+the chunks of `_row_chunks`, so the work is about k*m*n whatever the groups.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._xla import _row_chunks
+from kernelhub.ops._groups import local_bounds
+
+
+def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
+                                  tiling=None, group_offset=None, num_actual_groups=None,
+                                  existing_out=None) -> jax.Array:
+    out_dtype = jnp.dtype(preferred_element_type)
+    k, m = lhs.shape
+    n = rhs.shape[1]
+    if group_offset is None:
+        group_offset = jnp.zeros((), jnp.int32)
+    actual = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
+    out = existing_out if existing_out is not None else jnp.zeros((actual, k, n), out_dtype)
+    if m == 0 or k == 0 or n == 0 or actual == 0:
+        return out
+    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    sizes = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))
+    starts, ends = local_bounds(group_sizes, group_offset, actual, m)
+    # Rows of lhs^T are contiguous, so chunks slice one axis of both operands.
+    lhs_rows_bits = _row_chunks.as_bits(lhs.T)
+    rhs_bits = _row_chunks.as_bits(rhs)
+
+    def window(bits, dtype, window_start, window_rows, valid):
+        rows = lax.dynamic_slice_in_dim(bits, window_start, window_rows, 0)
+        rows = _row_chunks.from_bits(rows, dtype).astype(compute_dtype)
+        return jnp.where(valid[:, None], rows, jnp.zeros_like(rows))
+
+    def step(total, window_start, window_rows, valid):
+        left = window(lhs_rows_bits, lhs.dtype, window_start, window_rows, valid)
+        right = window(rhs_bits, rhs.dtype, window_start, window_rows, valid)
+        return total + lax.dot_general(left, right, (((0,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.float32)
+
+    def one_group(j, out_bits):
+        total = _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step,
+                                       jnp.zeros((k, n), jnp.float32))
+        if existing_out is not None:
+            total = total + existing_out[j].astype(jnp.float32)
+        block = _row_chunks.as_bits(total.astype(out_dtype))[None]
+        return lax.dynamic_update_slice_in_dim(out_bits, block, j, 0)
+
+    out_bits = lax.fori_loop(0, actual, one_group, _row_chunks.as_bits(out))
+    return _row_chunks.from_bits(out_bits, out_dtype)

@@ -1,0 +1,108 @@
+"""Exact gradients for any pair of raw grouped-matmul kernels.
+
+An implementation supplies forward kernels with the contracts' signatures (already validated
+arguments, no autodiff of their own) and gets back differentiable functions. The backward pass
+needs nothing but the two ops themselves:
+
+  gmm:  out = lhs @ rhs[j] on local rows, existing_out elsewhere
+        d lhs         = gmm(d out, rhs, transpose_rhs = not transpose_rhs)
+        d rhs[j]      = tgmm(lhs^T, d out)        (tgmm(d out^T, lhs) when rhs is transposed)
+        d existing_out = d out where the row is not computed, else 0
+  tgmm: out[j] = lhs[:, rows] @ rhs[rows] + existing_out[j]
+        d lhs         = gmm(rhs, d out, transpose_rhs=True)^T
+        d rhs         = gmm(lhs^T, d out)
+        d existing_out = d out
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from kernelhub.ops._groups import computed_rows
+
+RawKernel = Callable[..., jax.Array]
+
+
+class Differentiable(NamedTuple):
+    grouped_matmul: Callable[..., jax.Array]
+    transposed_grouped_matmul: Callable[..., jax.Array]
+
+
+def _zero_cotangent(value: Any) -> Any:
+    del value  # integer inputs take no cotangent
+    return None
+
+
+def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
+    """Wraps raw forward kernels in custom VJPs built from the same kernels."""
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 7))
+    def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
+            transpose_rhs):
+        return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                       existing_out, transpose_rhs)
+
+    def gmm_forward(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                    existing_out, transpose_rhs):
+        out = gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                  existing_out, transpose_rhs)
+        return out, (lhs, rhs, group_sizes, group_offset, existing_out)
+
+    def gmm_backward(preferred_element_type, tiling, transpose_rhs, residuals, d_out):
+        lhs, rhs, group_sizes, group_offset, existing_out = residuals
+        local_groups = rhs.shape[0]
+        d_lhs = raw_gmm(d_out, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
+                        not transpose_rhs)
+        if transpose_rhs:
+            d_rhs = raw_tgmm(d_out.T, lhs, group_sizes, jnp.float32, tiling, group_offset,
+                             local_groups, None)
+        else:
+            d_rhs = raw_tgmm(lhs.T, d_out, group_sizes, jnp.float32, tiling, group_offset,
+                             local_groups, None)
+        d_existing = None
+        if existing_out is not None:
+            computed = computed_rows(group_sizes, group_offset, local_groups, lhs.shape[0])
+            d_existing = jnp.where(computed[:, None], jnp.zeros_like(d_out), d_out)
+        return (d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype), _zero_cotangent(group_sizes),
+                _zero_cotangent(group_offset), d_existing)
+
+    gmm.defvjp(gmm_forward, gmm_backward)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 6))
+    def tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+             num_actual_groups, existing_out):
+        return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                        num_actual_groups, existing_out)
+
+    def tgmm_forward(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                     num_actual_groups, existing_out):
+        out = tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                   num_actual_groups, existing_out)
+        return out, (lhs, rhs, group_sizes, group_offset, existing_out is not None)
+
+    def tgmm_backward(preferred_element_type, tiling, num_actual_groups, residuals, d_out):
+        lhs, rhs, group_sizes, group_offset, has_existing = residuals
+        d_lhs = raw_gmm(rhs, d_out, group_sizes, jnp.float32, tiling, group_offset, None, True)
+        d_rhs = raw_gmm(lhs.T, d_out, group_sizes, jnp.float32, tiling, group_offset, None, False)
+        return (d_lhs.T.astype(lhs.dtype), d_rhs.astype(rhs.dtype), _zero_cotangent(group_sizes),
+                _zero_cotangent(group_offset), d_out if has_existing else None)
+
+    tgmm.defvjp(tgmm_forward, tgmm_backward)
+
+    def grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
+                       group_offset=None, existing_out=None, transpose_rhs=False):
+        return gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                   existing_out, transpose_rhs)
+
+    def transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
+                                  tiling=None, group_offset=None, num_actual_groups=None,
+                                  existing_out=None):
+        return tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                    num_actual_groups, existing_out)
+
+    return Differentiable(grouped_matmul, transposed_grouped_matmul)

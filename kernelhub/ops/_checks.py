@@ -1,0 +1,117 @@
+"""Argument checks shared by the grouped-matmul contracts.
+
+Each raises a TypeError (wrong kind of thing) or ValueError (right kind, wrong value) whose
+message starts with the argument's name, and returns the argument normalised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernelhub._runtime_checks import validate_values
+
+FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_FLOAT_NAMES = "float32, bfloat16 or float16"
+
+Tiling = tuple[int, ...] | Callable[[int, int, int], tuple[int, ...] | None] | None
+
+
+def is_concrete(value: Any) -> bool:
+    """Whether `value` holds known numbers (not a tracer inside jit, vmap or grad)."""
+    return not isinstance(value, jax.core.Tracer)
+
+
+def float_matrix(name: str, value: Any, rank: int, layout: str) -> jax.Array:
+    array = jnp.asarray(value)
+    if array.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank} ({layout}), got shape {array.shape}")
+    if array.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {array.dtype}")
+    return array
+
+
+def element_type(value: Any) -> np.dtype:
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        raise TypeError(f"preferred_element_type must be a dtype ({_FLOAT_NAMES}), got {value!r}") from None
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"preferred_element_type must be {_FLOAT_NAMES}, got {dtype}")
+    return dtype
+
+
+def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
+    """group_sizes as int32 [G]; concrete values are checked against the `rows` they split."""
+    array = jnp.asarray(value)
+    if not jnp.issubdtype(array.dtype, jnp.integer):
+        raise TypeError(f"group_sizes must have an integer dtype (int32), got {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"group_sizes must have rank 1 ([num_groups]), got shape {array.shape}")
+    if array.shape[0] == 0:
+        raise ValueError("group_sizes must hold at least one group, got shape (0,)")
+    if is_concrete(value):
+        host = np.asarray(value).astype(np.int64)
+        validate_values(host, 0, rows, 0, op)
+    return array.astype(jnp.int32)
+
+
+def tiling(value: Any) -> Tiling:
+    """None, a callable (m, k, n) -> tuple | None, or a tuple of positive ints (kept as given).
+
+    Whether a tuple suits a kernel (its length, multiples of hardware tiles) is that kernel's rule.
+    """
+    if value is None or callable(value):
+        return value
+    if isinstance(value, (tuple, list)) and value and all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in value
+    ):
+        return tuple(int(v) for v in value)
+    raise TypeError(
+        f"tiling must be None, a callable (m, k, n) -> tuple, or a tuple of positive ints, got {value!r}"
+    )
+
+
+def group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax.Array:
+    """group_offset as an int32 scalar; a concrete one must leave room for the local groups."""
+    if value is None:
+        return jnp.zeros((), jnp.int32)
+    if isinstance(value, bool):
+        raise TypeError("group_offset must be an int or an int32 scalar array, got bool")
+    array = jnp.asarray(value)
+    if not jnp.issubdtype(array.dtype, jnp.integer) or array.ndim > 1 or array.size != 1:
+        raise TypeError(
+            f"group_offset must be an int or an integer scalar array, got {getattr(array, 'dtype', type(value))} "
+            f"of shape {array.shape}"
+        )
+    if is_concrete(value):
+        offset = int(np.asarray(value).reshape(()))
+        if offset < 0 or offset + local_groups > num_groups:
+            raise ValueError(
+                f"group_offset={offset} must satisfy 0 <= group_offset <= {num_groups - local_groups} "
+                f"({op} has {local_groups} local groups of the {num_groups} in group_sizes)"
+            )
+    return array.reshape(()).astype(jnp.int32)
+
+
+def existing_out(value: Any, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array | None:
+    if value is None:
+        return None
+    array = jnp.asarray(value)
+    if array.shape != shape:
+        raise ValueError(f"existing_out must have shape {shape} (the output's), got {array.shape}")
+    if array.dtype != dtype:
+        raise TypeError(
+            f"existing_out must have dtype {dtype} (preferred_element_type), got {array.dtype}"
+        )
+    return array
+
+
+def flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)

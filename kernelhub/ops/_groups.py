@@ -1,0 +1,43 @@
+"""Where each group's rows lie: shared by every implementation and by the gradients.
+
+Sizes are sanitised the same way everywhere, so that sizes which break the contract under jit
+(negative, or summing past the rows) still give in-bounds ranges: negative sizes count as 0 and
+every boundary is clamped to [0, rows].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+
+def group_bounds(group_sizes: Int[Array, "G"], rows: int) -> tuple[Int[Array, "G"], Int[Array, "G"]]:
+    """(starts, ends): group g owns rows [starts[g], ends[g]), clamped into [0, rows]."""
+    ends = jnp.minimum(jnp.cumsum(jnp.maximum(group_sizes, 0)), rows).astype(jnp.int32)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    return starts, ends
+
+
+def local_bounds(
+    group_sizes: Int[Array, "G"], group_offset: Int[Array, ""], local_groups: int, rows: int
+) -> tuple[Int[Array, "L"], Int[Array, "L"]]:
+    """(starts, ends) of the local groups group_offset .. group_offset + local_groups - 1.
+
+    A local group past the last group (an offset out of range under jit) is empty.
+    """
+    starts, ends = group_bounds(group_sizes, rows)
+    index = group_offset + jnp.arange(local_groups, dtype=jnp.int32)
+    inside = (index >= 0) & (index < group_sizes.shape[0])
+    safe = jnp.clip(index, 0, group_sizes.shape[0] - 1)
+    return jnp.where(inside, starts[safe], 0), jnp.where(inside, ends[safe], 0)
+
+
+def computed_rows(
+    group_sizes: Int[Array, "G"], group_offset: Int[Array, ""], local_groups: int, rows: int
+) -> jax.Array:
+    """Boolean [rows]: True on the rows that belong to a local group."""
+    starts, ends = local_bounds(group_sizes, group_offset, local_groups, rows)
+    # Local groups are consecutive, so their rows form one range.
+    row = jnp.arange(rows, dtype=jnp.int32)
+    return (row >= starts[0]) & (row < jnp.max(ends))

@@ -1,0 +1,107 @@
+"""The contract of `grouped_matmul` (gmm): one signature, its meaning, and its checks."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Float, Integer
+
+from kernelhub._dispatch import get
+from kernelhub.ops import _checks
+from kernelhub.ops._signature import define_from_contract
+
+NAME = "grouped_matmul"
+
+ArrayIn = jax.Array | np.ndarray
+
+
+def grouped_matmul(
+    lhs: Float[ArrayIn, "m k"],
+    rhs: Float[ArrayIn, "local_groups _ _"],
+    group_sizes: Integer[ArrayIn, "num_groups"],
+    preferred_element_type: Any = jnp.float32,
+    tiling: _checks.Tiling = None,
+    group_offset: int | Integer[ArrayIn, ""] | None = None,
+    existing_out: Float[ArrayIn, "m _"] | None = None,
+    transpose_rhs: bool = False,
+) -> Float[jax.Array, "m n"]:
+    """Multiplies each row group of `lhs` by its own matrix: the MoE expert matmul.
+
+    Args:
+      lhs: [m, k] rows sorted by group. Group g owns rows
+        [sum(group_sizes[:g]), sum(group_sizes[:g + 1])).
+      rhs: [local_groups, k, n], or [local_groups, n, k] with `transpose_rhs`. rhs[j] belongs to
+        group `group_offset + j`.
+      group_sizes: [num_groups] integers >= 0 with sum <= m (rows past the sum belong to no
+        group). num_groups >= local_groups.
+      preferred_element_type: dtype of the output (float32, bfloat16 or float16). Products are
+        accumulated in float32 and cast once.
+      tiling: implementation-specific block sizes: a tuple, a callable (m, k, n) -> tuple or None,
+        or None for the implementation's choice. Never affects the result.
+      group_offset: first local group (an int or int32 scalar, may be traced, e.g. inside
+        shard_map); 0 when None. Requires group_offset + local_groups <= num_groups.
+      existing_out: [m, n] of preferred_element_type. Rows that no local group computes are
+        copied from it instead of set to 0.
+      transpose_rhs: rhs is laid out [local_groups, n, k] and used transposed.
+
+    Returns:
+      [m, n] of preferred_element_type. A row of local group g = group_offset + j is
+      lhs[row] @ rhs[j] (or rhs[j].T). Every other row (other groups' rows, rows past
+      sum(group_sizes)) is exactly 0, or exactly existing_out's row. A NaN or Inf in lhs reaches
+      only the output rows it belongs to.
+
+    Gradients: exact VJPs for lhs, rhs and existing_out. existing_out's cotangent is the output
+    cotangent on the rows not computed and 0 on the rows computed.
+
+    Raises:
+      TypeError or ValueError naming the argument for bad ranks, dtypes, contraction sizes,
+      group_sizes, tiling, existing_out, group_offset, and (when concrete) negative group sizes
+      or sizes summing past m. Under jit the sizes are checked only with
+      `kernelhub.runtime_checks()` (or KERNELHUB_RUNTIME_CHECKS=1); without it bad sizes give
+      unspecified values but never out-of-bounds memory access.
+    """
+    return get(NAME)(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                     existing_out, transpose_rhs)
+
+
+def _prepare(bound: inspect.BoundArguments) -> dict[str, Any]:
+    arguments = bound.arguments
+    transpose_rhs = _checks.flag("transpose_rhs", arguments["transpose_rhs"])
+    lhs = _checks.float_matrix("lhs", arguments["lhs"], 2, "[m, k]")
+    rhs_layout = "[local_groups, n, k]" if transpose_rhs else "[local_groups, k, n]"
+    rhs = _checks.float_matrix("rhs", arguments["rhs"], 3, rhs_layout)
+    m, k = lhs.shape
+    local_groups = rhs.shape[0]
+    rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
+    if rhs_k != k:
+        raise ValueError(
+            f"rhs must contract over lhs's k={k}: rhs has shape {rhs.shape} ({rhs_layout}, "
+            f"transpose_rhs={transpose_rhs})"
+        )
+    if local_groups == 0:
+        raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
+    group_sizes = _checks.group_sizes(arguments["group_sizes"], m, NAME)
+    num_groups = group_sizes.shape[0]
+    if local_groups > num_groups:
+        raise ValueError(
+            f"rhs has {local_groups} groups but group_sizes only {num_groups}: rhs must hold at "
+            f"most num_groups groups"
+        )
+    out_dtype = _checks.element_type(arguments["preferred_element_type"])
+    return dict(
+        lhs=lhs,
+        rhs=rhs,
+        group_sizes=group_sizes,
+        preferred_element_type=out_dtype,
+        tiling=_checks.tiling(arguments["tiling"]),
+        group_offset=_checks.group_offset(arguments["group_offset"], num_groups, local_groups, NAME),
+        existing_out=_checks.existing_out(arguments["existing_out"], (m, n), out_dtype),
+        transpose_rhs=transpose_rhs,
+    )
+
+
+DEFINITION = define_from_contract(grouped_matmul, _prepare)

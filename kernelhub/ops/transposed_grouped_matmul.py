@@ -1,0 +1,106 @@
+"""The contract of `transposed_grouped_matmul` (tgmm): one signature, its meaning, its checks."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Float, Integer
+
+from kernelhub._dispatch import get
+from kernelhub.ops import _checks
+from kernelhub.ops._signature import define_from_contract
+
+NAME = "transposed_grouped_matmul"
+
+ArrayIn = jax.Array | np.ndarray
+
+
+def transposed_grouped_matmul(
+    lhs: Float[ArrayIn, "k m"],
+    rhs: Float[ArrayIn, "m n"],
+    group_sizes: Integer[ArrayIn, "num_groups"],
+    preferred_element_type: Any = jnp.float32,
+    tiling: _checks.Tiling = None,
+    group_offset: int | Integer[ArrayIn, ""] | None = None,
+    num_actual_groups: int | None = None,
+    existing_out: Float[ArrayIn, "actual_groups k n"] | None = None,
+) -> Float[jax.Array, "actual_groups k n"]:
+    """Per-group products over the rows of each group: the weight gradient of grouped_matmul.
+
+    Args:
+      lhs: [k, m], columns sorted by group (group g owns columns
+        [sum(group_sizes[:g]), sum(group_sizes[:g + 1]))); typically the transposed gmm input.
+      rhs: [m, n], rows sorted the same way; typically gmm's output cotangent.
+      group_sizes: [num_groups] integers >= 0 with sum <= m.
+      preferred_element_type: dtype of the output (float32, bfloat16 or float16); products are
+        accumulated in float32 and cast once.
+      tiling: implementation-specific block sizes, as for grouped_matmul; never affects results.
+      group_offset: first group computed (an int or int32 scalar, may be traced); 0 when None.
+      num_actual_groups: how many groups to compute (static int). Defaults to
+        num_groups - group_offset, which needs a concrete group_offset; inside shard_map pass it.
+        Requires group_offset + num_actual_groups <= num_groups.
+      existing_out: [num_actual_groups, k, n] of preferred_element_type, added to the result.
+
+    Returns:
+      [num_actual_groups, k, n] of preferred_element_type with
+      out[j] = lhs[:, rows(g)] @ rhs[rows(g), :] (+ existing_out[j]) for g = group_offset + j;
+      an empty group gives exactly 0 (or existing_out[j]). Rows past sum(group_sizes) are read
+      by no group, so a NaN there reaches no output.
+
+    Gradients: exact VJPs for lhs, rhs and existing_out (whose cotangent is the output's).
+
+    Raises:
+      TypeError or ValueError naming the argument, as for grouped_matmul, and for
+      num_actual_groups out of range.
+    """
+    return get(NAME)(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                     num_actual_groups, existing_out)
+
+
+def _prepare(bound: inspect.BoundArguments) -> dict[str, Any]:
+    arguments = bound.arguments
+    lhs = _checks.float_matrix("lhs", arguments["lhs"], 2, "[k, m]")
+    rhs = _checks.float_matrix("rhs", arguments["rhs"], 2, "[m, n]")
+    k, m = lhs.shape
+    if rhs.shape[0] != m:
+        raise ValueError(
+            f"rhs must have lhs's m={m} rows (lhs is [k, m] = {lhs.shape}), got shape {rhs.shape}"
+        )
+    n = rhs.shape[1]
+    group_sizes = _checks.group_sizes(arguments["group_sizes"], m, NAME)
+    num_groups = group_sizes.shape[0]
+    actual = arguments["num_actual_groups"]
+    offset_value = arguments["group_offset"]
+    if actual is None:
+        if offset_value is not None and not _checks.is_concrete(offset_value):
+            raise ValueError(
+                "num_actual_groups must be given when group_offset is traced (e.g. inside "
+                "shard_map): the output's group count has to be static"
+            )
+        offset = 0 if offset_value is None else int(np.asarray(offset_value))
+        if not 0 <= offset < num_groups:
+            raise ValueError(f"group_offset={offset} must lie in [0, {num_groups - 1}] (num_groups - 1)")
+        actual = num_groups - offset
+    if isinstance(actual, bool) or not isinstance(actual, (int, np.integer)):
+        raise TypeError(f"num_actual_groups must be an int or None, got {type(actual).__name__}")
+    actual = int(actual)
+    if not 1 <= actual <= num_groups:
+        raise ValueError(f"num_actual_groups={actual} must lie in [1, {num_groups}] (num_groups)")
+    out_dtype = _checks.element_type(arguments["preferred_element_type"])
+    return dict(
+        lhs=lhs,
+        rhs=rhs,
+        group_sizes=group_sizes,
+        preferred_element_type=out_dtype,
+        tiling=_checks.tiling(arguments["tiling"]),
+        group_offset=_checks.group_offset(offset_value, num_groups, actual, NAME),
+        num_actual_groups=actual,
+        existing_out=_checks.existing_out(arguments["existing_out"], (actual, k, n), out_dtype),
+    )
+
+
+DEFINITION = define_from_contract(transposed_grouped_matmul, _prepare)

@@ -1,0 +1,73 @@
+"""Shared fixtures: the implementations that can run on this host, and how closely they match."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernelhub
+from kernelhub._registry import Backend
+
+# Interpret-mode kernels run a Python-level emulation of every grid step: far fewer examples.
+EXAMPLES = {"xla": 40, "interpret": 6}
+
+
+def runnable_implementations(op: str) -> list[kernelhub.KernelSpec]:
+    """Every implementation of `op` that can run on this host's default backend."""
+    here = kernelhub._dispatch.running_backend()
+    return [s for s in kernelhub.implementations(op)
+            if s.backend in (here, Backend.ANY) and s.available]
+
+
+def implementation_params(op: str) -> list:
+    return [pytest.param(spec, id=f"{spec.platform.value}-{spec.backend.value}")
+            for spec in runnable_implementations(op)]
+
+
+def call(spec: kernelhub.KernelSpec):
+    """The op as a user forcing this implementation's platform gets it."""
+    return kernelhub.get(spec.op, platform=spec.platform)
+
+
+def max_examples(spec: kernelhub.KernelSpec) -> int:
+    return EXAMPLES["interpret" if spec.interpret_only else "xla"]
+
+
+def tolerance(out_dtype, *input_dtypes) -> float:
+    """Relative error allowed against the float64 reference."""
+    narrowest = min(jnp.finfo(d).eps for d in (out_dtype, *input_dtypes))
+    if jnp.finfo(out_dtype).eps > 1e-6:  # 16-bit output: one rounding of the result
+        return 2 * float(jnp.finfo(out_dtype).eps)
+    if jax.default_backend() == "gpu" and narrowest < 1e-6:
+        return 2e-3  # f32 dots on NVIDIA GPUs default to TF32
+    return 2e-5
+
+
+def assert_close(actual, expected, out_dtype, *input_dtypes, contraction: int = 1) -> None:
+    actual = np.asarray(jnp.asarray(actual, jnp.float32), np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    rtol = tolerance(out_dtype, *input_dtypes)
+    # Sums of `contraction` terms of size ~1: absolute error grows like sqrt(contraction).
+    atol = rtol * math.sqrt(max(contraction, 1)) * max(1.0, float(np.max(np.abs(expected), initial=0)) ** 0.5)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_platform(monkeypatch):
+    """Tests choose implementations explicitly; an outer KERNELHUB_PLATFORM must not leak in."""
+    monkeypatch.delenv("KERNELHUB_PLATFORM", raising=False)
+    monkeypatch.delenv("KERNELHUB_RUNTIME_CHECKS", raising=False)
+    yield
+
+
+def pytest_report_header(config):
+    names = ", ".join(f"{s.op}:{s.platform.value}-{s.backend.value}"
+                      for op in kernelhub.ops() for s in runnable_implementations(op))
+    return [f"jax {jax.__version__} on {jax.default_backend()}; runnable here: {names}",
+            f"KERNELHUB_PLATFORM={os.environ.get('KERNELHUB_PLATFORM', '')!r}"]

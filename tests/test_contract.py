@@ -1,0 +1,236 @@
+"""Every implementation that runs here against the float64 reference, over the whole contract.
+
+Implementations join by registering: the Pallas and Triton kernels run here in interpret mode.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import reference
+from conftest import assert_close, call, implementation_params, max_examples
+from strategies import Problem, normal, problems, sizes_for
+
+GMM = "grouped_matmul"
+TGMM = "transposed_grouped_matmul"
+
+
+def _settings(spec):
+    return settings(max_examples=max_examples(spec), deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def gmm_inputs(p: Problem):
+    rng = np.random.default_rng(p.seed)
+    lhs = normal(rng, (p.m, p.k), p.lhs_dtype)
+    rhs_shape = (p.local_groups, p.n, p.k) if p.transpose_rhs else (p.local_groups, p.k, p.n)
+    rhs = normal(rng, rhs_shape, p.rhs_dtype)
+    existing = normal(rng, (p.m, p.n), p.out_dtype) if p.with_existing else None
+    return lhs, rhs, existing
+
+
+def computed_mask(p: Problem) -> np.ndarray:
+    mask = np.zeros(p.m, bool)
+    for g, (start, end) in enumerate(reference.group_rows(p.group_sizes, p.m)):
+        if p.group_offset <= g < p.group_offset + p.local_groups:
+            mask[start:end] = True
+    return mask
+
+
+def run_gmm(spec, p: Problem, lhs, rhs, existing):
+    return call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(p.group_sizes),
+                      preferred_element_type=p.out_dtype, group_offset=p.group_offset,
+                      existing_out=None if existing is None else jnp.asarray(existing),
+                      transpose_rhs=p.transpose_rhs)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_forward(spec):
+    @_settings(spec)
+    @given(problems())
+    def check(p: Problem):
+        lhs, rhs, existing = gmm_inputs(p)
+        out = run_gmm(spec, p, lhs, rhs, existing)
+        assert out.shape == (p.m, p.n) and out.dtype == jnp.dtype(p.out_dtype)
+        expected = reference.gmm(lhs, rhs, p.group_sizes, p.group_offset, existing, p.transpose_rhs)
+        assert_close(out, expected, p.out_dtype, p.lhs_dtype, p.rhs_dtype, contraction=p.k)
+        # Rows no local group computes are copied exactly, never approximated or left unset.
+        untouched = ~computed_mask(p)
+        kept = np.zeros((p.m, p.n), p.out_dtype) if existing is None else existing
+        np.testing.assert_array_equal(np.asarray(out)[untouched], kept[untouched])
+
+    check()
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_gradients(spec):
+    @_settings(spec)
+    @given(problems())
+    def check(p: Problem):
+        lhs, rhs, existing = gmm_inputs(p)
+        d_out = normal(np.random.default_rng(p.seed + 1), (p.m, p.n), p.out_dtype)
+        gmm = call(spec)
+
+        def f(lhs, rhs, existing):
+            return gmm(lhs, rhs, jnp.asarray(p.group_sizes), preferred_element_type=p.out_dtype,
+                       group_offset=p.group_offset, existing_out=existing,
+                       transpose_rhs=p.transpose_rhs)
+
+        args = (jnp.asarray(lhs), jnp.asarray(rhs), None if existing is None else jnp.asarray(existing))
+        _, vjp = jax.vjp(f, *args)
+        d_lhs, d_rhs, d_existing = vjp(jnp.asarray(d_out))
+        e_lhs, e_rhs, e_existing = reference.gmm_vjp(lhs, rhs, p.group_sizes, d_out, p.group_offset,
+                                                     p.transpose_rhs, p.with_existing)
+        assert d_lhs.dtype == jnp.dtype(p.lhs_dtype) and d_rhs.dtype == jnp.dtype(p.rhs_dtype)
+        assert_close(d_lhs, e_lhs, p.lhs_dtype, p.out_dtype, p.rhs_dtype, contraction=p.n)
+        assert_close(d_rhs, e_rhs, p.rhs_dtype, p.out_dtype, p.lhs_dtype, contraction=p.m)
+        if p.with_existing:
+            np.testing.assert_array_equal(np.asarray(d_existing, np.float64), e_existing)
+
+    check()
+
+
+def tgmm_inputs(p: Problem):
+    rng = np.random.default_rng(p.seed)
+    lhs = normal(rng, (p.k, p.m), p.lhs_dtype)
+    rhs = normal(rng, (p.m, p.n), p.rhs_dtype)
+    existing = normal(rng, (p.local_groups, p.k, p.n), p.out_dtype) if p.with_existing else None
+    return lhs, rhs, existing
+
+
+def run_tgmm(spec, p: Problem, lhs, rhs, existing):
+    return call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(p.group_sizes),
+                      preferred_element_type=p.out_dtype, group_offset=p.group_offset,
+                      num_actual_groups=p.local_groups,
+                      existing_out=None if existing is None else jnp.asarray(existing))
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_forward(spec):
+    @_settings(spec)
+    @given(problems(transposable=False))
+    def check(p: Problem):
+        lhs, rhs, existing = tgmm_inputs(p)
+        out = run_tgmm(spec, p, lhs, rhs, existing)
+        assert out.shape == (p.local_groups, p.k, p.n) and out.dtype == jnp.dtype(p.out_dtype)
+        expected = reference.tgmm(lhs, rhs, p.group_sizes, p.group_offset, p.local_groups, existing)
+        assert_close(out, expected, p.out_dtype, p.lhs_dtype, p.rhs_dtype, contraction=p.m)
+        # Empty groups are exactly 0 (or exactly existing_out).
+        bounds = reference.group_rows(p.group_sizes, p.m)
+        for j in range(p.local_groups):
+            start, end = bounds[p.group_offset + j]
+            if start == end:
+                kept = 0 if existing is None else existing[j]
+                np.testing.assert_array_equal(np.asarray(out[j]), np.broadcast_to(kept, out[j].shape))
+
+    check()
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_gradients(spec):
+    @_settings(spec)
+    @given(problems(transposable=False))
+    def check(p: Problem):
+        lhs, rhs, existing = tgmm_inputs(p)
+        d_out = normal(np.random.default_rng(p.seed + 1), (p.local_groups, p.k, p.n), p.out_dtype)
+        tgmm = call(spec)
+
+        def f(lhs, rhs, existing):
+            return tgmm(lhs, rhs, jnp.asarray(p.group_sizes), preferred_element_type=p.out_dtype,
+                        group_offset=p.group_offset, num_actual_groups=p.local_groups,
+                        existing_out=existing)
+
+        args = (jnp.asarray(lhs), jnp.asarray(rhs), None if existing is None else jnp.asarray(existing))
+        _, vjp = jax.vjp(f, *args)
+        d_lhs, d_rhs, d_existing = vjp(jnp.asarray(d_out))
+        e_lhs, e_rhs, e_existing = reference.tgmm_vjp(lhs, rhs, p.group_sizes, d_out, p.group_offset,
+                                                      p.with_existing)
+        assert_close(d_lhs, e_lhs, p.lhs_dtype, p.out_dtype, p.rhs_dtype, contraction=p.n)
+        assert_close(d_rhs, e_rhs, p.rhs_dtype, p.out_dtype, p.lhs_dtype, contraction=p.k)
+        if p.with_existing:
+            np.testing.assert_array_equal(np.asarray(d_existing, np.float64), e_existing)
+
+    check()
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+@pytest.mark.parametrize("shards", [2, 4])
+def test_gmm_shard_chain_equals_unsharded(spec, shards):
+    """Experts split over shards, each adding its rows through existing_out, give the full result."""
+    rng = np.random.default_rng(shards)
+    m, k, n, experts = 61, 24, 20, 8
+    sizes = sizes_for("with_zeros", m - 5, experts, rng)
+    lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (experts, k, n), jnp.float32)
+    gmm, per_shard = call(spec), experts // shards
+    out = jnp.zeros((m, n), jnp.float32)
+    for shard in range(shards):
+        local = slice(shard * per_shard, (shard + 1) * per_shard)
+        out = gmm(jnp.asarray(lhs), jnp.asarray(rhs[local]), jnp.asarray(sizes),
+                  group_offset=shard * per_shard, existing_out=out)
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, jnp.float32, contraction=k)
+    whole = gmm(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
+    assert_close(out, np.asarray(whole), jnp.float32, jnp.float32, contraction=k)
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_shards_concatenate_to_unsharded(spec):
+    rng = np.random.default_rng(3)
+    m, k, n, experts, shards = 53, 12, 16, 8, 4
+    sizes = sizes_for("with_zeros", m, experts, rng)
+    lhs, rhs = normal(rng, (k, m), jnp.float32), normal(rng, (m, n), jnp.float32)
+    tgmm, per_shard = call(spec), experts // shards
+    parts = [tgmm(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes),
+                  group_offset=s * per_shard, num_actual_groups=per_shard) for s in range(shards)]
+    assert_close(jnp.concatenate(parts), reference.tgmm(lhs, rhs, sizes), jnp.float32, jnp.float32,
+                 contraction=m)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_under_jit_with_traced_offset(spec):
+    rng = np.random.default_rng(5)
+    m, k, n, experts = 40, 16, 8, 6
+    sizes = np.array([5, 0, 12, 9, 3, 7], np.int32)
+    lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (experts, k, n), jnp.float32)
+    gmm = call(spec)
+
+    @jax.jit
+    def f(lhs, rhs, sizes, offset):
+        return gmm(lhs, rhs, sizes, group_offset=offset)
+
+    for offset in (0, 2, 3):
+        out = f(jnp.asarray(lhs), jnp.asarray(rhs[offset:offset + 3]), jnp.asarray(sizes), offset)
+        assert_close(out, reference.gmm(lhs, rhs[offset:offset + 3], sizes, offset), jnp.float32,
+                     jnp.float32, contraction=k)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_nan_stays_in_its_rows(spec):
+    rng = np.random.default_rng(7)
+    m, k, n = 32, 8, 8
+    sizes = np.array([10, 0, 12], np.int32)  # rows 22..31 belong to no group
+    lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (3, k, n), jnp.float32)
+    lhs[3, 2] = np.nan
+    lhs[25, 0] = np.inf
+    out = np.asarray(call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes)))
+    bad_rows = {3}
+    for row in range(m):
+        assert np.isnan(out[row]).any() == (row in bad_rows), row
+    assert (out[22:] == 0).all()
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_nan_past_the_groups_reaches_nothing(spec):
+    rng = np.random.default_rng(8)
+    k, m, n = 8, 30, 8
+    sizes = np.array([4, 11, 0, 9], np.int32)
+    lhs, rhs = normal(rng, (k, m), jnp.float32), normal(rng, (m, n), jnp.float32)
+    lhs[:, 27] = np.nan
+    rhs[2, 1] = np.nan  # row 2 is group 0's
+    out = np.asarray(call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes)))
+    assert np.isnan(out[0]).any()
+    assert not np.isnan(out[1:]).any()
+    assert (out[2] == 0).all()
