@@ -9,7 +9,7 @@ Importing registers the implementations; it touches no device and reads no envir
 """
 
 from kernelhub._dispatch import NoImplementationError, get, resolve
-from kernelhub._registry import Backend, KernelSpec, Platform, implementations, ops, register
+from kernelhub._registry import Backend, KernelSpec, Platform, implementations, op_names, register
 from kernelhub._runtime_checks import runtime_checks
 from kernelhub.ops.grouped_matmul import grouped_matmul
 from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
@@ -24,7 +24,7 @@ __all__ = [
     "get",
     "grouped_matmul",
     "implementations",
-    "ops",
+    "op_names",
     "register",
     "resolve",
     "runtime_checks",

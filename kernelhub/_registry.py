@@ -192,7 +192,7 @@ def implementations(op: str) -> list[KernelSpec]:
     return sorted(table.values(), key=lambda s: (s.backend.value, -s.priority, s.platform.value))
 
 
-def ops() -> list[str]:
+def op_names() -> list[str]:
     """The names of all defined ops."""
     return sorted(_OPS)
 

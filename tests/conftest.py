@@ -68,6 +68,6 @@ def _no_forced_platform(monkeypatch):
 
 def pytest_report_header(config):
     names = ", ".join(f"{s.op}:{s.platform.value}-{s.backend.value}"
-                      for op in kernelhub.ops() for s in runnable_implementations(op))
+                      for op in kernelhub.op_names() for s in runnable_implementations(op))
     return [f"jax {jax.__version__} on {jax.default_backend()}; runnable here: {names}",
             f"KERNELHUB_PLATFORM={os.environ.get('KERNELHUB_PLATFORM', '')!r}"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -22,14 +23,23 @@ def define_from_contract(
     outputs are what the tests compare against the reference.
     """
     signature = inspect.signature(contract)
+    # Contract modules may use postponed annotations (strings): resolve them in the contract's
+    # own namespace, since the checker below lives in this module.
+    hints = typing.get_type_hints(contract, include_extras=True)
+    hints.pop("return", None)
+    checked = signature.replace(
+        parameters=[p.replace(annotation=hints.get(p.name, p.annotation))
+                    for p in signature.parameters.values()],
+        return_annotation=inspect.Signature.empty,
+    )
 
     def stub(*args: Any, **kwargs: Any) -> None:
         return None
 
     stub.__name__ = stub.__qualname__ = contract.__name__
     stub.__module__ = contract.__module__
-    stub.__signature__ = signature.replace(return_annotation=inspect.Signature.empty)  # type: ignore[attr-defined]
-    stub.__annotations__ = {k: v for k, v in contract.__annotations__.items() if k != "return"}
+    stub.__signature__ = checked  # type: ignore[attr-defined]
+    stub.__annotations__ = hints
     return define_op(
         OpDefinition(
             name=contract.__name__,

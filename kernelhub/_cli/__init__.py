@@ -1,0 +1,1 @@
+"""Subcommands of the `kernelhub` command (see kernelhub/cli.py)."""

@@ -1,0 +1,104 @@
+"""Selection: explicit choice > KERNELHUB_PLATFORM > best available; never a silent fallback."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernelhub
+from kernelhub import _registry
+from kernelhub._registry import Backend, Platform
+
+LHS, RHS, SIZES = jnp.ones((8, 4)), jnp.ones((2, 4, 3)), jnp.array([3, 5], jnp.int32)
+
+
+def test_default_on_cpu_is_the_xla_implementation():
+    for op in kernelhub.op_names():
+        spec = kernelhub.resolve(op)
+        assert (spec.platform, spec.backend) == (Platform.XLA, Backend.ANY)
+
+
+def test_interpret_kernels_are_never_the_default():
+    assert not any(kernelhub.resolve(op).interpret_only for op in kernelhub.op_names())
+
+
+def test_environment_variable_forces_the_platform_at_call_time(monkeypatch):
+    gmm = kernelhub.get("grouped_matmul")
+    monkeypatch.setenv("KERNELHUB_PLATFORM", "xla")
+    assert kernelhub.resolve("grouped_matmul").platform is Platform.XLA
+    np.testing.assert_array_equal(np.asarray(gmm(LHS, RHS, SIZES)), np.full((8, 3), 4.0))
+
+
+def test_bad_environment_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("KERNELHUB_PLATFORM", "cuda")
+    with pytest.raises(ValueError, match=r"KERNELHUB_PLATFORM='cuda' is not one of: pallas, triton, xla"):
+        kernelhub.grouped_matmul(LHS, RHS, SIZES)
+
+
+def test_forced_platform_without_implementation_is_an_error_not_a_fallback(monkeypatch):
+    saved = {spec.platform: spec for spec in kernelhub.implementations("grouped_matmul")
+             if spec.platform is Platform.TRITON}
+    for spec in saved.values():
+        _registry.unregister("grouped_matmul", spec.platform, spec.backend)
+    try:
+        monkeypatch.setenv("KERNELHUB_PLATFORM", "triton")
+        with pytest.raises(kernelhub.NoImplementationError, match="platform=triton .from KERNELHUB_PLATFORM=triton"):
+            kernelhub.grouped_matmul(LHS, RHS, SIZES)
+        with pytest.raises(kernelhub.NoImplementationError, match="backend=cpu, platform=triton"):
+            kernelhub.get("grouped_matmul", platform="triton")(LHS, RHS, SIZES)
+    finally:
+        for spec in saved.values():
+            _registry._KERNELS["grouped_matmul"][(spec.platform, spec.backend)] = spec
+
+
+def test_explicit_argument_beats_environment(monkeypatch):
+    monkeypatch.setenv("KERNELHUB_PLATFORM", "pallas")
+    assert kernelhub.resolve("grouped_matmul", platform="xla").platform is Platform.XLA
+
+
+def test_priority_and_backend_specific_implementations_win():
+    calls = []
+
+    def fake(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
+             group_offset=None, existing_out=None, transpose_rhs=False):
+        calls.append(lhs.shape)
+        return jnp.zeros((lhs.shape[0], rhs.shape[2]))
+
+    kernelhub.register("grouped_matmul", "triton", "cpu", priority=5)(fake)
+    try:
+        assert kernelhub.resolve("grouped_matmul").platform is Platform.TRITON
+        kernelhub.grouped_matmul(LHS, RHS, SIZES)
+        assert calls == [(8, 4)]
+    finally:
+        _registry.unregister("grouped_matmul", "triton", "cpu")
+    assert kernelhub.resolve("grouped_matmul").platform is Platform.XLA
+
+
+def test_forced_backend_selects_without_the_hardware():
+    """Ahead-of-time work: backend='tpu' gives the TPU kernel on a host with no TPU."""
+    tpu_specs = [s for s in kernelhub.implementations("grouped_matmul") if s.backend is Backend.TPU]
+    if not tpu_specs:
+        pytest.skip("no TPU implementation registered")
+    assert kernelhub.resolve("grouped_matmul", backend="tpu").backend is Backend.TPU
+
+
+def test_committed_inputs_choose_their_devices_backend():
+    lhs = jax.device_put(LHS, jax.devices("cpu")[0])
+    spec = kernelhub.get("grouped_matmul").resolve(lhs, RHS, SIZES)
+    assert spec.backend in (Backend.CPU, Backend.ANY)
+
+
+def test_get_returns_a_callable_with_the_contract():
+    import inspect
+
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    assert "transpose_rhs" in inspect.signature(gmm).parameters
+    assert "existing_out" in gmm.__doc__
+    assert "platform=xla" in repr(gmm)
+
+
+def test_backend_any_is_not_a_target():
+    with pytest.raises(ValueError, match="backend='any'"):
+        kernelhub.resolve("grouped_matmul", backend="any")
