@@ -14,7 +14,7 @@ import kernelhub
 from kernelhub._registry import Backend
 
 # Interpret-mode kernels run a Python-level emulation of every grid step: far fewer examples.
-EXAMPLES = {"xla": 40, "interpret": 6}
+EXAMPLES = {"xla": 25, "interpret": 6}
 
 
 def runnable_implementations(op: str) -> list[kernelhub.KernelSpec]:

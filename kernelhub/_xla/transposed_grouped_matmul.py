@@ -29,19 +29,20 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
     sizes = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))
     starts, ends = local_bounds(group_sizes, group_offset, actual, m)
-    # Rows of lhs^T are contiguous, so chunks slice one axis of both operands.
-    lhs_rows_bits = _row_chunks.as_bits(lhs.T)
+    lhs_bits = _row_chunks.as_bits(lhs)
     rhs_bits = _row_chunks.as_bits(rhs)
 
-    def window(bits, dtype, window_start, window_rows, valid):
-        rows = lax.dynamic_slice_in_dim(bits, window_start, window_rows, 0)
-        rows = _row_chunks.from_bits(rows, dtype).astype(compute_dtype)
-        return jnp.where(valid[:, None], rows, jnp.zeros_like(rows))
+    def window(bits, dtype, window_start, window_rows, valid, axis):
+        part = lax.dynamic_slice_in_dim(bits, window_start, window_rows, axis)
+        part = _row_chunks.from_bits(part, dtype).astype(compute_dtype)
+        mask = valid[None, :] if axis == 1 else valid[:, None]
+        return jnp.where(mask, part, jnp.zeros_like(part))
 
     def step(total, window_start, window_rows, valid):
-        left = window(lhs_rows_bits, lhs.dtype, window_start, window_rows, valid)
-        right = window(rhs_bits, rhs.dtype, window_start, window_rows, valid)
-        return total + lax.dot_general(left, right, (((0,), (0,)), ((), ())),
+        # [k, rows] @ [rows, n]: the plain matmul layout, which XLA:CPU's fast GEMMs take as is.
+        left = window(lhs_bits, lhs.dtype, window_start, window_rows, valid, axis=1)
+        right = window(rhs_bits, rhs.dtype, window_start, window_rows, valid, axis=0)
+        return total + lax.dot_general(left, right, (((1,), (0,)), ((), ())),
                                        preferred_element_type=jnp.float32)
 
     def one_group(j, out_bits):
