@@ -38,8 +38,8 @@ def test_bad_environment_value_names_the_variable(monkeypatch):
 
 
 def test_forced_platform_without_implementation_is_an_error_not_a_fallback(monkeypatch):
-    saved = {spec.platform: spec for spec in kernelhub.implementations("grouped_matmul")
-             if spec.platform is Platform.TRITON}
+    saved = {(spec.platform, spec.backend): spec
+             for spec in kernelhub.implementations("grouped_matmul") if spec.platform is Platform.TRITON}
     for spec in saved.values():
         _registry.unregister("grouped_matmul", spec.platform, spec.backend)
     try:
@@ -66,13 +66,17 @@ def test_priority_and_backend_specific_implementations_win():
         calls.append(lhs.shape)
         return jnp.zeros((lhs.shape[0], rhs.shape[2]))
 
-    kernelhub.register("grouped_matmul", "triton", "cpu", priority=5)(fake)
+    table = _registry._KERNELS["grouped_matmul"]
+    saved = table.pop((Platform.PALLAS, Backend.CPU), None)
+    kernelhub.register("grouped_matmul", "pallas", "cpu", priority=5)(fake)
     try:
-        assert kernelhub.resolve("grouped_matmul").platform is Platform.TRITON
+        assert kernelhub.resolve("grouped_matmul").platform is Platform.PALLAS
         kernelhub.grouped_matmul(LHS, RHS, SIZES)
         assert calls == [(8, 4)]
     finally:
-        _registry.unregister("grouped_matmul", "triton", "cpu")
+        _registry.unregister("grouped_matmul", "pallas", "cpu")
+        if saved is not None:
+            table[(Platform.PALLAS, Backend.CPU)] = saved
     assert kernelhub.resolve("grouped_matmul").platform is Platform.XLA
 
 

@@ -56,19 +56,20 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
     def gmm_backward(preferred_element_type, tiling, transpose_rhs, residuals, d_out):
         lhs, rhs, group_sizes, group_offset, existing_out = residuals
         local_groups = rhs.shape[0]
-        d_lhs = raw_gmm(d_out, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
+        # The kernels accumulate in float32 and round once into the primal's dtype.
+        d_lhs = raw_gmm(d_out, rhs, group_sizes, lhs.dtype, tiling, group_offset, None,
                         not transpose_rhs)
         if transpose_rhs:
-            d_rhs = raw_tgmm(d_out.T, lhs, group_sizes, jnp.float32, tiling, group_offset,
+            d_rhs = raw_tgmm(d_out.T, lhs, group_sizes, rhs.dtype, tiling, group_offset,
                              local_groups, None)
         else:
-            d_rhs = raw_tgmm(lhs.T, d_out, group_sizes, jnp.float32, tiling, group_offset,
+            d_rhs = raw_tgmm(lhs.T, d_out, group_sizes, rhs.dtype, tiling, group_offset,
                              local_groups, None)
         d_existing = None
         if existing_out is not None:
             computed = computed_rows(group_sizes, group_offset, local_groups, lhs.shape[0])
             d_existing = jnp.where(computed[:, None], jnp.zeros_like(d_out), d_out)
-        return (d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype), _zero_cotangent(group_sizes),
+        return (d_lhs, d_rhs, _zero_cotangent(group_sizes),
                 _zero_cotangent(group_offset), d_existing)
 
     gmm.defvjp(gmm_forward, gmm_backward)
@@ -87,9 +88,9 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
 
     def tgmm_backward(preferred_element_type, tiling, num_actual_groups, residuals, d_out):
         lhs, rhs, group_sizes, group_offset, has_existing = residuals
-        d_lhs = raw_gmm(rhs, d_out, group_sizes, jnp.float32, tiling, group_offset, None, True)
-        d_rhs = raw_gmm(lhs.T, d_out, group_sizes, jnp.float32, tiling, group_offset, None, False)
-        return (d_lhs.T.astype(lhs.dtype), d_rhs.astype(rhs.dtype), _zero_cotangent(group_sizes),
+        d_lhs = raw_gmm(rhs, d_out, group_sizes, lhs.dtype, tiling, group_offset, None, True)
+        d_rhs = raw_gmm(lhs.T, d_out, group_sizes, rhs.dtype, tiling, group_offset, None, False)
+        return (d_lhs.T, d_rhs, _zero_cotangent(group_sizes),
                 _zero_cotangent(group_offset), d_out if has_existing else None)
 
     tgmm.defvjp(tgmm_forward, tgmm_backward)

@@ -1,0 +1,50 @@
+"""Triton kernels (through Pallas) for NVIDIA GPUs, and the same kernels in interpret mode on CPU.
+
+Registered as (triton, gpu), the default on a GPU, and (triton, cpu), run only when forced
+(`platform="triton"` or KERNELHUB_PLATFORM=triton) to test the kernels without a GPU. Pallas
+itself is imported when a kernel is first traced, not here. Design: docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from kernelhub._registry import needs_device, register
+from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
+from kernelhub.ops._autodiff import differentiable
+
+_GMM_STATIC = ("preferred_element_type", "tiling", "transpose_rhs")
+_TGMM_STATIC = ("preferred_element_type", "tiling", "num_actual_groups")
+
+
+def _raw_gmm(interpret: bool):
+    def raw(*args, **kwargs):
+        from kernelhub._pallas.gpu.grouped_matmul import raw_grouped_matmul
+
+        return raw_grouped_matmul(*args, **kwargs, interpret=interpret)
+
+    return raw
+
+
+def _raw_tgmm(interpret: bool):
+    def raw(*args, **kwargs):
+        from kernelhub._pallas.gpu.transposed_grouped_matmul import raw_transposed_grouped_matmul
+
+        return raw_transposed_grouped_matmul(*args, **kwargs, interpret=interpret)
+
+    return raw
+
+
+def _register(backend: str, interpret: bool, **how) -> tuple:
+    ops = differentiable(_raw_gmm(interpret), _raw_tgmm(interpret))
+    gmm = register(GROUPED_MATMUL, "triton", backend, **how)(
+        jax.jit(ops.grouped_matmul, static_argnames=_GMM_STATIC))
+    tgmm = register(TRANSPOSED_GROUPED_MATMUL, "triton", backend, **how)(
+        jax.jit(ops.transposed_grouped_matmul, static_argnames=_TGMM_STATIC))
+    return gmm, tgmm
+
+
+grouped_matmul, transposed_grouped_matmul = _register(
+    "gpu", interpret=False, priority=10, requirement=needs_device("gpu"))
+interpret_grouped_matmul, interpret_transposed_grouped_matmul = _register(
+    "cpu", interpret=True, priority=0, interpret_only=True)

@@ -1,0 +1,140 @@
+"""Block configurations of the Triton grouped matmuls: the heuristic and the `tiling` override.
+
+A `tiling` for these kernels is a tuple `(block_m, block_k, block_n)`, optionally followed by
+`num_warps` and `num_stages` (megablox's order, so a megablox tiling carries over), or a
+callable `(m, k, n) -> tuple | None`, or None for the heuristic. `m` is always the grouped
+(row) dimension: gmm's output rows, tgmm's summed rows.
+
+The heuristic is static (shapes and dtypes only): the kernels never read group sizes on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+# tl.dot needs every operand dimension to be at least 16.
+MIN_BLOCK = 16
+# A larger tile no longer fits one streaming multiprocessor's registers and shared memory.
+MAX_BLOCK = 1024
+MAX_WARPS = 32  # 1024 threads, CUDA's limit per block
+MAX_STAGES = 8
+TILING_FORM = "(block_m, block_k, block_n[, num_warps[, num_stages]])"
+
+# About twice the SMs of an H100/H200 (132): below this many programs a GPU idles.
+_ENOUGH_PROGRAMS = 264
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """One kernel launch's tile shape and Triton compiler settings."""
+
+    block_m: int
+    block_k: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def as_tiling(self) -> tuple[int, int, int, int, int]:
+        return (self.block_m, self.block_k, self.block_n, self.num_warps, self.num_stages)
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+def _next_power_of_two(value: int) -> int:
+    return 1 << max(int(value) - 1, 0).bit_length()
+
+
+def validate(config: BlockConfig, source: Any) -> BlockConfig:
+    """Raises a ValueError naming the broken rule; `source` is what the user passed."""
+    for name in ("block_m", "block_k", "block_n"):
+        size = getattr(config, name)
+        if not _is_power_of_two(size):
+            raise ValueError(
+                f"tiling {source!r}: {name}={size} must be a power of two (Triton's rule for "
+                f"block shapes); tiling is {TILING_FORM}"
+            )
+        if not MIN_BLOCK <= size <= MAX_BLOCK:
+            raise ValueError(
+                f"tiling {source!r}: {name}={size} must lie in [{MIN_BLOCK}, {MAX_BLOCK}] "
+                f"(Triton's dot needs at least {MIN_BLOCK}); tiling is {TILING_FORM}"
+            )
+    if not (_is_power_of_two(config.num_warps) and config.num_warps <= MAX_WARPS):
+        raise ValueError(
+            f"tiling {source!r}: num_warps={config.num_warps} must be a power of two in "
+            f"[1, {MAX_WARPS}]"
+        )
+    if not 1 <= config.num_stages <= MAX_STAGES:
+        raise ValueError(
+            f"tiling {source!r}: num_stages={config.num_stages} must lie in [1, {MAX_STAGES}]"
+        )
+    return config
+
+
+def from_tiling(tiling: Any, m: int, k: int, n: int, default: BlockConfig) -> BlockConfig:
+    """The config a call uses: `tiling` when it names one, else `default` (the heuristic's)."""
+    chosen = tiling(m, k, n) if callable(tiling) else tiling
+    if chosen is None:
+        return default
+    if isinstance(chosen, BlockConfig):
+        return validate(chosen, chosen)
+    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 5 or not all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in chosen
+    ):
+        raise ValueError(f"tiling {chosen!r} must be a tuple of ints {TILING_FORM}")
+    block_m, block_k, block_n, *compiler = (int(v) for v in chosen)
+    num_warps = compiler[0] if len(compiler) > 0 else default.num_warps
+    num_stages = compiler[1] if len(compiler) > 1 else default.num_stages
+    return validate(BlockConfig(block_m, block_k, block_n, num_warps, num_stages), chosen)
+
+
+def _fit(block: int, dim: int) -> int:
+    """Shrinks a block to the smallest power of two covering `dim` (never below MIN_BLOCK)."""
+    return max(MIN_BLOCK, min(block, _next_power_of_two(dim)))
+
+
+def _fitted(config: BlockConfig, m: int, k: int, n: int) -> BlockConfig:
+    block_m, block_k, block_n = _fit(config.block_m, m), _fit(config.block_k, k), _fit(config.block_n, n)
+    # Small tiles have too little work for 8 warps.
+    num_warps = config.num_warps if block_m * block_n >= 128 * 256 else min(config.num_warps, 4)
+    return BlockConfig(block_m, block_k, block_n, num_warps, config.num_stages)
+
+
+def gmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> BlockConfig:
+    """Tiles for grouped_matmul's [m, k] x [k, n] per group.
+
+    block_m follows the expected rows per group, since a group smaller than a tile wastes the
+    rest of it (DeepSeek/Qwen-like: 64 rows per expert on average); wgmma wants at least 64.
+    Wide 128x256 tiles with 8 warps when groups are large and n is wide (Mixtral-like), which
+    halves the reloads of lhs; 16-bit inputs take block_k 64, float32 half that (same bytes).
+    """
+    rows_per_group = max(1, m // max(num_groups, 1))
+    block_m = min(128, max(64, _next_power_of_two(rows_per_group)))
+    narrow = itemsize <= 2
+    block_k = 64 if narrow else 32
+    wide = narrow and block_m == 128 and n >= 2048
+    block_n = 256 if wide else 128
+    config = BlockConfig(block_m, block_k, block_n, num_warps=8 if wide else 4,
+                         num_stages=3 if wide else 4)
+    return _fitted(config, m, k, n)
+
+
+def tgmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> BlockConfig:
+    """Tiles for transposed_grouped_matmul: a (block_k x block_n) output tile per program, summing
+    block_m rows per step.
+
+    Every (group, k-tile, n-tile) is one program; when that gives too few programs to fill the
+    GPU (few groups, small k and n), the output tiles shrink to 64.
+    """
+    narrow = itemsize <= 2
+    block_m = 64 if narrow else 32
+    block_k = block_n = 128
+    programs = num_groups * -(-k // block_k) * -(-n // block_n)
+    if programs < _ENOUGH_PROGRAMS:
+        block_k = block_n = 64
+    config = BlockConfig(block_m, block_k, block_n, num_warps=4, num_stages=4 if narrow else 3)
+    return _fitted(config, m, k, n)

@@ -1,0 +1,114 @@
+"""grouped_matmul as a Pallas Triton kernel (contract: kernelhub/ops/grouped_matmul.py).
+
+Grid: one program per (visit, n-tile), flattened to one axis. A visit (see `visits.py`) is one
+segment's share of one row tile; the program computes that row tile times its group's weights
+for one n-tile, looping over k, and stores only the rows its segment owns. Visits of rows that
+no local group computes store zeros, or nothing at all when the output starts as existing_out
+(aliased, so no copy is made beyond the one XLA needs when existing_out is not donated).
+
+Programs are ordered in bands of SWIZZLE row visits: the programs running at once share a few
+lhs row tiles and sweep one group's weights, so both stay in L2.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._pallas.gpu import _launch, _tiles, config, visits
+from kernelhub.ops._groups import computed_rows
+
+SWIZZLE = 8
+
+
+def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
+                       group_offset=None, existing_out=None, transpose_rhs=False, *,
+                       interpret: bool = False) -> jax.Array:
+    """The forward kernel; arguments as validated by the contract's dispatcher."""
+    out_dtype = jnp.dtype(preferred_element_type)
+    m, k = lhs.shape
+    local_groups = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    if group_offset is None:
+        group_offset = jnp.zeros((), jnp.int32)
+    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    default = config.gmm_heuristic(m, k, n, group_sizes.shape[0], jnp.dtype(compute_dtype).itemsize)
+    blocks = config.from_tiling(tiling, m, k, n, default)
+    if m == 0 or n == 0:
+        return existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
+    if k == 0:  # empty sums: the computed rows are 0
+        kept = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
+        computed = computed_rows(group_sizes, group_offset, local_groups, m)
+        return jnp.where(computed[:, None], jnp.zeros((), out_dtype), kept)
+
+    fill = existing_out is None
+    table = visits.visit_table(group_sizes, group_offset, local_groups, m, blocks.block_m, fill)
+    num_visits = table.shape[1]
+    n_tiles = -(-n // blocks.block_n)
+    kernel = functools.partial(
+        _kernel, blocks=blocks, m=m, k=k, n=n, num_visits=num_visits, n_tiles=n_tiles,
+        transpose_rhs=transpose_rhs, compute_dtype=jnp.dtype(compute_dtype), fill=fill)
+    return _launch.pallas_triton(kernel, (table, lhs, rhs), existing_out, (m, n), out_dtype,
+                                 num_visits * n_tiles, blocks, interpret,
+                                 "kernelhub_grouped_matmul")
+
+
+def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.Array, jax.Array]:
+    """(visit, n-tile) of a program: bands of SWIZZLE visits, n-tiles inner within a band."""
+    per_band = SWIZZLE * n_tiles
+    band = _tiles.div(program, per_band)
+    first = band * SWIZZLE
+    band_visits = jnp.minimum(num_visits - first, SWIZZLE)
+    inside = _tiles.rem(program, per_band)
+    return first + lax.rem(inside, band_visits), lax.div(inside, band_visits)
+
+
+def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
+            n: int, num_visits: int, n_tiles: int, transpose_rhs: bool,
+            compute_dtype: jnp.dtype, fill: bool) -> None:
+    from jax.experimental import pallas as pl
+
+    out_ref = refs[-1]  # refs[0] is existing_out when given: the same buffer as out_ref
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    visit, n_tile = _band_order(pl.program_id(0), num_visits, n_tiles)
+    tile = table_ref[visits.TILE, visit]
+    group = table_ref[visits.GROUP, visit]
+    first_row = pl.multiple_of(tile * bm, bm)
+    first_col = pl.multiple_of(n_tile * bn, bn)
+    rows = _tiles.span(first_row, bm)
+    cols = _tiles.span(first_col, bn)
+    owned = (rows >= table_ref[visits.START, visit]) & (rows < table_ref[visits.END, visit])
+    col_inside = _tiles.within(cols, n, bn)
+    out_block = out_ref.at[pl.ds(first_row, bm), pl.ds(first_col, bn)]
+
+    @pl.when(group >= 0)
+    def _multiply():
+        row_inside = _tiles.within(rows, m, bm)
+
+        def step(i, total):
+            first_k = pl.multiple_of(i * bk, bk)
+            k_inside = _tiles.within(_tiles.span(first_k, bk), k, bk)
+            left = _tiles.masked_load(lhs_ref.at[pl.ds(first_row, bm), pl.ds(first_k, bk)],
+                                      row_inside, k_inside)
+            if transpose_rhs:
+                right = _tiles.masked_load(
+                    rhs_ref.at[group, pl.ds(first_col, bn), pl.ds(first_k, bk)],
+                    col_inside, k_inside)
+            else:
+                right = _tiles.masked_load(
+                    rhs_ref.at[group, pl.ds(first_k, bk), pl.ds(first_col, bn)],
+                    k_inside, col_inside)
+            # Triton folds `total + dot` into one dot accumulating in place (MMA pipelining).
+            return total + _tiles.dot(left.astype(compute_dtype), right.astype(compute_dtype),
+                                      trans_b=transpose_rhs)
+
+        total = lax.fori_loop(0, -(-k // bk), step, jnp.zeros((bm, bn), jnp.float32))
+        _tiles.masked_store(out_block, total.astype(out_ref.dtype), owned, col_inside)
+
+    if fill:
+        @pl.when(group == visits.FILL)
+        def _zero():
+            _tiles.masked_store(out_block, jnp.zeros((bm, bn), out_ref.dtype), owned, col_inside)

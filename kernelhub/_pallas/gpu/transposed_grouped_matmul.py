@@ -1,0 +1,110 @@
+"""transposed_grouped_matmul as a Pallas Triton kernel
+(contract: kernelhub/ops/transposed_grouped_matmul.py).
+
+Grid: one program per (group, k-tile, n-tile), flattened to one axis with the group outermost,
+so the programs running at once read the same rows. A program sums its group's rows in chunks
+of block_m aligned to block_m (aligned, so Triton can vectorise the loads along m): the chunks
+wholly inside the group go from memory to the tensor cores untouched (Triton pipelines them
+through shared memory), and at most two edge chunks pass through registers, where a select sets
+the rows outside the group to exact zeros. An empty group runs no chunk and stores 0 (or
+existing_out, read and written in place through an alias).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._pallas.gpu import _launch, _tiles, config
+from kernelhub.ops._groups import local_bounds
+
+
+def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
+                                  tiling=None, group_offset=None, num_actual_groups=None,
+                                  existing_out=None, *, interpret: bool = False) -> jax.Array:
+    """The forward kernel; arguments as validated by the contract's dispatcher."""
+    out_dtype = jnp.dtype(preferred_element_type)
+    k, m = lhs.shape
+    n = rhs.shape[1]
+    if group_offset is None:
+        group_offset = jnp.zeros((), jnp.int32)
+    groups = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
+    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    default = config.tgmm_heuristic(m, k, n, groups, jnp.dtype(compute_dtype).itemsize)
+    blocks = config.from_tiling(tiling, m, k, n, default)
+    if k == 0 or n == 0:
+        return existing_out if existing_out is not None else jnp.zeros((groups, k, n), out_dtype)
+    if m == 0:  # every group is empty
+        zeros = jnp.zeros((groups, k, n), out_dtype)
+        return zeros if existing_out is None else existing_out
+
+    starts, ends = local_bounds(group_sizes, group_offset, groups, m)
+    bounds = jnp.stack([starts, ends]).astype(jnp.int32)
+    k_tiles, n_tiles = -(-k // blocks.block_k), -(-n // blocks.block_n)
+    kernel = functools.partial(
+        _kernel, blocks=blocks, m=m, k=k, n=n, k_tiles=k_tiles, n_tiles=n_tiles,
+        compute_dtype=jnp.dtype(compute_dtype), has_existing=existing_out is not None)
+    return _launch.pallas_triton(kernel, (bounds, lhs, rhs), existing_out, (groups, k, n),
+                                 out_dtype, groups * k_tiles * n_tiles, blocks, interpret,
+                                 "kernelhub_transposed_grouped_matmul")
+
+
+def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
+            n: int, k_tiles: int, n_tiles: int, compute_dtype: jnp.dtype,
+            has_existing: bool) -> None:
+    from jax.experimental import pallas as pl
+
+    out_ref = refs[-1]  # refs[0] is existing_out when given: the same buffer as out_ref
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    program = pl.program_id(0)
+    group = _tiles.div(program, k_tiles * n_tiles)
+    inside = _tiles.rem(program, k_tiles * n_tiles)
+    first_k = pl.multiple_of(_tiles.div(inside, n_tiles) * bk, bk)
+    first_col = pl.multiple_of(_tiles.rem(inside, n_tiles) * bn, bn)
+    k_inside = _tiles.within(_tiles.span(first_k, bk), k, bk)
+    col_inside = _tiles.within(_tiles.span(first_col, bn), n, bn)
+    start = bounds_ref[0, group]
+    end = bounds_ref[1, group]
+
+    def add_chunk(chunk: jax.Array, total: jax.Array, edge: bool) -> jax.Array:
+        first_row = pl.multiple_of(chunk * bm, bm)
+        rows = _tiles.span(first_row, bm)
+        # Loads are masked only by static bounds (the array's end), which keeps them vectorised
+        # along m; an edge chunk then zeroes the other groups' rows with a select, in registers.
+        in_array = _tiles.within(rows, m, bm) if edge else None
+        left = _tiles.masked_load(lhs_ref.at[pl.ds(first_k, bk), pl.ds(first_row, bm)],
+                                  k_inside, in_array)
+        right = _tiles.masked_load(rhs_ref.at[pl.ds(first_row, bm), pl.ds(first_col, bn)],
+                                   in_array, col_inside)
+        if edge:
+            owned = (rows >= start) & (rows < end)
+            left = jnp.where(owned[None, :], left, jnp.zeros((), left.dtype))
+            right = jnp.where(owned[:, None], right, jnp.zeros((), right.dtype))
+        return total + _tiles.dot(left.astype(compute_dtype), right.astype(compute_dtype))
+
+    # Chunks wholly inside [start, end): no row mask.
+    first_full = _tiles.div(start + bm - 1, bm)
+    full = jnp.maximum(_tiles.div(end, bm) - first_full, 0)
+    total = lax.fori_loop(0, full, lambda i, t: add_chunk(first_full + i, t, False),
+                          jnp.zeros((bk, bn), jnp.float32))
+    # The partial chunks at the group's edges: the head (start unaligned) and the tail (end
+    # unaligned), once when both fall in the same chunk.
+    nonempty = end > start
+    head = nonempty & (_tiles.rem(start, bm) != 0)
+    same_chunk = _tiles.div(start, bm) == _tiles.div(end, bm)
+    tail = nonempty & (_tiles.rem(end, bm) != 0) & ~(head & same_chunk)
+    edges = head.astype(jnp.int32) + tail.astype(jnp.int32)
+
+    def edge(i, t):
+        chunk = jnp.where((i == 0) & head, _tiles.div(start, bm), _tiles.div(end, bm))
+        return add_chunk(chunk, t, True)
+
+    total = lax.fori_loop(0, edges, edge, total)
+    where = (group, pl.ds(first_k, bk), pl.ds(first_col, bn))
+    if has_existing:
+        kept = _tiles.masked_load(refs[0].at[where], k_inside, col_inside)
+        total = total + kept.astype(jnp.float32)
+    _tiles.masked_store(out_ref.at[where], total.astype(out_ref.dtype), k_inside, col_inside)

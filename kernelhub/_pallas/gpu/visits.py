@@ -1,0 +1,77 @@
+"""Which (row tile, group) pairs grouped_matmul's programs visit, computed on the device.
+
+The rows [0, m) are cut into consecutive segments: the rows before the first local group, each
+local group, and the rows after the last one. A visit is one segment's share of one row tile of
+`block_m` rows, so a tile that a group boundary crosses is visited once per segment in it and
+writes only its own segment's rows. Visits are ordered by segment, hence by row tile.
+
+Every segment with r rows spread over t tiles costs t visits, and t <= ceil(r / block_m) + 1 with
+all segments together covering at most num_tiles + num_segments - 1 tiles: that bound is the
+static grid size, so the launch never depends on the values of group_sizes (no host sync; jit
+and CUDA graphs hold). Visits past the real count do nothing, and an empty group has no visit.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub.ops._groups import local_bounds
+
+# Row 1 of the visit table: what a visit does with its rows.
+FILL = -1  # rows of no local group: write zeros
+IDLE = -2  # past the last visit: nothing
+
+TILE, GROUP, START, END = range(4)
+
+
+def visit_count(m: int, block_m: int, local_groups: int, fill_uncomputed: bool) -> int:
+    """The static number of visits: every tile once, plus one per boundary between segments."""
+    segments = local_groups + (2 if fill_uncomputed else 0)
+    return -(-m // block_m) + segments - 1
+
+
+def segment_boundaries(group_sizes: jax.Array, group_offset: jax.Array, local_groups: int,
+                       m: int) -> jax.Array:
+    """[local_groups + 3] rising row boundaries: 0, each local group's start, the end, m.
+
+    Made monotone so that sizes that break the contract under jit still tile [0, m) exactly
+    (every row then belongs to exactly one segment, so every output row is written).
+    """
+    starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
+    bounds = jnp.concatenate([jnp.zeros((1,), jnp.int32), starts[:1], ends,
+                              jnp.full((1,), m, jnp.int32)])
+    return lax.cummax(jnp.clip(bounds, 0, m), axis=0)
+
+
+def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: int, m: int,
+                block_m: int, fill_uncomputed: bool) -> jax.Array:
+    """int32 [4, visits]: per visit its row tile, its group (local index, FILL or IDLE) and the
+    rows [start, end) it owns.
+
+    With `fill_uncomputed` False (the output starts as existing_out) the rows outside the local
+    groups get no visits at all.
+    """
+    bounds = segment_boundaries(group_sizes, group_offset, local_groups, m)
+    first, last = bounds[:-1], bounds[1:]  # segment s owns rows [first[s], last[s])
+    tiles = jnp.where(last > first, (last + block_m - 1) // block_m - first // block_m, 0)
+    if not fill_uncomputed:
+        tiles = tiles.at[0].set(0).at[-1].set(0)
+    ends = jnp.cumsum(tiles)
+    begins = ends - tiles
+
+    count = visit_count(m, block_m, local_groups, fill_uncomputed)
+    visit = jnp.arange(count, dtype=jnp.int32)
+    # compare_all: one fused comparison, no loop (an XLA loop on a GPU may sync with the host)
+    segment = jnp.minimum(jnp.searchsorted(ends, visit, side="right", method="compare_all"),
+                          local_groups + 1)
+    live = visit < ends[-1]
+    tile = first[segment] // block_m + visit - begins[segment]
+    group = jnp.where((segment == 0) | (segment == local_groups + 1), FILL, segment - 1)
+    return jnp.stack([
+        jnp.where(live, tile, 0),
+        jnp.where(live, group, IDLE),
+        jnp.where(live, first[segment], 0),
+        jnp.where(live, last[segment], 0),
+    ]).astype(jnp.int32)

@@ -1,0 +1,340 @@
+"""The Triton kernels beyond the shared contract suite: block configs, kernel paths the small
+contract shapes miss (several k steps, tiles crossed by many groups, interior row chunks),
+lowering for CUDA at real MoE shapes on a host without a GPU, and the GPU benchmark's plumbing.
+On a GPU host the same tests run the real kernels (platform="triton" resolves to them).
+
+Correctness against the reference over the whole contract is tests/test_contract.py's job.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernelhub
+import reference
+from conftest import assert_close
+from kernelhub._pallas.gpu import config, cuda_export, visits
+
+GMM = "grouped_matmul"
+TGMM = "transposed_grouped_matmul"
+
+
+# ---------------------------------------------------------------- block configs
+
+
+@pytest.mark.parametrize("tiling, rule", [
+    ((96, 64, 64), "power of two"),
+    ((64, 48, 64), "power of two"),
+    ((64, 64, 8), r"\[16, 1024\]"),
+    ((2048, 64, 64), r"\[16, 1024\]"),
+    ((64, 64, 64, 3), "num_warps=3 must be a power of two"),
+    ((64, 64, 64, 4, 0), "num_stages=0"),
+    ((64, 64), "tuple of ints"),
+    ((64, 64, 64, 4, 3, 1), "tuple of ints"),
+])
+def test_invalid_tiling_names_the_rule(tiling, rule):
+    with pytest.raises(ValueError, match=rule):
+        config.from_tiling(tiling, 64, 64, 64, config.BlockConfig(64, 64, 64))
+
+
+@pytest.mark.parametrize("op", [GMM, TGMM])
+def test_invalid_tiling_reaches_the_caller(op):
+    fn = kernelhub.get(op, platform="triton")
+    lhs = jnp.ones((32, 16) if op == GMM else (16, 32), jnp.float32)
+    rhs = jnp.ones((2, 16, 8) if op == GMM else (32, 8), jnp.float32)
+    with pytest.raises(ValueError, match="power of two"):
+        fn(lhs, rhs, jnp.array([16, 16], jnp.int32), tiling=(64, 64, 24))
+    with pytest.raises(ValueError, match="power of two"):  # a callable's answer is checked too
+        fn(lhs, rhs, jnp.array([16, 16], jnp.int32), tiling=lambda m, k, n: (m + 1, 16, 16))
+
+
+def test_tiling_forms():
+    default = config.BlockConfig(64, 32, 128, 4, 3)
+    assert config.from_tiling(None, 10, 10, 10, default) is default
+    assert config.from_tiling(lambda m, k, n: None, 10, 10, 10, default) is default
+    assert config.from_tiling((16, 32, 64), 10, 10, 10, default) == config.BlockConfig(16, 32, 64, 4, 3)
+    assert config.from_tiling((16, 32, 64, 8, 2), 10, 10, 10, default).as_tiling() == (16, 32, 64, 8, 2)
+
+
+@pytest.mark.parametrize("m, k, n, groups", [
+    (8192, 4096, 14336, 8), (16384, 7168, 2048, 256), (8192, 2048, 768, 128), (1000, 520, 200, 7),
+    (1, 1, 1, 1), (72, 40, 3, 9),
+])
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_heuristics_give_valid_configs_that_fit_the_shape(m, k, n, groups, itemsize):
+    for heuristic in (config.gmm_heuristic, config.tgmm_heuristic):
+        blocks = config.validate(heuristic(m, k, n, groups, itemsize), "heuristic")
+        for block, dim in ((blocks.block_m, m), (blocks.block_k, k), (blocks.block_n, n)):
+            assert block <= max(config.MIN_BLOCK, 2 * dim)
+
+
+def test_heuristic_follows_group_sizes():
+    mixtral = config.gmm_heuristic(8192, 4096, 14336, 8, 2)
+    assert (mixtral.block_m, mixtral.block_n, mixtral.num_warps) == (128, 256, 8)
+    deepseek = config.gmm_heuristic(16384, 7168, 2048, 256, 2)
+    assert deepseek.block_m == 64  # 64 rows per expert on average
+
+
+# ---------------------------------------------------------------- visit metadata
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_visits_cover_every_row_once(fill):
+    rng = np.random.default_rng(0)
+    m, block_m, groups = 203, 16, 9
+    table_for = jax.jit(visits.visit_table, static_argnums=(2, 3, 4, 5))
+    for trial, local in enumerate([1, 1, 4, 4, 4, 9, 9, 9]):
+        sizes = rng.multinomial(int(rng.integers(0, m + 1)), rng.dirichlet(np.full(groups, 0.5)))
+        sizes = np.where(rng.random(groups) < 0.3, 0, sizes).astype(np.int32)
+        offset = int(rng.integers(0, groups - local + 1))
+        table = np.asarray(table_for(jnp.asarray(sizes), jnp.int32(offset), local, m, block_m, fill))
+        assert table.shape[1] == visits.visit_count(m, block_m, local, fill)
+        written = np.zeros(m, int)
+        for tile, group, start, end in table.T:
+            if group == visits.IDLE:
+                continue
+            rows = np.arange(tile * block_m, (tile + 1) * block_m)
+            owned = rows[(rows >= start) & (rows < end)]
+            assert owned.size, "a visit owns at least one row of its tile"
+            written[owned] += 1
+        bounds = reference.group_rows(sizes, m)
+        computed = np.zeros(m, bool)
+        for g in range(offset, offset + local):
+            computed[bounds[g][0]:bounds[g][1]] = True
+        expected = np.ones(m, int) if fill else computed.astype(int)
+        np.testing.assert_array_equal(written, expected, err_msg=f"trial {trial}")
+
+
+# ---------------------------------------------------------------- kernel paths, interpret mode
+
+SMALL_TILES = (16, 16, 16)
+
+
+def _rounded(rng, shape, dtype):
+    return np.array(jnp.asarray(rng.standard_normal(shape), dtype))
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_gmm_many_k_steps_and_crossed_tiles(transpose_rhs):
+    rng = np.random.default_rng(1)
+    m, k, n = 150, 70, 50  # several k and n steps, all unaligned to 16
+    sizes = np.array([1, 0, 37, 16, 2, 0, 45, 3, 30], np.int32)  # sum 134 < m
+    lhs = _rounded(rng, (m, k), jnp.float32)
+    rhs = _rounded(rng, (6, n, k) if transpose_rhs else (6, k, n), jnp.float32)
+    gmm = kernelhub.get(GMM, platform="triton")
+    out = gmm(lhs, rhs, sizes, tiling=SMALL_TILES, group_offset=2, transpose_rhs=transpose_rhs)
+    expected = reference.gmm(lhs, rhs, sizes, 2, transpose_rhs=transpose_rhs)
+    assert_close(out, expected, jnp.float32, jnp.float32, contraction=k)
+    computed = np.zeros(m, bool)
+    computed[1:1 + 37 + 16 + 2 + 0 + 45 + 3] = True  # groups 2..7
+    assert (np.asarray(out)[~computed] == 0).all()
+
+
+def test_tgmm_interior_and_edge_chunks():
+    rng = np.random.default_rng(2)
+    k, m, n = 40, 170, 36
+    sizes = np.array([5, 64, 0, 33, 16, 11, 20], np.int32)  # aligned, unaligned, one-chunk groups
+    lhs = _rounded(rng, (k, m), jnp.bfloat16)
+    rhs = _rounded(rng, (m, n), jnp.bfloat16)
+    rhs[160:] = np.nan  # past the groups: must reach nothing
+    tgmm = kernelhub.get(TGMM, platform="triton")
+    existing = _rounded(rng, (len(sizes), k, n), jnp.float32)
+    out = tgmm(lhs, rhs, sizes, tiling=SMALL_TILES, existing_out=existing)
+    expected = reference.tgmm(lhs, rhs, sizes, existing_out=existing)
+    assert_close(out, expected, jnp.float32, jnp.bfloat16, contraction=m)
+    np.testing.assert_array_equal(np.asarray(out[2]), existing[2])
+
+
+def test_gmm_bf16_output_with_existing_keeps_other_rows_bitwise():
+    rng = np.random.default_rng(3)
+    m, k, n = 90, 33, 40
+    sizes = np.array([20, 30, 25], np.int32)
+    lhs = _rounded(rng, (m, k), jnp.bfloat16)
+    rhs = _rounded(rng, (1, k, n), jnp.bfloat16)
+    existing = _rounded(rng, (m, n), jnp.bfloat16)
+    out = kernelhub.get(GMM, platform="triton")(
+        lhs, rhs, sizes, preferred_element_type=jnp.bfloat16, group_offset=1,
+        existing_out=existing, tiling=SMALL_TILES)
+    expected = reference.gmm(lhs, rhs, sizes, 1, existing)
+    assert_close(out, expected, jnp.bfloat16, jnp.bfloat16, contraction=k)
+    kept = np.r_[0:20, 50:90]
+    np.testing.assert_array_equal(np.asarray(out)[kept], existing[kept])
+
+
+# ---------------------------------------------------------------- lowering for CUDA
+
+# (name, m, k, n, num_groups, local_groups): local < num_groups means a traced group_offset.
+MOE_SHAPES = [
+    ("mixtral", 8192, 4096, 14336, 8, 8),
+    ("deepseek-v3", 16384, 7168, 2048, 256, 32),
+    ("qwen3-moe", 8192, 2048, 768, 128, 128),
+    ("odd", 1000, 520, 200, 7, 7),
+]
+
+
+def _gmm_problem(m, k, n, groups, local, dtype):
+    gmm = kernelhub.get(GMM, platform="triton", backend="gpu")
+    specs = [jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((local, k, n), dtype),
+             jax.ShapeDtypeStruct((groups,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)]
+
+    def forward(lhs, rhs, sizes, offset):
+        return gmm(lhs, rhs, sizes, preferred_element_type=dtype, group_offset=offset)
+
+    return forward, specs
+
+
+def _tgmm_problem(m, k, n, groups, local, dtype):
+    tgmm = kernelhub.get(TGMM, platform="triton", backend="gpu")
+    specs = [jax.ShapeDtypeStruct((k, m), dtype), jax.ShapeDtypeStruct((m, n), dtype),
+             jax.ShapeDtypeStruct((groups,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)]
+
+    def forward(lhs, rhs, sizes, offset):
+        return tgmm(lhs, rhs, sizes, preferred_element_type=dtype, group_offset=offset,
+                    num_actual_groups=local)
+
+    return forward, specs
+
+
+def _with_vjp(forward):
+    def backward(lhs, rhs, sizes, offset):
+        out, vjp = jax.vjp(lambda a, b: forward(a, b, sizes, offset), lhs, rhs)
+        return out, vjp(jnp.ones_like(out))
+
+    return backward
+
+
+def _lower(fn, specs):
+    try:
+        return cuda_export.export_for_cuda(fn, specs).mlir_module()
+    except RuntimeError as error:  # newer jaxlibs compile Triton while lowering
+        if "compilation handler" in str(error):
+            pytest.skip(f"this jaxlib compiles Triton at lowering and has no CUDA compiler here: {error}")
+        raise
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("op", [GMM, TGMM])
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=[s[0] for s in MOE_SHAPES])
+def test_lowers_for_cuda(shape, op, direction):
+    name, m, k, n, groups, local = shape
+    dtype = jnp.float32 if name == "odd" else jnp.bfloat16  # odd also covers the f32/TF32 path
+    forward, specs = (_gmm_problem if op == GMM else _tgmm_problem)(m, k, n, groups, local, dtype)
+    fn = forward if direction == "forward" else _with_vjp(forward)
+    started = time.perf_counter()
+    text = _lower(fn, specs)
+    seconds = time.perf_counter() - started
+    calls = cuda_export.count_triton_calls(text)
+    targets = sorted(set(re.findall(r"custom_call @([\w$.]+)\(", text)))
+    # forward: the kernel; backward: the forward again, then one gmm and one tgmm (or two gmms)
+    assert calls == (1 if direction == "forward" else 3), (calls, targets)
+    # Nothing reads group_sizes on the host: no loops (whose conditions a GPU sends to the host)
+    # and no custom call besides the kernels (no host callbacks).
+    assert "stablehlo.while" not in text
+    assert set(targets) <= set(cuda_export.triton_call_targets()), targets
+    for launch in cuda_export.triton_launches(text):
+        assert launch.name.startswith("kernelhub_") and launch.grid >= 1
+    assert seconds < 60, f"lowering {name} {op} {direction} took {seconds:.1f}s"
+
+
+def test_lowers_for_cuda_with_existing_out_and_transposed_rhs():
+    gmm = kernelhub.get(GMM, platform="triton", backend="gpu")
+    m, k, n, groups = 1000, 520, 200, 7
+    specs = [jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+             jax.ShapeDtypeStruct((groups, n, k), jnp.bfloat16),
+             jax.ShapeDtypeStruct((groups,), jnp.int32),
+             jax.ShapeDtypeStruct((m, n), jnp.bfloat16)]
+
+    def forward(lhs, rhs, sizes, existing):
+        return gmm(lhs, rhs, sizes, preferred_element_type=jnp.bfloat16, existing_out=existing,
+                   transpose_rhs=True)
+
+    text = _lower(forward, specs)
+    assert cuda_export.count_triton_calls(text) == 1
+    # existing_out is aliased to the output: the kernel writes into it, no extra buffer
+    assert "output_operand_alias" in text or "operand_output_alias" in text or "tf.aliasing_output" in text
+
+
+# ---------------------------------------------------------------- PTX for Hopper, without a GPU
+
+
+@pytest.mark.parametrize("op", [GMM, TGMM])
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=[s[0] for s in MOE_SHAPES])
+def test_compiles_to_hopper_ptx(shape, op):
+    """The kernels of forward and backward compile for sm_90 within shared memory, on tensor
+    cores, with vectorised pipelined loads. Needs the `triton` package (else skipped)."""
+    from kernelhub._pallas.gpu import ptx_check
+
+    if (reason := ptx_check.available()) is not None:
+        pytest.skip(reason)
+    name, m, k, n, groups, local = shape
+    dtype = jnp.float32 if name == "odd" else jnp.bfloat16
+    forward, specs = (_gmm_problem if op == GMM else _tgmm_problem)(m, k, n, groups, local, dtype)
+    try:
+        modules = cuda_export.triton_modules(_with_vjp(forward), specs)
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    for module in modules:
+        report = ptx_check.compile_to_ptx(module.ir, module.num_warps, module.num_stages)
+        where = f"{name} {module.name} (warps {module.num_warps}, stages {module.num_stages})"
+        assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES, where
+        assert report.wgmma > 0, f"{where}: no wgmma"
+        if dtype == jnp.bfloat16:  # aligned 16-bit shapes: every operand load vectorised
+            assert report.overlapped_wgmma, f"{where}: tensor-core steps do not overlap"
+            assert report.async_copies_16b > 0 and report.scalar_loads == 0, (where, report)
+
+
+# ---------------------------------------------------------------- the GPU benchmark's plumbing
+
+
+def test_gpu_benchmark_refuses_without_a_gpu(capsys, tmp_path):
+    from kernelhub._cli import bench_gpu
+
+    if bench_gpu.gpu_missing() is None:
+        pytest.skip("a GPU is present")
+    parser = __import__("argparse").ArgumentParser()
+    bench_gpu.add_gpu_arguments(parser)
+    assert bench_gpu.run_gpu_benchmark(parser.parse_args(["--gpu-out", str(tmp_path)])) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+
+
+def test_gpu_benchmark_report_with_fake_timings():
+    from kernelhub._cli import bench_gpu
+
+    mixtral, qwen = bench_gpu.SHAPES[0], bench_gpu.SHAPES[2]
+    flops = 2.0 * mixtral.m * mixtral.k * mixtral.n
+    results = [
+        bench_gpu.Measurement(mixtral, "balanced", "gmm forward", flops,
+                              {"kernelhub": flops / 600e12, "dense": flops / 750e12,
+                               "ragged_dot": flops / 300e12}, 1e-3),
+        bench_gpu.Measurement(qwen, "skewed", "tgmm", flops,
+                              {"kernelhub": flops / 400e12, "dense": flops / 700e12,
+                               "ragged_dot": None}, None),
+    ]
+    header = {"date": "today", "device": "gpu: NVIDIA H200", "jax": "0.11.2"}
+    report = bench_gpu.markdown_report(results, header)
+    assert "| mixtral | balanced | gmm forward | 600.0 | 750.0 | 300.0 | 0.80 | 2.0 | 1.0e-03 |" in report
+    assert "| qwen3-moe | skewed | tgmm | 400.0 | 700.0 | - | 0.57 | - | - |" in report
+    assert ">= 70% of dense (aim 85%): 80% -> met" in report
+    assert "device: gpu: NVIDIA H200" in report
+    record = bench_gpu.as_record(results[0])
+    assert record["tflops"]["kernelhub"] == pytest.approx(600.0)
+
+
+def test_gpu_benchmark_passes_run_and_agree_with_ragged_dot_in_smoke_mode():
+    from kernelhub._cli import bench_gpu
+
+    shard = bench_gpu.SMOKE_SHAPES[1]  # 2 local experts of 8: group_offset and skipped rows
+    results = bench_gpu.measure_shape(shard, "skewed", jnp.float32, reps=1, warmup=0)
+    assert [r.pass_name for r in results] == list(bench_gpu.PASSES)
+    # Both sides use TF32 on a GPU, differently rounded.
+    tolerance = 2e-2 if jax.default_backend() == "gpu" else 1e-5
+    for result in results:
+        assert all(seconds for seconds in result.seconds.values()), result
+        assert result.max_relative_error < tolerance, result
