@@ -1,0 +1,193 @@
+"""Compiling the Pallas TPU kernels for TPU generations that are not here.
+
+libtpu (the `tpu` extra) compiles for a topology description without a TPU: Mosaic and XLA:TPU
+run for real, so a tiling that overflows VMEM or a block Mosaic cannot lay out fails here as
+it would on the chip. Shared by tests/test_pallas_tpu.py and `kernelhub verify --tpu`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import time
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# A 2x2 slice of each generation: compiling for one chip of it is what a kernel sees.
+TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+
+MOSAIC_CALL = "tpu_custom_call"
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    """One expert layer: m routed tokens x k -> n, `experts` groups of which `local` here."""
+
+    name: str
+    m: int
+    k: int
+    n: int
+    experts: int
+    local: int | None = None  # None: all experts are local (no group_offset)
+    note: str = ""
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts if self.local is None else self.local
+
+
+SHAPES = {
+    s.name: s
+    for s in (
+        MoeShape("mixtral", 8192, 4096, 14336, 8, note="Mixtral 8x7B up projection"),
+        MoeShape("mixtral-down", 8192, 14336, 4096, 8, note="Mixtral 8x7B down projection"),
+        MoeShape("deepseek-v3", 16384, 7168, 2048, 256, local=32,
+                 note="DeepSeek-V3-like, 32 of 256 experts local (group_offset)"),
+        MoeShape("qwen3-moe", 8192, 2048, 768, 128, note="Qwen3-MoE"),
+        MoeShape("odd", 1000, 520, 200, 7, note="no axis a tile multiple"),
+    )
+}
+
+
+def libtpu_available() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+@dataclasses.dataclass
+class CompileResult:
+    generation: str
+    shape: MoeShape
+    dtype: str
+    backward: bool
+    compiled: bool
+    seconds: float
+    # kernel ("gmm", "gmm_t" for the lhs gradient, "tgmm") -> the tiles it was compiled with
+    tilings: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    mosaic_calls: int = 0  # Mosaic custom calls in the compiled program
+    error: str = ""
+    details: str = ""  # the full traceback of a failure
+
+    @property
+    def ok(self) -> bool:
+        """Compiled, and into Mosaic kernels (an XLA fallback would not count)."""
+        return self.compiled and self.mosaic_calls >= (3 if self.backward else 1)
+
+
+def step_problems(shape: MoeShape, dtype: Any, backward: bool) -> dict[str, Any]:
+    """The kernels of the compiled step, by tag, as `tiling.Problem`s: the forward gmm, and for
+    the VJP (kernelhub/ops/_autodiff.py) gmm_t [m, n] x [G, k, n]^T -> d lhs and tgmm -> d rhs,
+    both accumulated into float32."""
+    from kernelhub._pallas.tpu import tiling
+
+    def problem(kernel, k, n, out):
+        return tiling.Problem(kernel, shape.m, k, n, shape.experts, shape.local_experts, dtype,
+                              dtype, out, False)
+
+    problems = {"gmm": problem(tiling.Kernel.FORWARD, shape.k, shape.n, dtype)}
+    if backward:
+        problems["gmm_t"] = problem(tiling.Kernel.TRANSPOSED_RHS, shape.n, shape.k, jnp.float32)
+        problems["tgmm"] = problem(tiling.Kernel.WEIGHT_GRADIENT, shape.k, shape.n, jnp.float32)
+    return problems
+
+
+def vmem_estimates(result: "CompileResult") -> dict[str, int]:
+    """Estimated VMEM bytes of each compiled kernel's tiles (tiling.vmem_bytes)."""
+    from kernelhub._pallas.tpu import tiling
+
+    problems = step_problems(result.shape, jnp.dtype(result.dtype), result.backward)
+    return {kernel: tiling.vmem_bytes(tiling.Tiles(*tiles), problems[kernel])
+            for kernel, tiles in result.tilings.items() if kernel in problems}
+
+
+def step_function(shape: MoeShape, dtype: Any, backward: bool):
+    """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels)."""
+    import kernelhub
+
+    gmm = kernelhub.get("grouped_matmul", platform="pallas", backend="tpu")
+
+    def forward(lhs, rhs, group_sizes, group_offset):
+        return gmm(lhs, rhs, group_sizes, preferred_element_type=dtype, group_offset=group_offset)
+
+    def forward_and_backward(lhs, rhs, group_sizes, group_offset, d_out):
+        out, vjp = jax.vjp(lambda a, b: forward(a, b, group_sizes, group_offset), lhs, rhs)
+        d_lhs, d_rhs = vjp(d_out)
+        return out, d_lhs, d_rhs
+
+    return jax.jit(forward_and_backward if backward else forward)
+
+
+def argument_specs(shape: MoeShape, dtype: Any, backward: bool, device: Any) -> list:
+    sharding = jax.sharding.SingleDeviceSharding(device)
+
+    def spec(dims, dt):
+        return jax.ShapeDtypeStruct(dims, dt, sharding=sharding)
+
+    specs = [spec((shape.m, shape.k), dtype), spec((shape.local_experts, shape.k, shape.n), dtype),
+             spec((shape.experts,), jnp.int32),
+             spec((), jnp.int32) if shape.local is not None else None]
+    if backward:
+        specs.append(spec((shape.m, shape.n), dtype))
+    return specs
+
+
+def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
+                backward: bool = True) -> CompileResult:
+    """Compiles the step for one chip of `generation` with the default tiling."""
+    from jax.experimental import topologies
+
+    dtype = jnp.dtype(dtype)
+    started = time.perf_counter()
+    result = CompileResult(generation, shape, dtype.name, backward, False, 0.0)
+    # libtpu takes a machine-wide lock unless told otherwise, so a second process (a parallel
+    # test worker, a job using the local TPU) would make this fail. Compiling for a topology
+    # touches no chip, so sharing is safe. Read once, when this process first loads libtpu.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    try:
+        topology = topologies.get_topology_desc(topology_name=TOPOLOGIES[generation], platform="tpu")
+        device = topology.devices[0]
+        # The kernels read the target chip from the default device while tracing (hardware.py).
+        with jax.default_device(device):
+            lowered = step_function(shape, dtype, backward).lower(
+                *argument_specs(shape, dtype, backward, device))
+        compiled = lowered.compile()
+        result.compiled = True
+        text = compiled.as_text()
+        result.mosaic_calls = text.count(f'custom_call_target="{MOSAIC_CALL}"')
+        result.tilings = kernel_tiles(text)
+        if not result.ok:
+            result.error = (f"expected Mosaic kernels ({MOSAIC_CALL}), found "
+                            f"{result.mosaic_calls}: the kernels did not lower to Mosaic")
+    except Exception as error:  # noqa: BLE001  (any compiler failure is a result to report)
+        result.error = _first_line(error)
+        result.details = traceback.format_exc()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def kernel_tiles(hlo_text: str) -> dict[str, tuple[int, int, int]]:
+    """The tiles of each kernelhub kernel in a program, read from the kernels' names."""
+    from kernelhub._pallas.tpu.kernel_parts import KERNEL_NAME_PATTERN
+
+    found = {}
+    for kernel, tm, tk, tn in re.findall(KERNEL_NAME_PATTERN, hlo_text):
+        found[kernel] = (int(tm), int(tk), int(tn))
+    return found
+
+
+def compile_all(generations: Iterable[str], shapes: Iterable[str], dtype: Any = jnp.bfloat16,
+                backward: bool = True) -> Iterable[CompileResult]:
+    for generation in generations:
+        for name in shapes:
+            yield compile_for(generation, SHAPES[name], dtype, backward)
+
+
+def _first_line(error: Exception) -> str:
+    text = f"{type(error).__name__}: {error}"
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " / ".join(lines[:3])[:400]

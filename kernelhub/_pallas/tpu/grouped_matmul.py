@@ -1,0 +1,178 @@
+"""grouped_matmul as a Pallas Mosaic kernel (contract: kernelhub/ops/grouped_matmul.py).
+
+Grid (column tiles, items, contraction tiles); the items come from `schedule.gmm_schedule`.
+An output block stays in VMEM while consecutive items share its row tile: the first of them
+fills it with zeros or existing_out, each multiplying item then overwrites just its group's rows
+(a select, so a NaN elsewhere stays out). Contraction blocks that run past k are masked to zero
+on both operands; blocks past m or n only feed rows and columns that are never written back.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._pallas.tpu import schedule as schedule_lib
+from kernelhub._pallas.tpu import tiling as tiling_lib
+from kernelhub._pallas.tpu.kernel_parts import (
+    call_options, compute_dtype, contraction_precision, keep_first, kernel_name, needs_widening,
+    row_mask, widened)
+from kernelhub._pallas.tpu.schedule import GmmField
+from kernelhub.ops._groups import computed_rows
+
+
+def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: Any,
+               has_existing: bool, transpose_rhs: bool) -> tiling_lib.Problem:
+    m, k = lhs.shape
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    kernel = tiling_lib.Kernel.TRANSPOSED_RHS if transpose_rhs else tiling_lib.Kernel.FORWARD
+    return tiling_lib.Problem(kernel, m, k, n, group_sizes.shape[0], rhs.shape[0], lhs.dtype,
+                              rhs.dtype, out_dtype, has_existing)
+
+
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
+                   preferred_element_type: Any, tiling: Any, group_offset: jax.Array | None,
+                   existing_out: jax.Array | None, transpose_rhs: bool, *,
+                   interpret: Any = False) -> jax.Array:
+    """The raw forward kernel: arguments as the dispatcher normalises them."""
+    out_dtype = jnp.dtype(preferred_element_type)
+    if needs_widening(lhs.dtype, rhs.dtype, out_dtype):
+        out = grouped_matmul(
+            lhs.astype(widened(lhs.dtype)), rhs.astype(widened(rhs.dtype)), group_sizes,
+            widened(out_dtype), tiling, group_offset,
+            None if existing_out is None else existing_out.astype(widened(out_dtype)),
+            transpose_rhs, interpret=interpret)
+        return out.astype(out_dtype)
+    problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, transpose_rhs)
+    m, k, n = problem.m, problem.k, problem.n
+    if group_offset is None:
+        group_offset = jnp.zeros((), jnp.int32)
+    base = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
+    if m == 0 or n == 0:
+        return base
+    if k == 0:  # empty sums: computed rows are 0
+        computed = computed_rows(group_sizes, group_offset, problem.local_groups, m)
+        return jnp.where(computed[:, None], jnp.zeros_like(base), base)
+
+    options = call_options(problem, tiling, interpret)
+    tm, tk, tn = options.tiles.as_tuple()
+    k_tiles, n_tiles = -(-k // tk), -(-n // tn)
+    plan = schedule_lib.gmm_schedule(group_sizes, group_offset, problem.local_groups, m, tm, k_tiles)
+    field = plan.reader
+
+    def k_block(item, kk, table):
+        hold = field(table, GmmField.HOLD_K, item)
+        return jnp.where(hold < 0, kk, hold)
+
+    def lhs_index(ni, item, kk, table):
+        return field(table, GmmField.LHS_TILE, item), k_block(item, kk, table)
+
+    def rhs_index(ni, item, kk, table):
+        group, kb = field(table, GmmField.GROUP, item), k_block(item, kk, table)
+        return (group, ni, kb) if transpose_rhs else (group, kb, ni)
+
+    def out_index(ni, item, kk, table):
+        return field(table, GmmField.OUT_TILE, item), ni
+
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    out_spec = pl.BlockSpec((tm, tn), out_index)
+    in_specs = [
+        pl.BlockSpec((tm, tk), lhs_index),
+        pl.BlockSpec((None, tn, tk) if transpose_rhs else (None, tk, tn), rhs_index),
+    ]
+    operands = [lhs, rhs]
+    aliases = {}
+    if existing_out is not None:
+        in_specs.append(out_spec)
+        operands.append(existing_out)
+        if options.alias_existing:  # the index counts the prefetched schedule table
+            aliases = {len(operands): 0}
+    kernel = functools.partial(
+        _kernel, read=plan.reader, tm=tm, tk=tk, k=k, k_tiles=k_tiles,
+        transpose_rhs=transpose_rhs, compute=compute_dtype(lhs.dtype, rhs.dtype),
+        has_existing=existing_out is not None)
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(n_tiles, plan.items, k_tiles),
+            in_specs=in_specs,
+            out_specs=out_spec,
+            scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
+        ),
+        input_output_aliases=aliases,
+        # Items revisit an output block back to back, and contraction steps accumulate: only
+        # the column tiles are independent (split between megacore's two cores).
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=options.vmem_limit_bytes),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0,
+            bytes_accessed=(lhs.size * lhs.dtype.itemsize * n_tiles
+                            + rhs.size * rhs.dtype.itemsize
+                            + m * n * out_dtype.itemsize * (2 if existing_out is not None else 1))),
+        interpret=options.interpret,
+        name=kernel_name(problem.kernel, options.tiles),
+    )
+    return call(plan.table, *operands)
+
+
+def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_rhs, compute,
+            has_existing):
+    from jax.experimental import pallas as pl
+
+    if has_existing:
+        existing_ref, out_ref, acc_ref = refs
+    else:
+        existing_ref, (out_ref, acc_ref) = None, refs
+    item, kk = pl.program_id(1), pl.program_id(2)
+    field = functools.partial(read, table)
+
+    @pl.when((kk == 0) & (field(GmmField.FIRST_VISIT, item) == 1))
+    def _initialise_output_block():
+        if has_existing:
+            out_ref[...] = existing_ref[...]
+        else:
+            out_ref[...] = jnp.zeros(out_ref.shape, out_ref.dtype)
+
+    def multiply(mask_past_k: bool):
+        lhs, rhs = lhs_ref[...].astype(compute), rhs_ref[...].astype(compute)
+        if mask_past_k:  # the last contraction block runs past k: zero both operands there
+            valid = k - kk * tk
+            lhs = keep_first(lhs, valid, axis=1)
+            rhs = keep_first(rhs, valid, axis=1 if transpose_rhs else 0)
+        contracting = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
+        product = lax.dot_general(lhs, rhs, (contracting, ((), ())),
+                                  preferred_element_type=jnp.float32,
+                                  precision=contraction_precision(compute))
+
+        @pl.when(kk == 0)
+        def _start():
+            acc_ref[...] = product
+
+        @pl.when(kk > 0)
+        def _accumulate():
+            acc_ref[...] += product
+
+    multiplies = field(GmmField.MULTIPLIES, item) == 1
+    if k % tk:
+        pl.when(multiplies & (kk < k_tiles - 1))(lambda: multiply(False))
+        pl.when(multiplies & (kk == k_tiles - 1))(lambda: multiply(True))
+    else:
+        pl.when(multiplies)(lambda: multiply(False))
+
+    @pl.when(multiplies & (kk == k_tiles - 1))
+    def _store_group_rows():
+        first_row = field(GmmField.OUT_TILE, item) * tm
+        mine = row_mask(out_ref.shape, 0, first_row, field(GmmField.ROW_START, item),
+                        field(GmmField.ROW_END, item))
+        # Selected in float32: exact for the 16-bit outputs, and native on every generation.
+        kept = out_ref[...].astype(jnp.float32)
+        out_ref[...] = jnp.where(mine, acc_ref[...], kept).astype(out_ref.dtype)

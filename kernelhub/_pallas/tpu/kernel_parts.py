@@ -1,0 +1,90 @@
+"""Pieces both Pallas TPU kernels share: how a call is configured, and in-kernel masks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._pallas.tpu import hardware, tiling as tiling_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+    tiles: tiling_lib.Tiles
+    vmem_limit_bytes: int | None
+    interpret: Any
+
+    @property
+    def alias_existing(self) -> bool:
+        """Whether existing_out may share the output's buffer (input_output_aliases).
+
+        jax 0.10's TPU memory simulator (interpret=InterpretParams) pads an aliased input to
+        whole blocks and returns the padded array as the output, a shape error; it gets an
+        unaliased input there, which changes no value (the kernel copies what it keeps).
+        """
+        return isinstance(self.interpret, bool)
+
+
+def call_options(problem: tiling_lib.Problem, tiling: Any, interpret: Any) -> CallOptions:
+    """Tiles, VMEM limit and interpret setting of one kernel call.
+
+    `interpret` is False (Mosaic), True (Pallas interpret mode) or a `pltpu.InterpretParams`.
+    """
+    if interpret is not False:
+        tiles = tiling_lib.resolve(tiling, problem, tiling_lib.default_for_interpret)
+        return CallOptions(tiles, None, interpret)
+    chip = hardware.target_chip()
+    tiles = tiling_lib.resolve(tiling, problem, lambda p: tiling_lib.default_for_chip(p, chip))
+    return CallOptions(tiles, chip.vmem_limit_bytes, False)
+
+
+KERNEL_NAME_PATTERN = r"kernelhub_(gmm|gmm_t|tgmm)_(\d+)x(\d+)x(\d+)"
+_KERNEL_TAGS = {tiling_lib.Kernel.FORWARD: "gmm", tiling_lib.Kernel.TRANSPOSED_RHS: "gmm_t",
+                tiling_lib.Kernel.WEIGHT_GRADIENT: "tgmm"}
+
+
+def kernel_name(kernel: tiling_lib.Kernel, tiles: tiling_lib.Tiles) -> str:
+    """The pallas_call's name, which carries the tiles into HLO dumps and profiles
+    (ahead_of_time.py reads them back from the compiled program)."""
+    return f"kernelhub_{_KERNEL_TAGS[kernel]}_{tiles.tm}x{tiles.tk}x{tiles.tn}"
+
+
+def widened(dtype: Any) -> Any:
+    """The dtype a kernel operand of `dtype` is given in: Mosaic cannot load float16 on the
+    generations targeted, so float16 travels as float32 (exactly) and the result is rounded back
+    once, outside the kernel."""
+    return jnp.float32 if jnp.dtype(dtype) == jnp.dtype(jnp.float16) else jnp.dtype(dtype)
+
+
+def needs_widening(*dtypes: Any) -> bool:
+    return any(jnp.dtype(d) == jnp.dtype(jnp.float16) for d in dtypes)
+
+
+def compute_dtype(lhs_dtype: Any, rhs_dtype: Any) -> Any:
+    """The MXU takes bf16 x bf16 as is; any other pair is multiplied in float32."""
+    if jnp.dtype(lhs_dtype) == jnp.dtype(rhs_dtype) == jnp.dtype(jnp.bfloat16):
+        return jnp.bfloat16
+    return jnp.float32
+
+
+def contraction_precision(compute: Any) -> lax.Precision | None:
+    """float32 products in full float32 precision, as the contract's accuracy needs, rather than
+    whatever Mosaic's default is."""
+    return lax.Precision.HIGHEST if jnp.dtype(compute) == jnp.dtype(jnp.float32) else None
+
+
+def keep_first(block: jax.Array, count: jax.Array, axis: int) -> jax.Array:
+    """`block` with the entries at index >= count along `axis` replaced by exact zeros."""
+    index = lax.broadcasted_iota(jnp.int32, block.shape, axis)
+    return jnp.where(index < count, block, jnp.zeros_like(block))
+
+
+def row_mask(shape: tuple[int, ...], axis: int, first_row: jax.Array, start: jax.Array,
+             end: jax.Array) -> jax.Array:
+    """Boolean block: whether the row at each position along `axis` lies in [start, end)."""
+    row = first_row + lax.broadcasted_iota(jnp.int32, shape, axis)
+    return (row >= start) & (row < end)

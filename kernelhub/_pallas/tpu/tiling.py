@@ -1,0 +1,240 @@
+"""Block sizes of the Pallas TPU kernels: the rules a tiling must follow and the default choice.
+
+A tiling is (tm, tk, tn) for every kernel, as in megablox: tm rows of the grouped axis (the
+rows of gmm, the contraction of tgmm), tk of gmm's contraction (tgmm's output rows), tn of the
+output columns. The kernels that use them (kernelhub/_pallas/tpu/grouped_matmul.py and
+transposed_grouped_matmul.py) differ in which of them lie on a TPU vector's lanes (128 wide)
+and which on its sublanes (8 rows of 32 bits, so 16 rows of a 16-bit type), and a block's last
+two dimensions must be multiples of those or span the whole array axis. A tile larger than its
+axis is cut to the axis, which is always legal.
+
+The default is chosen per kernel, shape and TPU generation (`hardware.Chip`) by a roofline
+estimate over candidate tilings whose buffers fit the generation's VMEM; see docs/tpu.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kernelhub._pallas.tpu.hardware import Chip
+
+LANES = 128
+GRID_STEP_SECONDS = 0.35e-6  # fixed cost of one grid step on a TensorCore
+
+
+class Kernel(enum.Enum):
+    """The three kernels a differentiated grouped matmul runs, each with its own default."""
+
+    FORWARD = "gmm"  # grouped_matmul, rhs [G, k, n]
+    TRANSPOSED_RHS = "gmm (transpose_rhs)"  # grouped_matmul's lhs gradient, rhs [G, n, k]
+    WEIGHT_GRADIENT = "tgmm"  # transposed_grouped_matmul
+
+    @property
+    def row_axis_on_lanes(self) -> bool:
+        """tgmm reads lhs as [k, m] blocks (tk, tm): its tm runs along the lanes."""
+        return self is Kernel.WEIGHT_GRADIENT
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    tm: int
+    tk: int
+    tn: int
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.tm, self.tk, self.tn)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What the choice of tiles depends on, besides the chip."""
+
+    kernel: Kernel
+    m: int
+    k: int
+    n: int
+    num_groups: int
+    local_groups: int
+    lhs_dtype: Any
+    rhs_dtype: Any
+    out_dtype: Any
+    has_existing: bool
+
+    @property
+    def input_bytes(self) -> int:
+        return max(np.dtype(self.lhs_dtype).itemsize, np.dtype(self.rhs_dtype).itemsize)
+
+    @property
+    def output_bytes(self) -> int:
+        return np.dtype(self.out_dtype).itemsize
+
+    @property
+    def compute_bytes(self) -> int:
+        """The MXU multiplies bf16 x bf16 natively; every other mix is multiplied in float32."""
+        both_bf16 = np.dtype(self.lhs_dtype) == np.dtype(self.rhs_dtype) == np.dtype("bfloat16")
+        return 2 if both_bf16 else 4
+
+
+def sublanes(dtype: Any) -> int:
+    """Rows of `dtype` in one vector register: 8 for 32-bit types, 16 for 16-bit ones."""
+    return 8 * (4 // np.dtype(dtype).itemsize)
+
+
+def _row_granule(problem: Problem) -> int:
+    """What tm must be a multiple of (unless it spans all m rows)."""
+    if problem.kernel.row_axis_on_lanes:
+        return LANES
+    return max(sublanes(problem.lhs_dtype), sublanes(problem.out_dtype))
+
+
+def _depth_granule(problem: Problem) -> int:
+    """What tk must be a multiple of (unless it spans all k)."""
+    if problem.kernel.row_axis_on_lanes:  # tgmm: tk is the sublane axis of lhs and out blocks
+        return max(sublanes(problem.lhs_dtype), sublanes(problem.out_dtype))
+    return LANES
+
+
+def _clamp(tiles: Tiles, problem: Problem) -> Tiles:
+    return Tiles(min(tiles.tm, problem.m), min(tiles.tk, problem.k), min(tiles.tn, problem.n))
+
+
+def check(tiling: Any, problem: Problem, source: str = "tiling") -> Tiles:
+    """`tiling` as Tiles fitted to the problem, or a ValueError naming the rule it breaks."""
+    if not (isinstance(tiling, (tuple, list)) and len(tiling) == 3 and all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t > 0 for t in tiling)):
+        raise ValueError(
+            f"{source} for the Pallas TPU kernels must be three positive ints (tm, tk, tn), "
+            f"got {tiling!r}"
+        )
+    tiles = _clamp(Tiles(*(int(t) for t in tiling)), problem)
+    rules = (
+        ("tm", tiles.tm, problem.m, "m", _row_granule(problem)),
+        ("tk", tiles.tk, problem.k, "k", _depth_granule(problem)),
+        ("tn", tiles.tn, problem.n, "n", LANES),
+    )
+    for name, tile, axis, axis_name, granule in rules:
+        if tile != axis and tile % granule:
+            where = "lanes" if granule == LANES else "sublanes"
+            raise ValueError(
+                f"{source}={tuple(tiling)!r}: {name}={tile} must be a multiple of {granule} (it "
+                f"runs along the TPU's {where} in {problem.kernel.value}) or at least "
+                f"{axis_name}={axis}"
+            )
+    return tiles
+
+
+def resolve(tiling: Any, problem: Problem, default: Callable[[Problem], Tiles]) -> Tiles:
+    """The tiles a kernel uses: a tuple, a callable's answer, or `default` for None."""
+    source = "tiling"
+    if callable(tiling):
+        source = f"tiling({problem.m}, {problem.k}, {problem.n})"
+        tiling = tiling(problem.m, problem.k, problem.n)
+    if tiling is None:
+        return default(problem)
+    return check(tiling, problem, source)
+
+
+# --- the default on a TPU -------------------------------------------------------------------
+
+_ROW_CANDIDATES = (128, 256, 512, 1024)
+_LANE_CANDIDATES = tuple(LANES * f for f in (1, 2, 3, 4, 6, 8, 12, 16))
+
+
+def _axis_candidates(axis: int, granule: int, preferred: tuple[int, ...]) -> list[int]:
+    """Legal tiles for an axis: the preferred sizes below it, and the whole axis when small."""
+    sizes = {t for t in preferred if t < axis and t % granule == 0}
+    if axis <= preferred[-1]:
+        sizes.add(axis)
+    return sorted(sizes)
+
+
+def vmem_bytes(tiles: Tiles, problem: Problem) -> int:
+    """VMEM the kernel's buffers take: double-buffered blocks, the accumulator, temporaries."""
+    tm, tk, tn = tiles.as_tuple()
+    if problem.kernel.row_axis_on_lanes:
+        inputs, out = tk * tm + tm * tn, tk * tn
+    else:
+        inputs, out = tm * tk + tk * tn, tm * tn
+    out_buffers = 2 * (2 if problem.has_existing else 1)
+    return (2 * inputs * problem.input_bytes  # input blocks, double-buffered
+            + out_buffers * out * problem.output_bytes  # output (and existing_out) blocks
+            + 2 * out * 4  # float32 accumulator and the product added to it
+            + inputs * problem.compute_bytes)  # operands cast and masked for the MXU
+
+
+def estimated_seconds(tiles: Tiles, problem: Problem, chip: Chip) -> float:
+    """A roofline estimate of the kernel's time, only used to rank tilings.
+
+    Assumes tokens spread evenly over the groups; counts the grid steps that multiply (each
+    bound by the MXU or by HBM), the steps that only pass by, and the output traffic.
+    """
+    tm, tk, tn = tiles.as_tuple()
+    p = problem
+    on_lanes = p.kernel.row_axis_on_lanes
+    mxu_fill = min(1.0, tn / chip.mxu) * min(1.0, (tm if on_lanes else tk) / chip.mxu)
+    flops_per_s = chip.bf16_flops * mxu_fill / (1 if p.compute_bytes == 2 else 4)
+    m_tiles = math.ceil(p.m / tm)
+    items = m_tiles + p.local_groups - 1  # the schedule's length (metadata.py)
+    busy = min(math.ceil(p.m * p.local_groups / p.num_groups / tm) + p.local_groups - 1, items)
+    k_tiles, n_tiles = math.ceil(p.k / tk), math.ceil(p.n / tn)
+    step_bytes = (tm * tk + tk * tn if not on_lanes else tk * tm + tm * tn) * p.input_bytes
+    step = max(2 * tm * tk * tn / flops_per_s, step_bytes / chip.hbm_bytes_per_s)
+    existing = 2 if p.has_existing else 1
+    if on_lanes:  # grid (n, k, items): each output block [group, tk, tn] written once
+        parallel_blocks = n_tiles * k_tiles
+        per_block = busy * step + items * GRID_STEP_SECONDS + (
+            p.local_groups * tk * tn * p.output_bytes * existing / chip.hbm_bytes_per_s)
+    else:  # grid (n, items, k): each output block [tm, tn] written once
+        parallel_blocks = n_tiles
+        per_block = busy * k_tiles * step + items * k_tiles * GRID_STEP_SECONDS + (
+            m_tiles * tm * tn * p.output_bytes * existing / chip.hbm_bytes_per_s)
+    # Megacore chips split the parallel axes between their cores.
+    return per_block * math.ceil(parallel_blocks / chip.cores)
+
+
+def default_for_chip(problem: Problem, chip: Chip) -> Tiles:
+    """The fitting tiling with the lowest estimated time (ties: the smaller footprint)."""
+    on_lanes = problem.kernel.row_axis_on_lanes
+    row_granule, depth_granule = _row_granule(problem), _depth_granule(problem)
+    row_sizes = _ROW_CANDIDATES if on_lanes else (row_granule, 64, *_ROW_CANDIDATES)
+    depth_sizes = (depth_granule, 64, *_ROW_CANDIDATES, 2048) if on_lanes else _LANE_CANDIDATES
+    rows = _axis_candidates(problem.m, row_granule, row_sizes)
+    depth = _axis_candidates(problem.k, depth_granule, depth_sizes)
+    cols = _axis_candidates(problem.n, LANES, _LANE_CANDIDATES)
+    best, best_key = None, None
+    for tm, tk, tn in itertools.product(rows, depth, cols):
+        tiles = Tiles(tm, tk, tn)
+        footprint = vmem_bytes(tiles, problem)
+        if footprint > chip.tile_budget_bytes:
+            continue
+        key = (estimated_seconds(tiles, problem, chip), footprint)
+        if best_key is None or key < best_key:
+            best, best_key = tiles, key
+    if best is None:  # nothing fits: the smallest legal tiles
+        best = Tiles(rows[0], depth[0], cols[0])
+    return best
+
+
+# --- the default in interpret mode ----------------------------------------------------------
+
+
+def default_for_interpret(problem: Problem) -> Tiles:
+    """Small legal tiles, so that emulating test-sized problems walks a real schedule.
+
+    About one group's rows per row tile gives several row tiles and tiles shared by groups;
+    emulation costs grow with both the grid's steps and the blocks' sizes, hence the caps.
+    """
+    granule = _row_granule(problem)
+    expected_rows = max(problem.m // problem.num_groups, 1)
+    tm = granule
+    while tm * 2 <= min(expected_rows, 256):
+        tm *= 2
+    depth_cap = 256 if problem.kernel.row_axis_on_lanes else 512
+    return _clamp(Tiles(tm, depth_cap, 512), problem)

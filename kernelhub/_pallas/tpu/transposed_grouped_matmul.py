@@ -1,0 +1,145 @@
+"""transposed_grouped_matmul as a Pallas Mosaic kernel
+(contract: kernelhub/ops/transposed_grouped_matmul.py).
+
+Grid (column tiles, output-row tiles, items); the items come from `schedule.tgmm_schedule`.
+lhs is read as it lies, [k, m] blocks of (tk, tm): no transposed copy. Each item adds one row
+tile's products to a float32 accumulator, with the rows outside its group zeroed in both
+operands (zeroing one would let 0 * NaN through); the group's last item writes the block, plus
+existing_out. An empty group's single item writes zeros (or existing_out).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._pallas.tpu import schedule as schedule_lib
+from kernelhub._pallas.tpu import tiling as tiling_lib
+from kernelhub._pallas.tpu.kernel_parts import (
+    call_options, compute_dtype, contraction_precision, kernel_name, needs_widening, row_mask,
+    widened)
+from kernelhub._pallas.tpu.schedule import TgmmField
+
+
+def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: Any,
+               has_existing: bool, actual_groups: int) -> tiling_lib.Problem:
+    k, m = lhs.shape
+    return tiling_lib.Problem(tiling_lib.Kernel.WEIGHT_GRADIENT, m, k, rhs.shape[1],
+                              group_sizes.shape[0], actual_groups, lhs.dtype, rhs.dtype,
+                              out_dtype, has_existing)
+
+
+def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
+                              preferred_element_type: Any, tiling: Any,
+                              group_offset: jax.Array | None, num_actual_groups: int | None,
+                              existing_out: jax.Array | None, *, interpret: Any = False
+                              ) -> jax.Array:
+    """The raw forward kernel: arguments as the dispatcher normalises them."""
+    out_dtype = jnp.dtype(preferred_element_type)
+    if needs_widening(lhs.dtype, rhs.dtype, out_dtype):
+        out = transposed_grouped_matmul(
+            lhs.astype(widened(lhs.dtype)), rhs.astype(widened(rhs.dtype)), group_sizes,
+            widened(out_dtype), tiling, group_offset, num_actual_groups,
+            None if existing_out is None else existing_out.astype(widened(out_dtype)),
+            interpret=interpret)
+        return out.astype(out_dtype)
+    actual = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
+    problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, actual)
+    m, k, n = problem.m, problem.k, problem.n
+    if group_offset is None:
+        group_offset = jnp.zeros((), jnp.int32)
+    if m == 0 or k == 0 or n == 0:  # nothing to add
+        return existing_out if existing_out is not None else jnp.zeros((actual, k, n), out_dtype)
+
+    options = call_options(problem, tiling, interpret)
+    tm, tk, tn = options.tiles.as_tuple()
+    k_tiles, n_tiles = -(-k // tk), -(-n // tn)
+    plan = schedule_lib.tgmm_schedule(group_sizes, group_offset, actual, m, tm)
+    field = plan.reader
+
+    def lhs_index(ni, ki, item, table):
+        return ki, field(table, TgmmField.TILE, item)
+
+    def rhs_index(ni, ki, item, table):
+        return field(table, TgmmField.TILE, item), ni
+
+    def out_index(ni, ki, item, table):
+        return field(table, TgmmField.GROUP, item), ki, ni
+
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    out_spec = pl.BlockSpec((None, tk, tn), out_index)
+    in_specs = [pl.BlockSpec((tk, tm), lhs_index), pl.BlockSpec((tm, tn), rhs_index)]
+    operands = [lhs, rhs]
+    aliases = {}
+    if existing_out is not None:
+        in_specs.append(out_spec)
+        operands.append(existing_out)
+        if options.alias_existing:  # the index counts the prefetched schedule table
+            aliases = {len(operands): 0}
+    kernel = functools.partial(_kernel, read=plan.reader, tm=tm,
+                               compute=compute_dtype(lhs.dtype, rhs.dtype),
+                               has_existing=existing_out is not None)
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((actual, k, n), out_dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(n_tiles, k_tiles, plan.items),
+            in_specs=in_specs,
+            out_specs=out_spec,
+            scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
+        ),
+        input_output_aliases=aliases,
+        # Every output block belongs to one (column, row) tile pair: those axes are independent.
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=options.vmem_limit_bytes),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0,
+            bytes_accessed=(lhs.size * lhs.dtype.itemsize * n_tiles
+                            + rhs.size * rhs.dtype.itemsize * k_tiles
+                            + actual * k * n * out_dtype.itemsize
+                            * (2 if existing_out is not None else 1))),
+        interpret=options.interpret,
+        name=kernel_name(problem.kernel, options.tiles),
+    )
+    return call(plan.table, *operands)
+
+
+def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing):
+    from jax.experimental import pallas as pl
+
+    if has_existing:
+        existing_ref, out_ref, acc_ref = refs
+    else:
+        existing_ref, (out_ref, acc_ref) = None, refs
+    item = pl.program_id(2)
+    field = functools.partial(read, table)
+
+    @pl.when(field(TgmmField.FIRST, item) == 1)
+    def _reset():
+        acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
+
+    @pl.when(field(TgmmField.MULTIPLIES, item) == 1)
+    def _accumulate():
+        first_row = field(TgmmField.TILE, item) * tm
+        start, end = field(TgmmField.ROW_START, item), field(TgmmField.ROW_END, item)
+        lhs, rhs = lhs_ref[...].astype(compute), rhs_ref[...].astype(compute)
+        lhs = jnp.where(row_mask(lhs.shape, 1, first_row, start, end), lhs, jnp.zeros_like(lhs))
+        rhs = jnp.where(row_mask(rhs.shape, 0, first_row, start, end), rhs, jnp.zeros_like(rhs))
+        acc_ref[...] += lax.dot_general(lhs, rhs, (((1,), (0,)), ((), ())),
+                                        preferred_element_type=jnp.float32,
+                                        precision=contraction_precision(compute))
+
+    @pl.when(field(TgmmField.LAST, item) == 1)
+    def _store():
+        total = acc_ref[...]
+        if has_existing:
+            total = total + existing_ref[...].astype(jnp.float32)
+        out_ref[...] = total.astype(out_ref.dtype)

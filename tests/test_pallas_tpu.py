@@ -1,0 +1,411 @@
+"""The Pallas TPU kernels beyond the shared contract suite (which runs them in interpret mode):
+
+- their schedules, simulated in numpy for many group-size patterns;
+- a few cases in the TPU memory simulator, which flags data races and reads of memory no one
+  wrote (it fills fresh buffers with NaN);
+- tiling rules and defaults;
+- ahead-of-time compilation for TPU v4, v5e, v5p and v6e at real MoE shapes (needs libtpu,
+  the `tpu` extra; marked slow).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernelhub
+import reference
+from conftest import assert_close
+from kernelhub._pallas.tpu import ahead_of_time, hardware, interpreted, schedule, tiling
+from strategies import PATTERNS, normal, sizes_for
+
+GMM = "grouped_matmul"
+TGMM = "transposed_grouped_matmul"
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+
+# One compilation per static combination, instead of one per operation and shape.
+_gmm_schedule = jax.jit(schedule.gmm_schedule, static_argnums=(2, 3, 4, 5))
+_tgmm_schedule = jax.jit(schedule.tgmm_schedule, static_argnums=(2, 3, 4))
+
+
+def _table(plan: schedule.Schedule, fields) -> dict:
+    rows = np.asarray(plan.table).reshape(len(fields), plan.items)
+    return {f: rows[f] for f in fields}
+
+
+def _local_rows(sizes, offset, local, m):
+    owner = np.full(m, -1)
+    for g, (start, end) in enumerate(reference.group_rows(sizes, m)):
+        if offset <= g < offset + local:
+            owner[start:end] = g - offset
+    return owner
+
+
+@st.composite
+def _schedule_cases(draw):
+    # Few distinct shapes: each new one costs XLA compilations of the schedule's ops, while the
+    # sizes, offsets and patterns (values, not shapes) vary freely.
+    m = draw(st.sampled_from((37, 300)))
+    groups = draw(st.sampled_from((1, 12)))
+    local = draw(st.sampled_from(sorted({1, (groups + 1) // 2, groups})))
+    offset = draw(st.integers(0, groups - local))
+    sizes = sizes_for(draw(st.sampled_from(PATTERNS)), m, groups,
+                      np.random.default_rng(draw(st.integers(0, 2**31 - 1))))
+    return m, sizes, local, offset, draw(st.sampled_from((8, 128))), draw(st.integers(1, 3))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_schedule_cases())
+def test_gmm_schedule_writes_every_row_once_per_owner(case):
+    """Replays the schedule the way the kernel does, on row labels instead of numbers."""
+    m, sizes, local, offset, tm, k_tiles = case
+    plan = _gmm_schedule(jnp.asarray(sizes), jnp.int32(offset), local, m, tm, k_tiles)
+    F = schedule.GmmField
+    t = _table(plan, F)
+    assert plan.items == -(-m // tm) + local - 1
+    written = np.full(m, -2)  # -2: never initialised; -1: zero/existing_out; j: group j's product
+    seen_tiles = []
+    held = None  # (lhs tile, group) of the last multiplying item
+    for i in range(plan.items):
+        tile = t[F.OUT_TILE][i]
+        rows = slice(tile * tm, min((tile + 1) * tm, m))
+        if t[F.FIRST_VISIT][i]:
+            assert tile not in seen_tiles, "an output tile must be visited in one run"
+            seen_tiles.append(tile)
+            written[rows] = -1
+        if t[F.MULTIPLIES][i]:
+            assert t[F.HOLD_K][i] == -1 and t[F.LHS_TILE][i] == tile
+            row = np.arange(rows.start, rows.stop)
+            mine = (row >= t[F.ROW_START][i]) & (row < t[F.ROW_END][i])
+            assert mine.any(), "a multiplying item must own rows of its tile"
+            written[row[mine]] = t[F.GROUP][i]
+            held = (t[F.LHS_TILE][i], t[F.GROUP][i])
+        elif held is None:  # before any multiplying item: hold the first one's first blocks
+            assert t[F.HOLD_K][i] == 0
+        else:  # after one: keep its last blocks, so that nothing is fetched
+            assert t[F.HOLD_K][i] == k_tiles - 1
+            assert (t[F.LHS_TILE][i], t[F.GROUP][i]) == held
+    assert sorted(seen_tiles) == list(range(-(-m // tm)))
+    np.testing.assert_array_equal(written, _local_rows(sizes, offset, local, m))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_schedule_cases())
+def test_tgmm_schedule_visits_each_group_once_with_all_its_rows(case):
+    m, sizes, actual, offset, tm, _ = case
+    plan = _tgmm_schedule(jnp.asarray(sizes), jnp.int32(offset), actual, m, tm)
+    F = schedule.TgmmField
+    t = _table(plan, F)
+    covered = np.full(m, -1)
+    stored, open_group = [], None
+    for i in range(plan.items):
+        group = t[F.GROUP][i]
+        if t[F.FIRST][i]:
+            assert open_group is None and group not in stored
+            open_group = group
+        if t[F.MULTIPLIES][i]:
+            assert group == open_group
+            row = t[F.TILE][i] * tm + np.arange(tm)
+            mine = (row >= t[F.ROW_START][i]) & (row < t[F.ROW_END][i]) & (row < m)
+            assert mine.any() and (covered[row[mine]] == -1).all()
+            covered[row[mine]] = group
+        if t[F.LAST][i]:
+            assert group == open_group
+            stored.append(group)
+            open_group = None
+    assert stored == list(range(actual)), "every local group's block is written, in order"
+    np.testing.assert_array_equal(covered, _local_rows(sizes, offset, actual, m))
+
+
+# --- the TPU memory simulator ---------------------------------------------------------------
+
+
+@pytest.fixture
+def simulated_tpu():
+    """The kernels under the TPU memory simulator: fresh buffers hold NaN, races are tracked.
+
+    Two cores, so the grid's parallel axes are split between them as on a megacore chip.
+    """
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as simulator
+    from jax.experimental.pallas import tpu as pltpu
+
+    params = pltpu.InterpretParams(detect_races=True, uninitialized_memory="nan",
+                                   num_cores_or_threads=2)
+    pltpu.reset_tpu_interpret_mode_state()
+
+    def races_found() -> bool:
+        return simulator.races is not None and simulator.races.races_found
+
+    yield interpreted(params), races_found
+    pltpu.reset_tpu_interpret_mode_state()
+
+
+# (m, k, n) off every tile multiple; sizes with an empty group, an unaligned one, rows past the
+# groups, and only some groups local.
+SIM_SIZES = np.array([5, 0, 12, 9, 3, 4], np.int32)
+SIM_M, SIM_K, SIM_N = 37, 200, 136
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("with_existing", [False, True])
+def test_gmm_in_memory_simulator(simulated_tpu, transpose_rhs, with_existing):
+    ops, races_found = simulated_tpu
+    rng = np.random.default_rng(11)
+    lhs = normal(rng, (SIM_M, SIM_K), jnp.float32)
+    rhs = normal(rng, (3, SIM_N, SIM_K) if transpose_rhs else (3, SIM_K, SIM_N), jnp.float32)
+    existing = normal(rng, (SIM_M, SIM_N), jnp.float32) if with_existing else None
+    out = ops.grouped_matmul(
+        jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(SIM_SIZES), jnp.float32, (8, 128, 128),
+        jnp.int32(2), None if existing is None else jnp.asarray(existing), transpose_rhs)
+    out = np.asarray(out)
+    assert not races_found()
+    assert not np.isnan(out).any(), "a row was left unwritten or read before it was written"
+    assert_close(out, reference.gmm(lhs, rhs, SIM_SIZES, 2, existing, transpose_rhs),
+                 jnp.float32, jnp.float32, contraction=SIM_K)
+
+
+@pytest.mark.parametrize("with_existing", [False, True])
+def test_tgmm_in_memory_simulator(simulated_tpu, with_existing):
+    ops, races_found = simulated_tpu
+    rng = np.random.default_rng(12)
+    m = 300  # three row tiles of 128
+    sizes = np.array([50, 0, 120, 90, 3, 7], np.int32)
+    lhs, rhs = normal(rng, (SIM_K, m), jnp.bfloat16), normal(rng, (m, SIM_N), jnp.bfloat16)
+    existing = normal(rng, (4, SIM_K, SIM_N), jnp.float32) if with_existing else None
+    out = ops.transposed_grouped_matmul(
+        jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes), jnp.float32, (128, 64, 128),
+        jnp.int32(1), 4, None if existing is None else jnp.asarray(existing))
+    out = np.asarray(out)
+    assert not races_found()
+    assert not np.isnan(out).any()
+    assert_close(out, reference.tgmm(lhs, rhs, sizes, 1, 4, existing), jnp.float32,
+                 jnp.bfloat16, contraction=m)
+
+
+def test_all_empty_groups_in_memory_simulator(simulated_tpu):
+    ops, races_found = simulated_tpu
+    rng = np.random.default_rng(13)
+    sizes = np.zeros(4, np.int32)
+    lhs, rhs = normal(rng, (SIM_M, SIM_K), jnp.bfloat16), normal(rng, (4, SIM_K, SIM_N), jnp.bfloat16)
+    out = np.asarray(ops.grouped_matmul(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes),
+                                        jnp.bfloat16, (16, 128, 128), None, None, False))
+    assert not races_found()
+    np.testing.assert_array_equal(out.astype(np.float32), 0)
+    weights = np.asarray(ops.transposed_grouped_matmul(
+        jnp.asarray(lhs.T), jnp.asarray(normal(rng, (SIM_M, SIM_N), jnp.bfloat16)),
+        jnp.asarray(sizes), jnp.float32, None, None, 4, None))
+    assert not races_found()
+    np.testing.assert_array_equal(weights, 0)
+
+
+def test_memory_simulator_does_catch_a_race(simulated_tpu):
+    """The checks above mean something: two cores writing one block is reported."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    _, races_found = simulated_tpu
+
+    def both_write_block_zero(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + pl.program_id(0).astype(jnp.float32)
+
+    racy = pl.pallas_call(
+        both_write_block_zero, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=pltpu.InterpretParams(detect_races=True, num_cores_or_threads=2))
+    jax.block_until_ready(racy(jnp.zeros((8, 128), jnp.float32)))
+    assert races_found()
+
+
+# --- tiling ---------------------------------------------------------------------------------
+
+
+def _gmm_call(tiling_value, m=40, k=300, n=260, dtype=jnp.float32, transpose_rhs=False):
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(normal(rng, (m, k), dtype))
+    rhs = jnp.asarray(normal(rng, (2, n, k) if transpose_rhs else (2, k, n), dtype))
+    sizes = jnp.asarray(np.array([m // 2, m - m // 2], np.int32))
+    gmm = kernelhub.get(GMM, platform="pallas")
+    return gmm(lhs, rhs, sizes, tiling=tiling_value, transpose_rhs=transpose_rhs)
+
+
+@pytest.mark.parametrize("bad, rule", [
+    ((8, 128), "three positive ints"),
+    ((12, 128, 128), "tm=12 must be a multiple of 8"),
+    ((8, 100, 128), "tk=100 must be a multiple of 128"),
+    ((8, 128, 200), "tn=200 must be a multiple of 128"),
+])
+def test_gmm_tiling_errors_name_the_rule(bad, rule):
+    with pytest.raises(ValueError, match=rule):
+        _gmm_call(bad)
+
+
+def test_sixteen_bit_rows_need_sixteen_row_tiles():
+    with pytest.raises(ValueError, match="tm=8 must be a multiple of 16"):
+        _gmm_call((8, 128, 128), dtype=jnp.bfloat16)
+
+
+def test_tgmm_rows_lie_on_lanes():
+    rng = np.random.default_rng(0)
+    lhs = jnp.asarray(normal(rng, (16, 300), jnp.float32))
+    rhs = jnp.asarray(normal(rng, (300, 8), jnp.float32))
+    tgmm = kernelhub.get(TGMM, platform="pallas")
+    with pytest.raises(ValueError, match="tm=64 must be a multiple of 128 .*lanes"):
+        tgmm(lhs, rhs, jnp.asarray(np.array([100, 200], np.int32)), tiling=(64, 8, 128))
+
+
+def test_callable_tiling_is_asked_per_kernel_and_checked():
+    asked = []
+
+    def lookup(m, k, n):
+        asked.append((m, k, n))
+        return None if k == 300 else (8, 128, 128)
+
+    assert _gmm_call(lookup).shape == (40, 260)  # None: the default
+    assert asked[-1] == (40, 300, 260)
+    with pytest.raises(ValueError, match=r"tiling\(40, 300, 260\)=\(12, 128, 128\)"):
+        _gmm_call(lambda m, k, n: (12, 128, 128))
+
+
+def test_tiles_larger_than_the_problem_are_cut_to_it():
+    out = _gmm_call((4096, 4096, 4096))
+    assert out.shape == (40, 260) and not np.isnan(np.asarray(out)).any()
+
+
+@pytest.mark.parametrize("generation", sorted(ahead_of_time.TOPOLOGIES))
+@pytest.mark.parametrize("shape", sorted(ahead_of_time.SHAPES))
+def test_default_tiles_are_legal_and_fit_vmem(generation, shape):
+    chip = hardware.chip_named(generation)
+    s = ahead_of_time.SHAPES[shape]
+    for kernel, (m, k, n) in ((tiling.Kernel.FORWARD, (s.m, s.k, s.n)),
+                              (tiling.Kernel.TRANSPOSED_RHS, (s.m, s.n, s.k)),
+                              (tiling.Kernel.WEIGHT_GRADIENT, (s.m, s.k, s.n))):
+        problem = tiling.Problem(kernel, m, k, n, s.experts, s.local_experts, jnp.bfloat16,
+                                 jnp.bfloat16, jnp.float32, True)
+        tiles = tiling.default_for_chip(problem, chip)
+        assert tiling.check(tiles.as_tuple(), problem) == tiles
+        assert tiling.vmem_bytes(tiles, problem) <= chip.tile_budget_bytes
+
+
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="a TPU host knows its chip")
+def test_without_a_tpu_in_context_tiles_fit_every_generation():
+    assert hardware.target_chip() == hardware.PORTABLE
+    assert hardware.PORTABLE.vmem_bytes <= min(
+        hardware.chip_named(g).vmem_bytes for g in ahead_of_time.TOPOLOGIES)
+
+
+# --- ahead-of-time compilation for real TPUs ------------------------------------------------
+
+needs_libtpu = pytest.mark.skipif(not ahead_of_time.libtpu_available(),
+                                  reason="libtpu not installed (pip install 'kernelhub[tpu]')")
+
+
+def _assert_compiled(result: ahead_of_time.CompileResult) -> None:
+    where = f"{result.generation} {result.shape.name}"
+    assert result.compiled, f"{where}: {result.error}\n{result.details}"
+    assert result.ok, result.error  # Mosaic kernels, not an XLA fallback
+    assert set(result.tilings) == ({"gmm", "gmm_t", "tgmm"} if result.backward else {"gmm"})
+
+
+@pytest.mark.slow
+@needs_libtpu
+@pytest.mark.parametrize("generation", sorted(ahead_of_time.TOPOLOGIES))
+@pytest.mark.parametrize("shape", sorted(ahead_of_time.SHAPES))
+def test_forward_and_backward_compile_for_tpu(generation, shape):
+    """Forward gmm and its VJP (gmm for d lhs, tgmm for d rhs), default tiling, bf16."""
+    _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape]))
+
+
+@pytest.mark.slow
+@needs_libtpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+def test_other_dtypes_compile_for_tpu(dtype):
+    _assert_compiled(ahead_of_time.compile_for("v5e", ahead_of_time.SHAPES["odd"], dtype))
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_existing_out_aliases_and_transposed_rhs_compile_for_tpu():
+    """existing_out shares the output's buffer (no copy in the kernel) in both kernels."""
+    from jax.experimental import topologies
+
+    device = topologies.get_topology_desc(topology_name=ahead_of_time.TOPOLOGIES["v6e"],
+                                          platform="tpu").devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    m, k, n, groups = 1000, 520, 200, 7
+
+    def spec(shape, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    gmm = kernelhub.get(GMM, platform="pallas", backend="tpu")
+    tgmm = kernelhub.get(TGMM, platform="pallas", backend="tpu")
+
+    def step(lhs, rhs_t, sizes, out, weights):
+        y = gmm(lhs, rhs_t, sizes, preferred_element_type=jnp.bfloat16, existing_out=out,
+                transpose_rhs=True)
+        w = tgmm(lhs.T, y, sizes, preferred_element_type=jnp.bfloat16, existing_out=weights)
+        return y, w
+
+    with jax.default_device(device):
+        lowered = jax.jit(step, donate_argnums=(3, 4)).lower(
+            spec((m, k)), spec((groups, n, k)), spec((groups,), jnp.int32), spec((m, n)),
+            spec((groups, k, n)))
+    text = lowered.compile().as_text()
+    assert text.count(f'custom_call_target="{ahead_of_time.MOSAIC_CALL}"') == 2
+    assert "output_to_operand_aliasing" in text
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_lowering_outside_a_tpu_context_uses_portable_tiles():
+    """Without jax.default_device(tpu) the kernels cannot see the chip: the tiles they pick
+    must still compile on the generation with the least VMEM."""
+    from jax.experimental import topologies
+
+    shape = ahead_of_time.SHAPES["mixtral"]
+    device = topologies.get_topology_desc(topology_name=ahead_of_time.TOPOLOGIES["v4"],
+                                          platform="tpu").devices[0]
+    lowered = ahead_of_time.step_function(shape, jnp.bfloat16, False).lower(
+        *ahead_of_time.argument_specs(shape, jnp.bfloat16, False, device))
+    tiles = ahead_of_time.kernel_tiles(lowered.compile().as_text())
+    problem = tiling.Problem(tiling.Kernel.FORWARD, shape.m, shape.k, shape.n, shape.experts,
+                             shape.local_experts, jnp.bfloat16, jnp.bfloat16, jnp.bfloat16, False)
+    assert tiles == {"gmm": tiling.default_for_chip(problem, hardware.PORTABLE).as_tuple()}
+
+
+def test_moe_shapes_are_the_ones_documented():
+    s = ahead_of_time.SHAPES
+    mixtral = s["mixtral"]
+    assert (mixtral.m, mixtral.k, mixtral.n, mixtral.experts) == (8192, 4096, 14336, 8)
+    assert (s["deepseek-v3"].experts, s["deepseek-v3"].local_experts) == (256, 32)
+    assert math.prod((s["odd"].m, s["odd"].k, s["odd"].n)) == 1000 * 520 * 200
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_verify_command_compiles_and_reports(capsys):
+    from kernelhub import cli
+
+    assert cli.main(["verify", "--tpu", "--topologies", "v5e", "--shapes", "odd",
+                     "--forward-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "256/520/200" in printed and "ok" in printed
+
+
+def test_verify_command_names_what_it_does_not_know(capsys):
+    from kernelhub import cli
+
+    assert cli.main(["verify", "--tpu", "--shapes", "mixtral,llama"]) == 2
+    assert "llama" in capsys.readouterr().out
