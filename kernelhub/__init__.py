@@ -15,6 +15,10 @@ from kernelhub.ops.grouped_matmul import grouped_matmul
 from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
 
 from kernelhub import _xla  # noqa: E402,F401  (registers the xla implementations)
+from kernelhub import _collectives  # noqa: E402,F401  (registers the token exchanges)
+from kernelhub import parallel  # noqa: E402,F401  (expert parallelism on a mesh; imports in ~5 ms)
+from kernelhub._pallas import tpu as _pallas_tpu  # noqa: E402,F401  (registers the Pallas TPU kernels)
+from kernelhub._pallas import gpu as _pallas_gpu  # noqa: E402,F401  (registers the triton kernels)
 
 __all__ = [
     "Backend",

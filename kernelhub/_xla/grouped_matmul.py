@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub._manual_axes import varying_like
 from kernelhub._xla import _row_chunks
 from kernelhub.ops._groups import local_bounds
 
@@ -45,5 +46,6 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
 
         return _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step, out_bits)
 
+    out = varying_like(out, lhs, rhs, group_sizes, group_offset)
     out_bits = lax.fori_loop(0, local_groups, one_group, _row_chunks.as_bits(out))
     return _row_chunks.from_bits(out_bits, out_dtype)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub._manual_axes import varying_like
 from kernelhub._xla import _row_chunks
 from kernelhub.ops._groups import local_bounds
 
@@ -45,13 +46,17 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
         return total + lax.dot_general(left, right, (((1,), (0,)), ((), ())),
                                        preferred_element_type=jnp.float32)
 
+    # Each group's sum starts at 0, varying (inside shard_map) as the products added to it do.
+    zero = varying_like(jnp.zeros((k, n), jnp.float32), lhs, rhs, group_sizes, group_offset)
+
     def one_group(j, out_bits):
         total = _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step,
-                                       jnp.zeros((k, n), jnp.float32))
+                                       zero)
         if existing_out is not None:
             total = total + existing_out[j].astype(jnp.float32)
         block = _row_chunks.as_bits(total.astype(out_dtype))[None]
         return lax.dynamic_update_slice_in_dim(out_bits, block, j, 0)
 
+    out = varying_like(out, lhs, rhs, group_sizes, group_offset)
     out_bits = lax.fori_loop(0, actual, one_group, _row_chunks.as_bits(out))
     return _row_chunks.from_bits(out_bits, out_dtype)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from kernelhub._manual_axes import unify_varying
 from kernelhub.ops._groups import computed_rows
 
 RawKernel = Callable[..., jax.Array]
@@ -97,12 +98,16 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
 
     def grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
                        group_offset=None, existing_out=None, transpose_rhs=False):
+        lhs, rhs, group_sizes, group_offset, existing_out = unify_varying(
+            lhs, rhs, group_sizes, group_offset, existing_out)
         return gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                    existing_out, transpose_rhs)
 
     def transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
                                   tiling=None, group_offset=None, num_actual_groups=None,
                                   existing_out=None):
+        lhs, rhs, group_sizes, group_offset, existing_out = unify_varying(
+            lhs, rhs, group_sizes, group_offset, existing_out)
         return tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                     num_actual_groups, existing_out)
 

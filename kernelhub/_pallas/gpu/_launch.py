@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from kernelhub._manual_axes import shape_dtype_like
 from kernelhub._pallas.gpu.config import BlockConfig
 
 
@@ -30,7 +31,7 @@ def pallas_triton(kernel: Callable[..., None], operands: Sequence[jax.Array],
         operands = (*operands, existing_out)
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype),
+        out_shape=shape_dtype_like(out_shape, out_dtype, operands[-1]),
         grid=(programs,),
         input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=blocks.num_warps,

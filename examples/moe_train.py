@@ -1,0 +1,224 @@
+"""Trains a small mixture-of-experts feed-forward block with kernelhub's grouped matmuls.
+
+    python examples/moe_train.py                  # CPU, or whatever jax's default backend is
+    python examples/moe_train.py --steps 50
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/moe_train.py  # a mesh
+
+The block: a router picks top_k experts per token, the token choices are sorted by expert, each
+expert is a SwiGLU feed-forward (grouped matmuls for gate and up, silu, a grouped matmul down),
+and the answers are unsorted and combined with the router's weights. The student block learns
+to imitate a fixed random teacher network on random inputs, so the loss must fall.
+
+With one device the block runs as is; with several, the experts are sharded over a mesh axis
+with one of kernelhub.parallel's layouts. The matmuls come from kernelhub.get, so the same file
+runs the Pallas kernels on TPU and the Triton kernels on GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import kernelhub
+from kernelhub import parallel
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    steps: int = 300
+    tokens: int = 256
+    hidden: int = 32
+    expert_hidden: int = 64
+    experts: int = 8
+    top_k: int = 2
+    learning_rate: float = 3e-3
+    layout: str = "auto"  # auto, local, replicated or routed
+    capacity_factor: float | None = None  # None: a capacity that never drops a token
+    seed: int = 0
+
+
+def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
+    d, f, e = config.hidden, config.expert_hidden, config.experts
+    router, gate, up, down = jax.random.split(key, 4)
+    return {
+        "router": jax.random.normal(router, (d, e)) / np.sqrt(d),
+        "experts": {
+            "gate": jax.random.normal(gate, (e, d, f)) / np.sqrt(d),
+            "up": jax.random.normal(up, (e, d, f)) / np.sqrt(d),
+            "down": jax.random.normal(down, (e, f, d)) / np.sqrt(f),
+        },
+    }
+
+
+def swiglu_experts(rows, group_sizes, experts, group_offset):
+    """A kernelhub.parallel.ExpertFn: each expert's SwiGLU feed-forward on its rows."""
+    gmm = kernelhub.get("grouped_matmul")
+    gate = gmm(rows, experts["gate"], group_sizes, group_offset=group_offset)
+    up = gmm(rows, experts["up"], group_sizes, group_offset=group_offset)
+    hidden = (jax.nn.silu(gate) * up).astype(rows.dtype)
+    return gmm(hidden, experts["down"], group_sizes, group_offset=group_offset)
+
+
+def router_choices(router: jax.Array, tokens: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """(expert_ids, combine_weights): the top_k experts of each token, weights summing to 1."""
+    logits = tokens @ router
+    top_logits, expert_ids = jax.lax.top_k(logits, top_k)
+    return expert_ids, jax.nn.softmax(top_logits, axis=-1)
+
+
+def moe_block(params, tokens, apply_layout) -> tuple[jax.Array, jax.Array]:
+    """(output, dropped token choices) of the MoE block, its experts placed by apply_layout."""
+    expert_ids, weights = router_choices(params["router"], tokens, apply_layout.top_k)
+    return apply_layout(tokens, expert_ids, weights, params["experts"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the experts are placed: `name` is local, replicated or routed."""
+
+    name: str
+    top_k: int
+    mesh: Mesh | None = None
+    axis: str = "expert"
+    capacity: int = 0
+
+    def __call__(self, tokens, expert_ids, weights, experts):
+        no_drops = jnp.zeros((), jnp.int32)
+        if self.name == "local":
+            out = parallel.apply_experts(swiglu_experts, tokens, expert_ids, weights, experts)
+            return out, no_drops
+        if self.name == "replicated":
+            out = parallel.replicated_tokens(swiglu_experts, tokens, expert_ids, weights, experts,
+                                             mesh=self.mesh, axis_name=self.axis)
+            return out, no_drops
+        return parallel.routed_tokens(swiglu_experts, tokens, expert_ids, weights, experts,
+                                      mesh=self.mesh, axis_name=self.axis, capacity=self.capacity)
+
+    def place_tokens(self, batch: jax.Array) -> jax.Array:
+        if self.mesh is None:
+            return batch
+        spec = PartitionSpec(self.axis) if self.name == "routed" else PartitionSpec()
+        return jax.device_put(batch, NamedSharding(self.mesh, spec))
+
+    def place_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self.mesh is None:
+            return params
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        by_expert = NamedSharding(self.mesh, PartitionSpec(self.axis))
+        return {"router": jax.device_put(params["router"], replicated),
+                "experts": jax.device_put(params["experts"], by_expert)}
+
+
+def choose_layout(config: Config) -> Layout:
+    """Local on one device; else a mesh over the most devices that divide experts and tokens."""
+    devices = jax.devices()
+    size = max(n for n in range(1, len(devices) + 1)
+               if config.experts % n == 0 and config.tokens % n == 0)
+    name = config.layout
+    if name == "auto":
+        name = "local" if size == 1 else "routed"
+    if name == "local":
+        return Layout("local", config.top_k)
+    if name not in ("replicated", "routed"):
+        raise ValueError(f"layout must be auto, local, replicated or routed, got {name!r}")
+    mesh = jax.make_mesh((size,), ("expert",), devices=devices[:size])
+    tokens_here, experts_here = config.tokens // size, config.experts // size
+    if config.capacity_factor is None:
+        capacity = parallel.safe_capacity(tokens_here, config.top_k, experts_here)
+    else:
+        capacity = parallel.balanced_capacity(tokens_here, config.top_k, size, experts_here,
+                                              config.capacity_factor)
+    return Layout(name, config.top_k, mesh, capacity=capacity)
+
+
+def teacher(key: jax.Array, hidden: int) -> Callable[[jax.Array], jax.Array]:
+    """The fixed random network the block learns to imitate."""
+    first, second = jax.random.split(key)
+    w1 = jax.random.normal(first, (hidden, 4 * hidden)) / np.sqrt(hidden)
+    w2 = jax.random.normal(second, (4 * hidden, hidden)) / np.sqrt(4 * hidden)
+    return lambda x: jnp.tanh(x @ w1) @ w2
+
+
+def train(config: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Runs the training loop; returns the losses, the throughput and the layout used."""
+    layout = choose_layout(config)
+    # With the mesh set, arrays made outside the step (the optimizer's step count) live on the
+    # mesh too, so the second step finds the shardings of the first and does not recompile.
+    with contextlib.nullcontext() if layout.mesh is None else jax.set_mesh(layout.mesh):
+        return _train(config, layout, log)
+
+
+def _train(config: Config, layout: Layout, log: Callable[[str], None]) -> dict[str, Any]:
+    key = jax.random.PRNGKey(config.seed)
+    init_key, teacher_key, data_key = jax.random.split(key, 3)
+    target = teacher(teacher_key, config.hidden)
+    params = layout.place_params(init_params(init_key, config))
+    optimizer = optax.adam(config.learning_rate)
+    state = optimizer.init(params)
+
+    def loss_fn(params, batch):
+        out, dropped = moe_block(params, batch, layout)
+        return jnp.mean((out - target(batch)) ** 2), dropped
+
+    @jax.jit
+    def step(params, state, batch):
+        (loss, dropped), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        updates, state = optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss, dropped
+
+    mesh_text = "one device" if layout.mesh is None else f"mesh {dict(layout.mesh.shape)}"
+    kernel = kernelhub.resolve("grouped_matmul").platform.value
+    log(f"layout={layout.name} on {mesh_text} ({jax.default_backend()}), "
+        f"grouped_matmul={kernel}, steps={config.steps}")
+    losses, dropped_total = [], 0
+    batches = jax.random.split(data_key, config.steps)
+    started = None
+    for i in range(config.steps):
+        batch = layout.place_tokens(jax.random.normal(batches[i], (config.tokens, config.hidden)))
+        params, state, loss, dropped = step(params, state, batch)
+        losses.append(float(loss))
+        dropped_total += int(dropped)
+        if i == 0:
+            started = time.perf_counter()  # the first step compiles: time the rest
+        if i % max(1, config.steps // 10) == 0 or i == config.steps - 1:
+            log(f"step {i:4d}  loss {losses[-1]:.5f}")
+    timed_steps = config.steps - 1
+    elapsed = time.perf_counter() - started
+    steps_per_second = timed_steps / elapsed if timed_steps else float("nan")
+    log(f"final loss {losses[-1]:.5f} (first {losses[0]:.5f}), {steps_per_second:.1f} steps/s, "
+        f"dropped token choices {dropped_total}")
+    return {"losses": losses, "steps_per_second": steps_per_second, "layout": layout.name,
+            "devices": 1 if layout.mesh is None else layout.mesh.size, "dropped": dropped_total}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = Config()
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--tokens", type=int, default=defaults.tokens)
+    parser.add_argument("--experts", type=int, default=defaults.experts)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--layout", default=defaults.layout,
+                        choices=("auto", "local", "replicated", "routed"))
+    parser.add_argument("--capacity-factor", type=float, default=None,
+                        help="routed layout: exchange capacity as a multiple of even routing "
+                             "(default: a capacity that never drops)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    args = parser.parse_args(argv)
+    config = Config(steps=args.steps, tokens=args.tokens, experts=args.experts, top_k=args.top_k,
+                    layout=args.layout, capacity_factor=args.capacity_factor, seed=args.seed)
+    return train(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Marking values as varying over shard_map's manual axes, so kernels run with check_vma on.
+
+Inside jax.shard_map (check_vma=True, the default) every value carries the set of mesh axes it
+varies over. A loop carry must keep its set, and a custom_vjp's backward must return cotangents
+with its inputs' sets. A kernel that starts an accumulator from a constant (invariant) and adds
+varying products breaks the first rule; gradients of a replicated lhs against sharded experts
+break the second. Casting up front fixes both, and the cast's transpose is the psum that a
+replicated input's gradient needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+def varying_axes(value: Any) -> frozenset:
+    """The manual mesh axes `value` varies over (empty outside shard_map)."""
+    aval = jax.typeof(value)
+    # jax 0.10 keeps the set in aval.manual_axis_type.varying; other versions as aval.vma.
+    axes = getattr(aval, "vma", None)
+    if axes is None:
+        axes = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(axes)
+
+
+def varying_like(value: jax.Array, *sources: Any) -> jax.Array:
+    """`value`, marked varying over every axis that one of `sources` (None skipped) varies over."""
+    wanted = frozenset().union(*(varying_axes(s) for s in sources if s is not None))
+    missing = wanted - varying_axes(value)
+    if not missing:
+        return value
+    return jax.lax.pcast(value, tuple(sorted(missing)), to="varying")
+
+
+def unify_varying(*values: Any) -> tuple[Any, ...]:
+    """`values` (None kept), each marked varying over the union of their axes."""
+    present = [v for v in values if v is not None]
+    return tuple(None if v is None else varying_like(v, *present) for v in values)
+
+
+def shape_dtype_like(shape: tuple[int, ...], dtype: Any, like: jax.Array) -> jax.ShapeDtypeStruct:
+    """A pallas_call out_shape that varies over the manual axes `like` varies over.
+
+    Inside shard_map with check_vma, pallas_call wants its outputs' axes spelled out.
+    """
+    aval = jax.typeof(like)
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=manual)
+    return jax.ShapeDtypeStruct(shape, dtype, vma=varying_axes(like))
