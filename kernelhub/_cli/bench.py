@@ -24,6 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import kernelhub
+from kernelhub._cli._group_sizes import group_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,15 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         return
     if hasattr(bench_gpu, "add_gpu_arguments"):
         bench_gpu.add_gpu_arguments(parser)
-
-
-def group_sizes(m: int, groups: int, kind: str, seed: int = 0) -> np.ndarray:
-    if kind == "balanced":
-        sizes = np.full(groups, m // groups)
-        sizes[: m - sizes.sum()] += 1
-        return sizes.astype(np.int32)
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(m, rng.dirichlet(np.full(groups, 0.5))).astype(np.int32)
 
 
 def interleaved_seconds(fns: list[Callable[[], jax.Array]], reps: int) -> list[float]:

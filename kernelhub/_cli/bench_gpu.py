@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernelhub
+from kernelhub._cli._group_sizes import group_sizes
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
@@ -158,15 +159,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------- problems
-
-
-def group_sizes(m: int, groups: int, pattern: str, seed: int = 0) -> np.ndarray:
-    if pattern == "balanced":
-        sizes = np.full(groups, m // groups)
-        sizes[: m - sizes.sum()] += 1
-        return sizes.astype(np.int32)
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(m, rng.dirichlet(np.full(groups, 0.5))).astype(np.int32)
 
 
 @dataclasses.dataclass
