@@ -20,11 +20,6 @@ from kernelhub._registry import Backend, KernelSpec, Platform
 
 PLATFORM_VARIABLE = "KERNELHUB_PLATFORM"
 
-# jax names several GPU platforms; kernelhub's backends group them.
-_JAX_PLATFORM_TO_BACKEND = {"cpu": Backend.CPU, "gpu": Backend.GPU, "cuda": Backend.GPU,
-                            "rocm": Backend.GPU, "tpu": Backend.TPU}
-
-
 class NoImplementationError(ValueError):
     """No implementation fits what was asked (a forced platform or backend, or none registered)."""
 
@@ -37,13 +32,6 @@ def platform_from_environment() -> Platform | None:
     return _registry.as_platform(value, argument=PLATFORM_VARIABLE)
 
 
-def backend_of_jax_platform(name: str) -> Backend:
-    try:
-        return _JAX_PLATFORM_TO_BACKEND[name]
-    except KeyError:
-        raise NoImplementationError(f"kernelhub has no backend for the jax platform {name!r}") from None
-
-
 def running_backend(arrays: Iterable[Any] = ()) -> Backend:
     """The backend a call on `arrays` runs on: their devices when committed, else jax's default."""
     platforms = set()
@@ -54,7 +42,7 @@ def running_backend(arrays: Iterable[Any] = ()) -> Backend:
     if len(platforms) > 1:
         raise ValueError(f"inputs are committed to devices of several platforms: {sorted(platforms)}")
     name = platforms.pop() if platforms else jax.default_backend()
-    return backend_of_jax_platform(name)
+    return _registry.backend_of_jax_platform(name)
 
 
 def resolve(

@@ -101,19 +101,32 @@ def _always() -> None:
 
 NO_DEVICE_PREFIX = "no device"
 
+# jax names several GPU platforms; kernelhub's backends group them.
+_JAX_PLATFORM_TO_BACKEND = {"cpu": Backend.CPU, "gpu": Backend.GPU, "cuda": Backend.GPU,
+                            "rocm": Backend.GPU, "tpu": Backend.TPU}
+
+
+def backend_of_jax_platform(name: str) -> Backend:
+    """The backend of a jax platform name (cpu, gpu, cuda, rocm, tpu)."""
+    try:
+        return _JAX_PLATFORM_TO_BACKEND[name]
+    except KeyError:
+        raise ValueError(f"kernelhub has no backend for the jax platform {name!r}") from None
+
 
 def needs_device(backend: Backend | str) -> Callable[[], str | None]:
-    """A requirement met when this host has a device of `backend` (a jax platform name).
+    """A requirement met when this host's jax runs on a device of `backend`.
 
-    Its reason starts with NO_DEVICE_PREFIX: the dispatcher lets a forced backend through it,
+    Only the default backend's devices are looked at: asking jax for another platform's devices
+    would start that runtime (libtpu, when installed on a host without a TPU, probes for one).
+    The reason starts with NO_DEVICE_PREFIX: the dispatcher lets a forced backend through it,
     since lowering for absent hardware (ahead-of-time compilation) needs no device.
     """
     backend = as_backend(backend)
 
     def requirement() -> str | None:
-        try:
-            jax.devices(backend.value)
-        except RuntimeError:
+        here = {backend_of_jax_platform(device.platform) for device in jax.devices()}
+        if backend not in here:
             return f"{NO_DEVICE_PREFIX} of type {backend.value} on this host"
         return None
 
