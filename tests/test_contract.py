@@ -234,3 +234,25 @@ def test_tgmm_nan_past_the_groups_reaches_nothing(spec):
     assert np.isnan(out[0]).any()
     assert not np.isnan(out[1:]).any()
     assert (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+@pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7]])
+def test_tgmm_few_large_groups(spec, sizes):
+    """Groups larger than the hypothesis problems draw (some kernels switch strategy there)."""
+    rng = np.random.default_rng(11)
+    k, m, n = 8, 300, 8
+    sizes = np.array(sizes, np.int32)
+    lhs, rhs = normal(rng, (k, m), jnp.float32), normal(rng, (m, n), jnp.float32)
+    out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
+    assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, jnp.float32, contraction=m)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_few_large_groups(spec):
+    rng = np.random.default_rng(12)
+    m, k, n = 700, 8, 8
+    sizes = np.array([613, 0, 80], np.int32)
+    lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (3, k, n), jnp.float32)
+    out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, jnp.float32, contraction=k)

@@ -46,17 +46,60 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
         return total + lax.dot_general(left, right, (((1,), (0,)), ((), ())),
                                        preferred_element_type=jnp.float32)
 
-    # Each group's sum starts at 0, varying (inside shard_map) as the products added to it do.
-    zero = varying_like(jnp.zeros((k, n), jnp.float32), lhs, rhs, group_sizes, group_offset)
+    capacity = head_capacity(m, group_sizes.shape[0])
+    if capacity:
+        sums = _head_sums(lhs_bits, rhs_bits, lhs.dtype, rhs.dtype, compute_dtype, starts, ends,
+                          capacity, m)
+        rest = jnp.minimum(starts + capacity, jnp.maximum(ends, starts))
+    else:
+        sums, rest = jnp.zeros((actual, k, n), jnp.float32), starts
+    if existing_out is not None:
+        sums = sums + existing_out.astype(jnp.float32)
+    sums = varying_like(sums, lhs, rhs, group_sizes, group_offset)
 
-    def one_group(j, out_bits):
-        total = _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step,
-                                       zero)
-        if existing_out is not None:
-            total = total + existing_out[j].astype(jnp.float32)
-        block = _row_chunks.as_bits(total.astype(out_dtype))[None]
-        return lax.dynamic_update_slice_in_dim(out_bits, block, j, 0)
+    def add_rest(j, sums):
+        total = _row_chunks.visit_rows(rest[j], ends[j], m, sizes, step, sums[j])
+        return lax.dynamic_update_index_in_dim(sums, total, j, 0)
 
-    out = varying_like(out, lhs, rhs, group_sizes, group_offset)
-    out_bits = lax.fori_loop(0, actual, one_group, _row_chunks.as_bits(out))
-    return _row_chunks.from_bits(out_bits, out_dtype)
+    sums = lax.fori_loop(0, actual, lambda j, sums: lax.cond(
+        rest[j] < ends[j], lambda sums: add_rest(j, sums), lambda sums: sums, sums), sums)
+    return sums.astype(out_dtype)
+
+
+# Above this many rows per group, per-group matmuls are as fast as a batched one on XLA:CPU and
+# gathering the rows first only adds copies.
+MOST_HEAD_ROWS = 128
+
+
+def head_capacity(rows: int, num_groups: int) -> int:
+    """Rows per group summed by one batched matmul before the per-group loop (0: none).
+
+    Many small groups make many small GEMMs with a large [k, n] output each, which XLA:CPU runs
+    far slower batched than one by one. The capacity is the largest power of two <= rows /
+    num_groups, so the batched matmul covers at most `rows` rows and finishes balanced groups.
+    """
+    even_share = rows // max(num_groups, 1)
+    if even_share > MOST_HEAD_ROWS or even_share < 1:
+        return 0
+    capacity = 1
+    while capacity * 2 <= even_share:
+        capacity *= 2
+    return capacity
+
+
+def _head_sums(lhs_bits, rhs_bits, lhs_dtype, rhs_dtype, compute_dtype, starts, ends,
+               capacity: int, rows: int) -> jax.Array:
+    """float32 [A, k, n]: each group's sum over its first `capacity` rows."""
+    index = starts[:, None] + jnp.arange(capacity, dtype=jnp.int32)[None, :]
+    valid = index < ends[:, None]
+    index = jnp.minimum(index, rows - 1)
+    left = _row_chunks.from_bits(jnp.take(lhs_bits, index, axis=1), lhs_dtype)  # [k, A, capacity]
+    right = _row_chunks.from_bits(jnp.take(rhs_bits, index, axis=0), rhs_dtype)  # [A, capacity, n]
+    # [A, k, capacity] @ [A, capacity, n]: the layout XLA:CPU has a fast (and, for bf16, any)
+    # batched GEMM for. The barrier keeps XLA from folding the transpose back into the dot,
+    # which sends bf16 to a fallback that rejects it ("Unsupported element type for DotThunk").
+    left = lax.optimization_barrier(jnp.transpose(left, (1, 0, 2)))
+    left = jnp.where(valid[:, None, :], left, 0).astype(compute_dtype)
+    right = jnp.where(valid[:, :, None], right, 0).astype(compute_dtype)
+    return lax.dot_general(left, right, (((2,), (1,)), ((0,), (0,))),
+                           preferred_element_type=jnp.float32)
