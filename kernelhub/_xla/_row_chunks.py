@@ -85,3 +85,25 @@ def largest_chunk(tiling: Any, m: int, k: int, n: int) -> int:
             f"be a power of two, got {tiling!r}"
         )
     return rows
+
+
+# Above this many rows per group, per-group matmuls are as fast as a batched one on XLA:CPU and
+# gathering the rows first only adds copies.
+MOST_HEAD_ROWS = 128
+
+
+def head_capacity(rows: int, num_groups: int) -> int:
+    """Rows per group summed by one batched matmul before the per-group loop (0: none).
+
+    Used by tgmm: many small groups make many small-contraction GEMMs with a large [k, n]
+    output, which XLA:CPU runs far slower one by one than batched. The capacity is the largest
+    power of two <= rows / num_groups, so the batched matmul covers at most `rows` rows and
+    finishes balanced groups.
+    """
+    even_share = rows // max(num_groups, 1)
+    if even_share > MOST_HEAD_ROWS or even_share < 1:
+        return 0
+    capacity = 1
+    while capacity * 2 <= even_share:
+        capacity *= 2
+    return capacity

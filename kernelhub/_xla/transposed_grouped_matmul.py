@@ -12,6 +12,7 @@ from jax import lax
 
 from kernelhub._manual_axes import varying_like
 from kernelhub._xla import _row_chunks
+from kernelhub._xla._row_chunks import head_capacity
 from kernelhub.ops._groups import local_bounds
 
 
@@ -64,27 +65,6 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     sums = lax.fori_loop(0, actual, lambda j, sums: lax.cond(
         rest[j] < ends[j], lambda sums: add_rest(j, sums), lambda sums: sums, sums), sums)
     return sums.astype(out_dtype)
-
-
-# Above this many rows per group, per-group matmuls are as fast as a batched one on XLA:CPU and
-# gathering the rows first only adds copies.
-MOST_HEAD_ROWS = 128
-
-
-def head_capacity(rows: int, num_groups: int) -> int:
-    """Rows per group summed by one batched matmul before the per-group loop (0: none).
-
-    Many small groups make many small GEMMs with a large [k, n] output each, which XLA:CPU runs
-    far slower batched than one by one. The capacity is the largest power of two <= rows /
-    num_groups, so the batched matmul covers at most `rows` rows and finishes balanced groups.
-    """
-    even_share = rows // max(num_groups, 1)
-    if even_share > MOST_HEAD_ROWS or even_share < 1:
-        return 0
-    capacity = 1
-    while capacity * 2 <= even_share:
-        capacity *= 2
-    return capacity
 
 
 def _head_sums(lhs_bits, rhs_bits, lhs_dtype, rhs_dtype, compute_dtype, starts, ends,
