@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import kernelhub
+import reference
 from conftest import assert_close, call, runnable_implementations
 
 AXIS = "experts"
@@ -100,12 +101,12 @@ def _check_gmm(spec, check_vma: bool, transpose_rhs: bool) -> None:
     sharded = jax.shard_map(on_device, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(),
                             check_vma=check_vma)
 
-    def single(lhs, rhs, group_sizes):
-        return gmm(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
-
     rhs_sharded = jax.device_put(rhs, NamedSharding(mesh, P(AXIS)))
     got = jax.jit(lambda a, b: _out_and_grads(sharded, a, b, group_sizes, d_out))(lhs, rhs_sharded)
-    want = jax.jit(lambda a, b: _out_and_grads(single, a, b, group_sizes, d_out))(lhs, rhs)
+    # The float64 reference of the unsharded op (all experts on one device).
+    sizes = np.asarray(group_sizes)
+    want = (reference.gmm(lhs, rhs, sizes, transpose_rhs=transpose_rhs),
+            *reference.gmm_vjp(lhs, rhs, sizes, d_out, transpose_rhs=transpose_rhs)[:2])
     _assert_all_close(got, want, max(m, k, n))
 
 
@@ -139,7 +140,8 @@ def test_tgmm_with_sharded_groups_matches_one_device(spec, check_vma):
     sharded = jax.shard_map(on_device, mesh=_mesh(), in_specs=(P(), P(), P()),
                             out_specs=P(AXIS), check_vma=check_vma)
     got = jax.jit(lambda a, b: _out_and_grads(sharded, a, b, group_sizes, d_out))(lhs, rhs)
-    want = jax.jit(lambda a, b: _out_and_grads(tgmm, a, b, group_sizes, d_out))(lhs, rhs)
+    sizes = np.asarray(group_sizes)
+    want = (reference.tgmm(lhs, rhs, sizes), *reference.tgmm_vjp(lhs, rhs, sizes, d_out)[:2])
     _assert_all_close(got, want, max(m, k, n))
 
 
