@@ -47,5 +47,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
         return _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step, out_bits)
 
     out = varying_like(out, lhs, rhs, group_sizes, group_offset)
-    out_bits = lax.fori_loop(0, local_groups, one_group, _row_chunks.as_bits(out))
+    # An empty group skips its body: the slice of its weights and its chunk conditionals.
+    out_bits = lax.fori_loop(0, local_groups, lambda j, out_bits: lax.cond(
+        starts[j] < ends[j], lambda o: one_group(j, o), lambda o: o, out_bits),
+        _row_chunks.as_bits(out))
     return _row_chunks.from_bits(out_bits, out_dtype)
