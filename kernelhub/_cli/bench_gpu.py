@@ -30,13 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernelhub
-from kernelhub._cli._group_sizes import group_sizes
+from kernelhub._cli._group_sizes import PATTERNS, group_sizes
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
 IMPLEMENTATIONS = ("kernelhub", "dense", "ragged_dot")
 PASSES = ("gmm forward", "gmm backward", "tgmm")
-PATTERNS = ("balanced", "skewed")
 # Stop repeating a measurement once it has two samples and this many seconds (slow peers).
 _SECONDS_PER_MEASUREMENT = 3.0
 
