@@ -1,10 +1,10 @@
 """Covering a group's rows with few, well-shaped matmuls, for XLA on any backend.
 
-A group of r rows is cut into chunks whose sizes follow r's binary digits: as many chunks of the
-largest size as fit, then at most one chunk of each smaller power of two, then one masked chunk
-of the smallest size for the rest. A group thus costs about r rows of work plus at most
-`smallest - 1` masked rows, whatever the mix of group sizes, and an empty group costs nothing:
-neither many small groups nor one huge group wastes work, which a single fixed tile would.
+A group of r rows is cut into as many chunks of the largest size as fit, then one chunk of the
+smallest power of two (at least 8) that holds the rest. A group thus costs at most a few matmul
+calls and under twice its rows of work, whatever the mix of group sizes, and an empty group costs
+nothing: neither many small groups nor one huge group wastes much, which a single fixed tile
+would.
 
 Chunks read a window that is clamped to the array, so no chunk reads or writes out of bounds;
 the rows of a window that are not the chunk's own are masked with a select (never a multiply,
@@ -51,11 +51,18 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
 
     top = sizes[0]
     full_chunks = jnp.maximum(end - start, 0) // top
-    state = lax.fori_loop(0, full_chunks, lambda _, s: run(top, s), (carry, start))
-    for size in sizes[1:]:
-        state = lax.cond(end - state[1] >= size, lambda s, size=size: run(size, s), lambda s: s, state)
-    smallest = sizes[-1]
-    state = lax.cond(end - state[1] > 0, lambda s: run(smallest, s), lambda s: s, state)
+    carry, tail_start = lax.fori_loop(0, full_chunks, lambda _, s: run(top, s), (carry, start))
+    # The tail takes one chunk, the smallest size that holds it. Each matmul call has a fixed
+    # cost (packing the [k, n] operand, or a pass over the [k, n] accumulator) that a dozen
+    # small calls would pay a dozen times. A chain of two-way conds rather than lax.switch: XLA
+    # updates a cond's carry in place, but copies it in every branch of a many-way conditional.
+    tail = end - tail_start
+    state = (carry, tail_start)
+    smaller = 0
+    for size in sizes[::-1]:
+        fits = (tail > smaller) & (tail <= size)
+        state = lax.cond(fits, lambda s, size=size: run(size, s), lambda s: s, state)
+        smaller = size
     return state[0]
 
 
@@ -64,6 +71,22 @@ def as_bits(array: jax.Array) -> jax.Array:
     if array.dtype.itemsize == 2:
         return lax.bitcast_convert_type(array, jnp.uint16)
     return array
+
+
+def pinned_bits(array: jax.Array, loop_index: jax.Array) -> jax.Array:
+    """`as_bits(array)` made inside a loop body, where it fuses into the slices taken of it.
+
+    Made once outside the loop, the uint16 view is a real copy: one extra pass over the array per
+    call, which for a [G, k, n] rhs costs as much as the matmuls. Tying the array to the loop
+    index through an optimization barrier keeps XLA from hoisting the bitcast out of the loop,
+    so it fuses into each dynamic slice and only the sliced rows are read. Pin in the same
+    computation (loop or branch body) as the slice: across a nested body the view is
+    materialised again, once per visit.
+    """
+    if array.dtype.itemsize != 2:
+        return array
+    array, _ = lax.optimization_barrier((array, loop_index))
+    return as_bits(array)
 
 
 def from_bits(array: jax.Array, dtype: Any) -> jax.Array:

@@ -29,13 +29,14 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
     sizes = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))
     starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
-    lhs_bits, rhs_bits = _row_chunks.as_bits(lhs), _row_chunks.as_bits(rhs)
     contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
 
     def one_group(j, out_bits):
-        weights = _row_chunks.from_bits(rhs_bits[j], rhs.dtype).astype(compute_dtype)
+        weights = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(rhs, j), j, 0, keepdims=False)
+        weights = _row_chunks.from_bits(weights, rhs.dtype).astype(compute_dtype)
 
         def step(out_bits, window_start, window_rows, valid):
+            lhs_bits = _row_chunks.pinned_bits(lhs, window_start)
             rows = lax.dynamic_slice_in_dim(lhs_bits, window_start, window_rows, 0)
             rows = _row_chunks.from_bits(rows, lhs.dtype).astype(compute_dtype)
             product = lax.dot_general(rows, weights, (contract, ((), ())),

@@ -31,26 +31,25 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
     sizes = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))
     starts, ends = local_bounds(group_sizes, group_offset, actual, m)
-    lhs_bits = _row_chunks.as_bits(lhs)
-    rhs_bits = _row_chunks.as_bits(rhs)
 
-    def window(bits, dtype, window_start, window_rows, valid, axis):
-        part = lax.dynamic_slice_in_dim(bits, window_start, window_rows, axis)
-        part = _row_chunks.from_bits(part, dtype).astype(compute_dtype)
+    def window(array, window_start, window_rows, valid, axis):
+        part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(array, window_start), window_start,
+                                        window_rows, axis)
+        part = _row_chunks.from_bits(part, array.dtype).astype(compute_dtype)
         mask = valid[None, :] if axis == 1 else valid[:, None]
         return jnp.where(mask, part, jnp.zeros_like(part))
 
     def step(total, window_start, window_rows, valid):
         # [k, rows] @ [rows, n]: the plain matmul layout, which XLA:CPU's fast GEMMs take as is.
-        left = window(lhs_bits, lhs.dtype, window_start, window_rows, valid, axis=1)
-        right = window(rhs_bits, rhs.dtype, window_start, window_rows, valid, axis=0)
+        left = window(lhs, window_start, window_rows, valid, axis=1)
+        right = window(rhs, window_start, window_rows, valid, axis=0)
         return total + lax.dot_general(left, right, (((1,), (0,)), ((), ())),
                                        preferred_element_type=jnp.float32)
 
     capacity = head_capacity(m, group_sizes.shape[0])
     if capacity:
-        sums = _head_sums(lhs_bits, rhs_bits, lhs.dtype, rhs.dtype, compute_dtype, starts, ends,
-                          capacity, m)
+        sums = _head_sums(_row_chunks.as_bits(lhs), _row_chunks.as_bits(rhs), lhs.dtype, rhs.dtype,
+                          compute_dtype, starts, ends, capacity, m)
         rest = jnp.minimum(starts + capacity, jnp.maximum(ends, starts))
     else:
         sums, rest = jnp.zeros((actual, k, n), jnp.float32), starts
