@@ -249,10 +249,38 @@ def test_tgmm_few_large_groups(spec, sizes):
 
 
 @pytest.mark.parametrize("spec", implementation_params(GMM))
-def test_gmm_few_large_groups(spec):
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gmm_few_large_groups(spec, dtype):
     rng = np.random.default_rng(12)
     m, k, n = 700, 8, 8
     sizes = np.array([613, 0, 80], np.int32)
-    lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (3, k, n), jnp.float32)
+    lhs, rhs = normal(rng, (m, k), dtype), normal(rng, (3, k, n), dtype)
     out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
-    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, jnp.float32, contraction=k)
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, dtype, contraction=k)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_under_vmap(spec):
+    """A batch of independent problems, each with its own group sizes."""
+    rng = np.random.default_rng(13)
+    batch, m, k, n, experts = 3, 24, 8, 8, 4
+    sizes = np.array([[5, 0, 12, 7], [24, 0, 0, 0], [1, 2, 3, 4]], np.int32)
+    lhs = normal(rng, (batch, m, k), jnp.bfloat16)
+    rhs = normal(rng, (batch, experts, k, n), jnp.bfloat16)
+    out = jax.jit(jax.vmap(call(spec)))(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
+    for b in range(batch):
+        assert_close(out[b], reference.gmm(lhs[b], rhs[b], sizes[b]), jnp.float32, jnp.bfloat16,
+                     contraction=k)
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_under_vmap(spec):
+    rng = np.random.default_rng(14)
+    batch, k, m, n = 2, 8, 24, 8
+    sizes = np.array([[5, 0, 12, 7], [0, 20, 0, 1]], np.int32)
+    lhs = normal(rng, (batch, k, m), jnp.bfloat16)
+    rhs = normal(rng, (batch, m, n), jnp.bfloat16)
+    out = jax.jit(jax.vmap(call(spec)))(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
+    for b in range(batch):
+        assert_close(out[b], reference.tgmm(lhs[b], rhs[b], sizes[b]), jnp.float32, jnp.bfloat16,
+                     contraction=m)
