@@ -237,11 +237,15 @@ def test_tgmm_nan_past_the_groups_reaches_nothing(spec):
 
 
 @pytest.mark.parametrize("spec", implementation_params(TGMM))
-@pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7]])
+@pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7], [3, 903, 7]])
 def test_tgmm_few_large_groups(spec, sizes):
-    """Groups larger than the hypothesis problems draw (some kernels switch strategy there)."""
+    """Groups larger than the hypothesis problems draw (some kernels switch strategy there).
+
+    903 rows = 512 + 256 + 128 + 7: every kind of chunk the xla kernels cut a group into.
+    """
     rng = np.random.default_rng(11)
-    k, m, n = 8, 300, 8
+    k, n = 8, 8
+    m = sum(sizes) + 5
     sizes = np.array(sizes, np.int32)
     lhs, rhs = normal(rng, (k, m), jnp.float32), normal(rng, (m, n), jnp.float32)
     out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
@@ -250,10 +254,12 @@ def test_tgmm_few_large_groups(spec, sizes):
 
 @pytest.mark.parametrize("spec", implementation_params(GMM))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gmm_few_large_groups(spec, dtype):
+@pytest.mark.parametrize("sizes", [[613, 0, 80], [903, 0, 90]])
+def test_gmm_few_large_groups(spec, dtype, sizes):
     rng = np.random.default_rng(12)
-    m, k, n = 700, 8, 8
-    sizes = np.array([613, 0, 80], np.int32)
+    k, n = 8, 8
+    m = sum(sizes) + 7
+    sizes = np.array(sizes, np.int32)
     lhs, rhs = normal(rng, (m, k), dtype), normal(rng, (3, k, n), dtype)
     out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
     assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, dtype, contraction=k)

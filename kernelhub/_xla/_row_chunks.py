@@ -1,10 +1,11 @@
 """Covering a group's rows with few, well-shaped matmuls, for XLA on any backend.
 
-A group of r rows is cut into as many chunks of the largest size as fit, then one chunk of the
-smallest power of two (at least 8) that holds the rest. A group thus costs at most a few matmul
-calls and under twice its rows of work, whatever the mix of group sizes, and an empty group costs
-nothing: neither many small groups nor one huge group wastes much, which a single fixed tile
-would.
+A group of r rows is cut into as many chunks of the largest size as fit, then at most one chunk
+each of the rest's binary digits down to SMALLEST_DIGIT rows, then one chunk of the smallest
+power of two (at least 8) that holds what is left. A group thus costs at most three matmul calls
+beyond its full chunks and fewer than SMALLEST_DIGIT rows of wasted work, whatever the mix of
+group sizes, and an empty group costs nothing: neither many small groups nor one huge group
+wastes much, which a single fixed tile would.
 
 Chunks read a window that is clamped to the array, so no chunk reads or writes out of bounds;
 the rows of a window that are not the chunk's own are masked with a select (never a multiply,
@@ -22,6 +23,8 @@ from jax import lax
 
 SMALLEST_CHUNK = 8
 DEFAULT_LARGEST_CHUNK = 512
+# Rests of at least this many rows are cut at their binary digits rather than padded.
+SMALLEST_DIGIT = 128
 
 # step(carry, window_start, window_rows, row_is_valid[window_rows]) -> carry
 ChunkStep = Callable[[Any, jax.Array, int, jax.Array], Any]
@@ -51,16 +54,24 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
 
     top = sizes[0]
     full_chunks = jnp.maximum(end - start, 0) // top
-    carry, tail_start = lax.fori_loop(0, full_chunks, lambda _, s: run(top, s), (carry, start))
-    # The tail takes one chunk, the smallest size that holds it. Each matmul call has a fixed
-    # cost (packing the [k, n] operand, or a pass over the [k, n] accumulator) that a dozen
-    # small calls would pay a dozen times. A chain of two-way conds rather than lax.switch: XLA
-    # updates a cond's carry in place, but copies it in every branch of a many-way conditional.
-    tail = end - tail_start
-    state = (carry, tail_start)
+    state = lax.fori_loop(0, full_chunks, lambda _, s: run(top, s), (carry, start))
+    # The rest: its binary digits down to SMALLEST_DIGIT rows, at most one chunk each, then one
+    # chunk, the smallest size that holds what is left. Each matmul call has a fixed cost
+    # (packing the [k, n] operand, or a pass over the [k, n] sum) that a chunk per binary digit
+    # would pay up to seven times, while one chunk for the whole rest would waste up to half
+    # of a large rest's rows.
+    for size in sizes[1:]:
+        if size >= SMALLEST_DIGIT:
+            state = lax.cond(end - state[1] >= size, lambda s, size=size: run(size, s),
+                             lambda s: s, state)
+    # A chain of two-way conds rather than lax.switch: XLA updates a cond's carry in place,
+    # but copies it in every branch of a many-way conditional.
+    rest = end - state[1]
     smaller = 0
     for size in sizes[::-1]:
-        fits = (tail > smaller) & (tail <= size)
+        if size > SMALLEST_DIGIT:
+            break
+        fits = (rest > smaller) & (rest <= size)
         state = lax.cond(fits, lambda s, size=size: run(size, s), lambda s: s, state)
         smaller = size
     return state[0]
