@@ -26,8 +26,9 @@ DEFAULT_LARGEST_CHUNK = 512
 # Rests of at least this many rows are cut at their binary digits rather than padded.
 SMALLEST_DIGIT = 128
 
-# step(carry, window_start, window_rows, row_is_valid[window_rows]) -> carry
-ChunkStep = Callable[[Any, jax.Array, int, jax.Array], Any]
+# step(carry, window_start, window_rows, row_is_valid[window_rows] or None) -> carry; None
+# means every row of the window is the chunk's own, so the step needs no mask.
+ChunkStep = Callable[[Any, jax.Array, int, jax.Array | None], Any]
 
 
 def chunk_sizes(rows: int, largest: int = DEFAULT_LARGEST_CHUNK) -> tuple[int, ...]:
@@ -52,9 +53,14 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
         valid = (row >= logical_start) & (row < end)
         return step(carry, window_start, size, valid), logical_start + size
 
+    def run_whole(size: int, state: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
+        # A chunk that lies inside [start, end), so inside the array: no clamp, no mask.
+        carry, logical_start = state
+        return step(carry, logical_start, size, None), logical_start + size
+
     top = sizes[0]
     full_chunks = jnp.maximum(end - start, 0) // top
-    state = lax.fori_loop(0, full_chunks, lambda _, s: run(top, s), (carry, start))
+    state = lax.fori_loop(0, full_chunks, lambda _, s: run_whole(top, s), (carry, start))
     # The rest: its binary digits down to SMALLEST_DIGIT rows, at most one chunk each, then one
     # chunk, the smallest size that holds what is left. Each matmul call has a fixed cost
     # (packing the [k, n] operand, or a pass over the [k, n] sum) that a chunk per binary digit
@@ -62,7 +68,7 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
     # of a large rest's rows.
     for size in sizes[1:]:
         if size >= SMALLEST_DIGIT:
-            state = lax.cond(end - state[1] >= size, lambda s, size=size: run(size, s),
+            state = lax.cond(end - state[1] >= size, lambda s, size=size: run_whole(size, s),
                              lambda s: s, state)
     # A chain of two-way conds rather than lax.switch: XLA updates a cond's carry in place,
     # but copies it in every branch of a many-way conditional.

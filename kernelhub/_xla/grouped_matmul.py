@@ -41,8 +41,10 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
             rows = _row_chunks.from_bits(rows, lhs.dtype).astype(compute_dtype)
             product = lax.dot_general(rows, weights, (contract, ((), ())),
                                       preferred_element_type=jnp.float32).astype(out_dtype)
-            old = lax.dynamic_slice_in_dim(out_bits, window_start, window_rows, 0)
-            new = jnp.where(valid[:, None], _row_chunks.as_bits(product), old)
+            new = _row_chunks.as_bits(product)
+            if valid is not None:
+                old = lax.dynamic_slice_in_dim(out_bits, window_start, window_rows, 0)
+                new = jnp.where(valid[:, None], new, old)
             return lax.dynamic_update_slice_in_dim(out_bits, new, window_start, 0)
 
         return _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step, out_bits)

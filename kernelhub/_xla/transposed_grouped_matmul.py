@@ -36,6 +36,8 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
         part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(array, window_start), window_start,
                                         window_rows, axis)
         part = _row_chunks.from_bits(part, array.dtype).astype(compute_dtype)
+        if valid is None:
+            return part
         mask = valid[None, :] if axis == 1 else valid[:, None]
         return jnp.where(mask, part, jnp.zeros_like(part))
 
