@@ -7,9 +7,10 @@ beyond its full chunks and fewer than SMALLEST_DIGIT rows of wasted work, whatev
 group sizes, and an empty group costs nothing: neither many small groups nor one huge group
 wastes much, which a single fixed tile would.
 
-Chunks read a window that is clamped to the array, so no chunk reads or writes out of bounds;
-the rows of a window that are not the chunk's own are masked with a select (never a multiply,
-so a NaN elsewhere cannot leak in).
+Full and binary-digit chunks lie inside the group, so they are neither clamped nor masked. The
+last chunk reads a window that is clamped to the array, so no chunk reads or writes out of
+bounds; the rows of that window that are not the chunk's own are masked with a select (never a
+multiply, so a NaN elsewhere cannot leak in).
 """
 
 from __future__ import annotations
