@@ -84,6 +84,41 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
     return state[0]
 
 
+def first_chunk(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ...],
+                product: Callable[[jax.Array, int, jax.Array | None], Any],
+                smallest_digit: int = SMALLEST_DIGIT) -> tuple[Any, jax.Array]:
+    """`product` of the first chunk `visit_rows` would take of rows [start, end), which must not
+    be empty, and where the rest of them starts.
+
+    For an accumulating step this makes the first chunk's result the initial sum, instead of a
+    zero or a stored sum that the chunk is then added to: each such add is a pass over the
+    whole sum. The branches make fresh values from no carry, so lax.switch copies nothing.
+    """
+    count = end - start
+    whole = [size for size in sizes if size >= smallest_digit or size == sizes[0]]  # largest first
+    padded = [size for size in sizes if size <= smallest_digit][::-1]  # smallest first
+
+    def run_whole(size: int) -> Any:
+        return product(start, size, None)
+
+    def run_padded(size: int) -> Any:
+        window_start = jnp.minimum(start, rows - size)
+        row = window_start + jnp.arange(size, dtype=jnp.int32)
+        return product(window_start, size, (row >= start) & (row < end))
+
+    branches = [lambda size=size: run_whole(size) for size in whole]
+    branches += [lambda size=size: run_padded(size) for size in padded]
+    # The largest whole chunk that fits; else the smallest padded chunk that holds every row.
+    index = jnp.int32(len(branches) - 1)
+    for position in range(len(padded) - 1, -1, -1):
+        index = jnp.where(count <= padded[position], len(whole) + position, index)
+    for position in range(len(whole) - 1, -1, -1):
+        index = jnp.where(count >= whole[position], position, index)
+    taken = jnp.asarray(whole + [0] * len(padded), jnp.int32)[index]
+    next_start = jnp.where(taken > 0, start + taken, end)
+    return lax.switch(index, branches), next_start
+
+
 def as_bits(array: jax.Array) -> jax.Array:
     """16-bit floats as uint16 so XLA:CPU slices them without upcasting the whole array."""
     if array.dtype.itemsize == 2:

@@ -41,12 +41,15 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
         mask = valid[None, :] if axis == 1 else valid[:, None]
         return jnp.where(mask, part, jnp.zeros_like(part))
 
-    def step(total, window_start, window_rows, valid):
+    def product(window_start, window_rows, valid):
         # [k, rows] @ [rows, n]: the plain matmul layout, which XLA:CPU's fast GEMMs take as is.
         left = window(lhs, window_start, window_rows, valid, axis=1)
         right = window(rhs, window_start, window_rows, valid, axis=0)
-        return total + lax.dot_general(left, right, (((1,), (0,)), ((), ())),
-                                       preferred_element_type=jnp.float32)
+        return lax.dot_general(left, right, (((1,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+    def step(total, window_start, window_rows, valid):
+        return total + product(window_start, window_rows, valid)
 
     capacity = head_capacity(m, group_sizes.shape[0])
     if capacity:
@@ -57,10 +60,16 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
         sums, rest = jnp.zeros((actual, k, n), jnp.float32), starts
     if existing_out is not None:
         sums = sums + existing_out.astype(jnp.float32)
+    stored = bool(capacity) or existing_out is not None  # else every sum the loop meets is 0
     sums = varying_like(sums, lhs, rhs, group_sizes, group_offset)
 
     def add_rest(j, sums):
-        total = _row_chunks.visit_rows(rest[j], ends[j], m, sizes, step, sums[j])
+        # The group's rows are summed apart, starting from the first chunk's product, and
+        # stored once: a stored sum is read and written once per group, not once per chunk.
+        total, next_start = _row_chunks.first_chunk(rest[j], ends[j], m, sizes, product)
+        total = _row_chunks.visit_rows(next_start, ends[j], m, sizes, step, total)
+        if stored:
+            total = lax.dynamic_index_in_dim(sums, j, 0, keepdims=False) + total
         return lax.dynamic_update_index_in_dim(sums, total, j, 0)
 
     sums = lax.fori_loop(0, actual, lambda j, sums: lax.cond(
