@@ -3,7 +3,10 @@
 Floor: a batched matmul doing the same FLOPs with the rows split evenly over the groups
 (einsum 'gmk,gkn->gmn'; for tgmm 'gkm,gmn->gkn'). Peer: jax.lax.ragged_dot(_general).
 Ratios are times divided by the floor's (1.0 = as fast as the batched matmul) and the peer's time
-divided by ours (how many times faster kernelhub is).
+divided by ours (how many times faster kernelhub is). Each case is timed on a few fresh input
+draws, in turns, and each side keeps the median of its turns in its best draw; a shape's floor
+is its best over all of that shape's cases (docs/xla.md says why: the floor has a fast and a
+slow state on this kind of machine).
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", nargs="+", default=["grouped_matmul", "transposed_grouped_matmul"])
     parser.add_argument("--peer-max-groups", type=int, default=64,
                         help="time ragged_dot only up to this many groups (it is slow on CPU)")
-    parser.add_argument("--reps", type=int, help="timed repetitions per measurement")
+    parser.add_argument("--reps", type=int, help="timed repetitions per input draw")
+    parser.add_argument("--draws", type=int,
+                        help="fresh input allocations per case (default 3, 1 with --quick); each "
+                             "time is the median of its turns in its best draw")
     parser.add_argument("--out", type=Path, help="also write the table as markdown to this file")
     parser.add_argument("--platform", help="force a kernelhub platform (default: the dispatcher's)")
     try:
@@ -77,9 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         bench_gpu.add_gpu_arguments(parser)
 
 
-def interleaved_seconds(fns: list[Callable[[], jax.Array]], reps: int) -> list[float]:
-    """Median seconds of each function, timed in turns so that load from other processes hits
-    all of them alike and the ratios between them stay fair."""
+def interleaved_samples(fns: list[Callable[[], jax.Array]], reps: int) -> list[list[float]]:
+    """Seconds of each function over `reps` turns, timed in turns so that load from other
+    processes hits all of them alike and the ratios between them stay fair."""
     for fn in fns:
         jax.block_until_ready(fn())  # compile and warm up
     times: list[list[float]] = [[] for _ in fns]
@@ -88,7 +94,7 @@ def interleaved_seconds(fns: list[Callable[[], jax.Array]], reps: int) -> list[f
             start = time.perf_counter()
             jax.block_until_ready(fn())
             record.append(time.perf_counter() - start)
-    return [statistics.median(record) for record in times]
+    return times
 
 
 def _ragged_numbers(op: str):
@@ -97,35 +103,65 @@ def _ragged_numbers(op: str):
     return gmm if op == "grouped_matmul" else tgmm
 
 
-def measure(case: Case, reps: int, peer_max_groups: int, platform: str | None) -> Result:
+def _inputs(case: Case, rng: np.random.Generator):
+    """(lhs, rhs) for the op and (a, b) for the floor, freshly allocated."""
     dtype = jnp.dtype(case.dtype)
+    rows_per_group = case.m // case.groups
+
+    def draw(*shape):
+        return jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+
+    if case.op == "grouped_matmul":
+        lhs, rhs = draw(case.m, case.k), draw(case.groups, case.k, case.n)
+        return (lhs, rhs), (draw(case.groups, rows_per_group, case.k), rhs)
+    lhs, rhs = draw(case.k, case.m), draw(case.m, case.n)
+    return (lhs, rhs), (draw(case.groups, case.k, rows_per_group),
+                        draw(case.groups, rows_per_group, case.n))
+
+
+def measure(case: Case, reps: int, draws: int, peer_max_groups: int,
+            platform: str | None) -> Result:
     rng = np.random.default_rng(1)
     sizes = jnp.asarray(group_sizes(case.m, case.groups, case.sizes))
-    rows_per_group = case.m // case.groups
     op = kernelhub.get(case.op, platform=platform)
     numbers = _ragged_numbers(case.op)
-    if case.op == "grouped_matmul":
-        lhs = jnp.asarray(rng.standard_normal((case.m, case.k)), dtype)
-        rhs = jnp.asarray(rng.standard_normal((case.groups, case.k, case.n)), dtype)
-        batched = (jnp.asarray(rng.standard_normal((case.groups, rows_per_group, case.k)), dtype), rhs)
-        floor_spec = "gmk,gkn->gmn"
-    else:
-        lhs = jnp.asarray(rng.standard_normal((case.k, case.m)), dtype)
-        rhs = jnp.asarray(rng.standard_normal((case.m, case.n)), dtype)
-        batched = (jnp.asarray(rng.standard_normal((case.groups, case.k, rows_per_group)), dtype),
-                   jnp.asarray(rng.standard_normal((case.groups, rows_per_group, case.n)), dtype))
-        floor_spec = "gkm,gmn->gkn"
+    floor_spec = "gmk,gkn->gmn" if case.op == "grouped_matmul" else "gkm,gmn->gkn"
     ours = jax.jit(lambda a, b, s: op(a, b, s))
     floor = jax.jit(lambda a, b: jnp.einsum(floor_spec, a, b, preferred_element_type=jnp.float32))
     peer = jax.jit(lambda a, b, s: jax.lax.ragged_dot_general(
         a, b, s, numbers, preferred_element_type=jnp.float32))
-    timed = [lambda: ours(lhs, rhs, sizes), lambda: floor(*batched)]
-    if case.groups <= peer_max_groups:
-        # The peer is slow on CPU: time it in fewer turns of its own.
-        timed.append(lambda: peer(lhs, rhs, sizes))
-    seconds = interleaved_seconds(timed[:2], reps)
-    peer_seconds = interleaved_seconds(timed[2:], max(1, reps // 2)) if len(timed) > 2 else [None]
-    return Result(case, seconds[0], seconds[1], peer_seconds[0])
+    ours_times, floor_times, peer_times = [], [], []
+    for draw in range(draws):
+        # Fresh arrays each draw. On XLA:CPU one executable's time depends on the state of the
+        # memory it gets: the bf16 floor at 8 groups took 7 or 16 ms on arrays of one shape,
+        # for whole runs at a time (seemingly the cost of first touching its output's pages). Each
+        # function keeps the median of its turns in its best draw, so neither side is
+        # compared in its slow state against the other's fast one.
+        (lhs, rhs), batched = _inputs(case, rng)
+        ours_turns, floor_turns = interleaved_samples(
+            [lambda: ours(lhs, rhs, sizes), lambda: floor(*batched)], reps)
+        ours_times.append(statistics.median(ours_turns))
+        floor_times.append(statistics.median(floor_turns))
+        if draw == 0 and case.groups <= peer_max_groups:
+            # The peer is slow on CPU, and far enough behind that one draw in fewer turns does.
+            (peer_turns,) = interleaved_samples([lambda: peer(lhs, rhs, sizes)], max(1, reps // 2))
+            peer_times.append(statistics.median(peer_turns))
+        del lhs, rhs, batched
+    return Result(case, min(ours_times), min(floor_times), min(peer_times) if peer_times else None)
+
+
+def shared_floors(results: list[Result]) -> list[Result]:
+    """Each result against the best floor time of its shape over the whole run.
+
+    Balanced and skewed cases of one shape time the same floor; its fast and slow states can
+    fall one to each, and a ratio against the slow one would flatter kernelhub.
+    """
+    best: dict[Case, float] = {}
+    for r in results:
+        shape = dataclasses.replace(r.case, sizes="")
+        best[shape] = min(best.get(shape, r.floor), r.floor)
+    return [dataclasses.replace(r, floor=best[dataclasses.replace(r.case, sizes="")])
+            for r in results]
 
 
 def cases(args: argparse.Namespace) -> list[Case]:
@@ -137,32 +173,33 @@ def cases(args: argparse.Namespace) -> list[Case]:
             for g in groups for kind in ("balanced", "skewed")]
 
 
+COLUMNS = ("op", "m x k x n", "groups", "dtype", "sizes", "kernelhub ms", "floor ms",
+           "time / floor", "ragged_dot ms", "ragged_dot / kernelhub", "ragged_dot / floor")
+
+
+def _cells(r: Result) -> list[str]:
+    c = r.case
+    # ragged_dot / floor is the most any implementation as fast as the floor could gain over
+    # ragged_dot: it tells a slow kernel from a bound the machine sets.
+    peer_cells = (["-"] * 3 if r.peer is None else
+                  [f"{r.peer * 1e3:.0f}", f"{r.vs_peer:.0f}x", f"{r.peer / r.floor:.0f}x"])
+    return ["gmm" if c.op == "grouped_matmul" else "tgmm", f"{c.m}x{c.k}x{c.n}", str(c.groups),
+            c.dtype, c.sizes, f"{r.ours * 1e3:.1f}", f"{r.floor * 1e3:.1f}",
+            f"{r.vs_floor:.2f}", *peer_cells]
+
+
 def render(results: list[Result], title: str) -> Table:
     table = Table(title=title)
-    for column in ("op", "m x k x n", "groups", "dtype", "sizes", "kernelhub ms", "floor ms",
-                   "vs floor", "ragged_dot ms", "speedup vs ragged_dot"):
-        table.add_column(column, justify="right" if column.endswith(("ms", "floor", "dot")) else "left")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column in COLUMNS[:5] else "right")
     for r in results:
-        c = r.case
-        table.add_row(
-            "gmm" if c.op == "grouped_matmul" else "tgmm", f"{c.m}x{c.k}x{c.n}", str(c.groups),
-            c.dtype, c.sizes, f"{r.ours * 1e3:.1f}", f"{r.floor * 1e3:.1f}", f"{r.vs_floor:.2f}x",
-            "-" if r.peer is None else f"{r.peer * 1e3:.0f}",
-            "-" if r.vs_peer is None else f"{r.vs_peer:.0f}x",
-        )
+        table.add_row(*_cells(r))
     return table
 
 
 def markdown(results: list[Result], header: str) -> str:
-    lines = [header, "", "| op | m x k x n | groups | dtype | sizes | kernelhub ms | floor ms | "
-             "time / floor | ragged_dot ms | ragged_dot / kernelhub |", "|" + "---|" * 10]
-    for r in results:
-        c = r.case
-        lines.append(
-            f"| {'gmm' if c.op == 'grouped_matmul' else 'tgmm'} | {c.m}x{c.k}x{c.n} | {c.groups} | "
-            f"{c.dtype} | {c.sizes} | {r.ours * 1e3:.1f} | {r.floor * 1e3:.1f} | {r.vs_floor:.2f} | "
-            f"{'-' if r.peer is None else f'{r.peer * 1e3:.0f}'} | "
-            f"{'-' if r.vs_peer is None else f'{r.vs_peer:.0f}x'} |")
+    lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
     return "\n".join(lines) + "\n"
 
 
@@ -175,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console.width = 160
     reps = args.reps or (3 if args.quick else 5)
+    draws = args.draws or (1 if args.quick else 3)
     todo = cases(args)
     spec = {op: kernelhub.resolve(op, platform=args.platform) for op in args.ops}
     results = []
@@ -182,15 +220,18 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("benchmarking", total=len(todo))
         for case in todo:
             progress.update(task, description=f"{case.op} G={case.groups} {case.dtype} {case.sizes}")
-            results.append(measure(case, reps, args.peer_max_groups, args.platform))
+            results.append(measure(case, reps, draws, args.peer_max_groups, args.platform))
             progress.advance(task)
     chosen = ", ".join(f"{op}: {s.platform.value}/{s.backend.value}" for op, s in spec.items())
+    drawn = f"best of {draws} input draws" if draws > 1 else "one input draw"
     header = (f"kernelhub bench{' --quick' if args.quick else ''}, {datetime.date.today()}, "
               f"jax {jax.__version__}, {jax.default_backend()} ({jax.devices()[0].device_kind}), "
-              f"median of {reps}; {chosen}")
+              f"{drawn}, median of {reps} turns each; {chosen}")
+    results = shared_floors(results)
     console.print(render(results, header))
-    console.print("vs floor: kernelhub time / batched matmul of the same FLOPs (lower is better); "
-                  "speedup: ragged_dot time / kernelhub time.")
+    console.print("time / floor: kernelhub time / batched matmul of the same FLOPs (lower is "
+                  "better); ragged_dot / kernelhub: speed-up over ragged_dot; ragged_dot / floor: "
+                  "the speed-up the floor itself would have.")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(markdown(results, header))
