@@ -84,19 +84,22 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
     return state[0]
 
 
+# product(window_start, window_rows, row_is_valid[window_rows] or None) -> value
+ChunkProduct = Callable[[jax.Array, int, jax.Array | None], Any]
+
+
 def first_chunk(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ...],
-                product: Callable[[jax.Array, int, jax.Array | None], Any],
-                smallest_digit: int = SMALLEST_DIGIT) -> tuple[Any, jax.Array]:
+                product: ChunkProduct) -> tuple[Any, jax.Array]:
     """`product` of the first chunk `visit_rows` would take of rows [start, end), which must not
     be empty, and where the rest of them starts.
 
     For an accumulating step this makes the first chunk's result the initial sum, instead of a
     zero or a stored sum that the chunk is then added to: each such add is a pass over the
-    whole sum. The branches make fresh values from no carry, so lax.switch copies nothing.
+    whole sum. The branches take no carry, so there is none for lax.switch to copy into each.
     """
     count = end - start
-    whole = [size for size in sizes if size >= smallest_digit or size == sizes[0]]  # largest first
-    padded = [size for size in sizes if size <= smallest_digit][::-1]  # smallest first
+    whole = [size for size in sizes if size >= SMALLEST_DIGIT or size == sizes[0]]  # largest first
+    padded = [size for size in sizes if size <= SMALLEST_DIGIT][::-1]  # smallest first
 
     def run_whole(size: int) -> Any:
         return product(start, size, None)
