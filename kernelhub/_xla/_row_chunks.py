@@ -49,9 +49,7 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
 
     def run(size: int, state: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
         carry, logical_start = state
-        window_start = jnp.minimum(logical_start, rows - size)
-        row = window_start + jnp.arange(size, dtype=jnp.int32)
-        valid = (row >= logical_start) & (row < end)
+        window_start, valid = _padded_window(logical_start, end, rows, size)
         return step(carry, window_start, size, valid), logical_start + size
 
     def run_whole(size: int, state: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
@@ -84,6 +82,15 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
     return state[0]
 
 
+def _padded_window(start: jax.Array, end: jax.Array, rows: int,
+                   size: int) -> tuple[jax.Array, jax.Array]:
+    """The `size`-row window holding rows [start, end), clamped into the array, and which of its
+    rows are in [start, end)."""
+    window_start = jnp.minimum(start, rows - size)
+    row = window_start + jnp.arange(size, dtype=jnp.int32)
+    return window_start, (row >= start) & (row < end)
+
+
 # product(window_start, window_rows, row_is_valid[window_rows] or None) -> value
 ChunkProduct = Callable[[jax.Array, int, jax.Array | None], Any]
 
@@ -105,9 +112,8 @@ def first_chunk(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, .
         return product(start, size, None)
 
     def run_padded(size: int) -> Any:
-        window_start = jnp.minimum(start, rows - size)
-        row = window_start + jnp.arange(size, dtype=jnp.int32)
-        return product(window_start, size, (row >= start) & (row < end))
+        window_start, valid = _padded_window(start, end, rows, size)
+        return product(window_start, size, valid)
 
     branches = [lambda size=size: run_whole(size) for size in whole]
     branches += [lambda size=size: run_padded(size) for size in padded]

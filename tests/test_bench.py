@@ -1,0 +1,35 @@
+"""The CPU benchmark's bookkeeping: which floor each ratio divides by, and what the table shows.
+
+No timing here: speed lives in `kernelhub bench`, not in tests.
+"""
+
+from __future__ import annotations
+
+from kernelhub._cli import bench
+
+
+def _result(groups: int, sizes: str, ours: float, floor: float, peer: float | None = None):
+    case = bench.Case("transposed_grouped_matmul", 4096, 1024, 1024, groups, "bfloat16", sizes)
+    return bench.Result(case, ours, floor, peer)
+
+
+def test_cases_of_one_shape_share_its_best_floor():
+    results = bench.shared_floors([
+        _result(8, "balanced", ours=0.020, floor=0.026),  # the floor's slow state
+        _result(8, "skewed", ours=0.022, floor=0.010),  # its fast state
+        _result(64, "balanced", ours=0.110, floor=0.100),
+    ])
+    assert [r.floor for r in results] == [0.010, 0.010, 0.100]
+    assert results[0].vs_floor == 2.0
+    assert [r.ours for r in results] == [0.020, 0.022, 0.110]
+
+
+def test_table_cells_give_both_ragged_dot_ratios():
+    cells = bench._cells(_result(64, "skewed", ours=0.100, floor=0.080, peer=1.6))
+    assert cells[bench.COLUMNS.index("time / floor")] == "1.25"
+    assert cells[bench.COLUMNS.index("ragged_dot / kernelhub")] == "16x"
+    assert cells[bench.COLUMNS.index("ragged_dot / floor")] == "20x"
+    no_peer = bench._cells(_result(256, "skewed", ours=0.3, floor=0.3))
+    assert no_peer[-3:] == ["-", "-", "-"]
+    table = bench.markdown([_result(8, "balanced", 0.02, 0.01)], "header")
+    assert table.splitlines()[2] == "| " + " | ".join(bench.COLUMNS) + " |"
