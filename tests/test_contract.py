@@ -237,11 +237,12 @@ def test_tgmm_nan_past_the_groups_reaches_nothing(spec):
 
 
 @pytest.mark.parametrize("spec", implementation_params(TGMM))
-@pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7], [3, 903, 7]])
+@pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7], [3, 903, 7], [300, 1100, 5]])
 def test_tgmm_few_large_groups(spec, sizes):
     """Groups larger than the hypothesis problems draw (some kernels switch strategy there).
 
-    903 rows = 512 + 256 + 128 + 7: every kind of chunk the xla kernels cut a group into.
+    The xla kernel's chunks: 903 rows = 512 + 391 padded to 512; 1100 = 2 x 512 + 76 padded
+    to 128; 300 padded to 384, a window that is not a power of two.
     """
     rng = np.random.default_rng(11)
     k, n = 8, 8

@@ -29,7 +29,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     if m == 0 or k == 0 or n == 0 or actual == 0:
         return out
     compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
-    sizes = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))
+    largest = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))[0]
     starts, ends = local_bounds(group_sizes, group_offset, actual, m)
 
     def window(array, window_start, window_rows, valid, axis):
@@ -48,9 +48,6 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
         return lax.dot_general(left, right, (((1,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
 
-    def step(total, window_start, window_rows, valid):
-        return total + product(window_start, window_rows, valid)
-
     capacity = head_capacity(m, group_sizes.shape[0])
     if capacity:
         sums = _head_sums(_row_chunks.as_bits(lhs), _row_chunks.as_bits(rhs), lhs.dtype, rhs.dtype,
@@ -64,10 +61,9 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     sums = varying_like(sums, lhs, rhs, group_sizes, group_offset)
 
     def add_rest(j, sums):
-        # The group's rows are summed apart, starting from the first chunk's product, and
-        # stored once: a stored sum is read and written once per group, not once per chunk.
-        total, next_start = _row_chunks.first_chunk(rest[j], ends[j], m, sizes, product)
-        total = _row_chunks.visit_rows(next_start, ends[j], m, sizes, step, total)
+        # The group's rows are summed apart and stored once: a stored sum is read and written
+        # once per group, not once per chunk.
+        total = _row_chunks.sum_over_rows(rest[j], ends[j], m, largest, product)
         if stored:
             total = lax.dynamic_index_in_dim(sums, j, 0, keepdims=False) + total
         return lax.dynamic_update_index_in_dim(sums, total, j, 0)
