@@ -237,12 +237,14 @@ def test_tgmm_nan_past_the_groups_reaches_nothing(spec):
 
 
 @pytest.mark.parametrize("spec", implementation_params(TGMM))
-@pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7], [3, 903, 7], [300, 1100, 5]])
+@pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7], [3, 903, 7], [300, 1100, 5],
+                                   [512, 1024, 0]])
 def test_tgmm_few_large_groups(spec, sizes):
     """Groups larger than the hypothesis problems draw (some kernels switch strategy there).
 
     The xla kernel's chunks: 903 rows = 512 + 391 padded to 512; 1100 = 2 x 512 + 76 padded
-    to 128; 300 padded to 384, a window that is not a power of two.
+    to 128; 300 padded to 384, a window that is not a power of two; 512 and 1024, whole chunks
+    with no rest.
     """
     rng = np.random.default_rng(11)
     k, n = 8, 8

@@ -125,25 +125,31 @@ def sum_over_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
 
     For products whose result does not shrink with the chunk (tgmm's [k, n] sums), where every
     chunk beyond the first costs a pass over that result. The rows are cut into full chunks of
-    `largest` rows and one last chunk of 1 to `largest` rows, which is padded to the smallest of
-    `last_chunk_sizes(largest)` that holds it: fewer than LAST_CHUNK_STEP rows of extra work
-    buy up to three fewer passes than cutting the rest at its binary digits as `visit_rows`
-    does. The last chunk's product is the initial sum, so there is no zero to add to; its
-    lax.switch takes no carry, so none is copied into each branch.
+    `largest` rows and the rest, which is padded to the smallest of `last_chunk_sizes(largest)`
+    that holds it: fewer than LAST_CHUNK_STEP rows of extra work buy up to three fewer passes
+    than cutting the rest at its binary digits as `visit_rows` does. The rest's product (or, when there is none, the last full chunk's) is the initial
+    sum, so there is no zero to add to; its lax.switch takes no carry, so none is copied into
+    each branch.
     """
-    full_chunks = jnp.maximum(end - start - 1, 0) // largest
-    last_start = start + full_chunks * largest
+    full_chunks = (end - start) // largest
+    rest = end - start - full_chunks * largest
+    # Without a rest, the last full chunk starts the sum, and unmasked.
+    added_chunks = jnp.where(rest == 0, full_chunks - 1, full_chunks)
+    last_start = start + added_chunks * largest
     sizes = last_chunk_sizes(largest)
-    index = jnp.int32(len(sizes) - 1)
+    index = jnp.int32(len(sizes))
     for position in range(len(sizes) - 2, -1, -1):
-        index = jnp.where(end - last_start <= sizes[position], position, index)
+        index = jnp.where(rest <= sizes[position], position + 1, index)
+    index = jnp.where(rest == 0, 0, index)
 
     def padded(size: int) -> Any:
         window_start, valid = _padded_window(last_start, end, rows, size)
         return product(window_start, size, valid)
 
-    total = lax.switch(index, [lambda size=size: padded(size) for size in sizes])
-    return lax.fori_loop(0, full_chunks,
+    branches = [lambda: product(last_start, largest, None)]
+    branches += [lambda size=size: padded(size) for size in sizes]
+    total = lax.switch(index, branches)
+    return lax.fori_loop(0, added_chunks,
                          lambda i, total: total + product(start + i * largest, largest, None),
                          total)
 
