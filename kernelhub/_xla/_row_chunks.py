@@ -127,9 +127,9 @@ def sum_over_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
     chunk beyond the first costs a pass over that result. The rows are cut into full chunks of
     `largest` rows and the rest, which is padded to the smallest of `last_chunk_sizes(largest)`
     that holds it: fewer than LAST_CHUNK_STEP rows of extra work buy up to three fewer passes
-    than cutting the rest at its binary digits as `visit_rows` does. The rest's product (or, when there is none, the last full chunk's) is the initial
-    sum, so there is no zero to add to; its lax.switch takes no carry, so none is copied into
-    each branch.
+    than cutting the rest at its binary digits as `visit_rows` does. The rest's product (or,
+    when there is none, the last full chunk's) is the initial sum, so there is no zero to add
+    to; its lax.switch takes no carry, so none is copied into each branch.
     """
     full_chunks = (end - start) // largest
     rest = end - start - full_chunks * largest
