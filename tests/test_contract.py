@@ -255,6 +255,25 @@ def test_tgmm_few_large_groups(spec, sizes):
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, jnp.float32, contraction=m)
 
 
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+@pytest.mark.parametrize("with_existing", [False, True])
+def test_tgmm_many_groups_and_two_large_ones(spec, with_existing):
+    """Many small groups (the xla kernel sums every group's first rows in one batched matmul)
+    and two large ones whose rest goes on past it: 64 + 1024 rows, a rest of whole chunks, and
+    64 + 300 rows, a rest padded to 384. With existing_out, the rests add to stored sums.
+    """
+    rng = np.random.default_rng(15)
+    k, n = 8, 8
+    sizes = np.array([10] * 6 + [1088, 0, 3] + [10] * 6 + [364], np.int32)
+    m = int(sizes.sum()) + 5
+    lhs, rhs = normal(rng, (k, m), jnp.float32), normal(rng, (m, n), jnp.float32)
+    existing = normal(rng, (len(sizes), k, n), jnp.float32) if with_existing else None
+    out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes),
+                     existing_out=None if existing is None else jnp.asarray(existing))
+    want = reference.tgmm(lhs, rhs, sizes, existing_out=existing)
+    assert_close(out, want, jnp.float32, jnp.float32, contraction=m)
+
+
 @pytest.mark.parametrize("spec", implementation_params(GMM))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("sizes", [[613, 0, 80], [903, 0, 90]])

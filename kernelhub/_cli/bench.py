@@ -132,11 +132,11 @@ def measure(case: Case, reps: int, draws: int, peer_max_groups: int,
         a, b, s, numbers, preferred_element_type=jnp.float32))
     ours_times, floor_times, peer_times = [], [], []
     for draw in range(draws):
-        # Fresh arrays each draw. On XLA:CPU one executable's time depends on the state of the
-        # memory it gets: the bf16 floor at 8 groups took 7 or 16 ms on arrays of one shape,
-        # for whole runs at a time (seemingly the cost of first touching its output's pages). Each
-        # function keeps the median of its turns in its best draw, so neither side is
-        # compared in its slow state against the other's fast one.
+        # Fresh arrays each draw. On XLA:CPU one executable can run in a fast or a slow state,
+        # for whole runs at a time: the bf16 floor at 8 groups took 5-9 or 16-26 ms on arrays of
+        # one shape (docs/xla.md; the cause is not pinned down). Each function keeps the median
+        # of its turns in its best draw, so neither side is compared in its slow state against
+        # the other's fast one.
         (lhs, rhs), batched = _inputs(case, rng)
         ours_turns, floor_turns = interleaved_samples(
             [lambda: ours(lhs, rhs, sizes), lambda: floor(*batched)], reps)

@@ -66,9 +66,9 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
     state = lax.fori_loop(0, full_chunks, lambda _, s: run_whole(top, s), (carry, start))
     # The rest: its binary digits down to SMALLEST_DIGIT rows, at most one chunk each, then one
     # chunk, the smallest size that holds what is left. Each matmul call has a fixed cost
-    # (packing the [k, n] operand, or a pass over the [k, n] sum) that a chunk per binary digit
-    # would pay up to seven times, while one chunk for the whole rest would waste up to half
-    # of a large rest's rows.
+    # (for gmm, packing the [k, n] weights) that a chunk per binary digit would pay up to seven
+    # times, while one chunk for the whole rest would waste up to half of a large rest's rows
+    # and need the masked read and select of its output rows.
     for size in sizes[1:]:
         if size >= SMALLEST_DIGIT:
             state = lax.cond(end - state[1] >= size, lambda s, size=size: run_whole(size, s),
@@ -105,15 +105,15 @@ ChunkProduct = Callable[[jax.Array, int, jax.Array | None], Any]
 LAST_CHUNK_STEP = 128
 
 
-def last_chunk_sizes(largest: int, step: int = LAST_CHUNK_STEP) -> tuple[int, ...]:
+def last_chunk_sizes(largest: int) -> tuple[int, ...]:
     """Window sizes for the last chunk of `sum_over_rows`, smallest first: powers of two from
-    SMALLEST_CHUNK below `step`, then multiples of `step` up to `largest`."""
+    SMALLEST_CHUNK below LAST_CHUNK_STEP, then multiples of it up to `largest`."""
     sizes = []
     size = SMALLEST_CHUNK
-    while size < min(step, largest):
+    while size < min(LAST_CHUNK_STEP, largest):
         sizes.append(size)
         size *= 2
-    sizes += range(step, largest + 1, step)
+    sizes += range(LAST_CHUNK_STEP, largest + 1, LAST_CHUNK_STEP)
     if not sizes or sizes[-1] != largest:
         sizes.append(largest)
     return tuple(sizes)
