@@ -5,11 +5,16 @@
     gmm = kernelhub.get("grouped_matmul", platform="xla")           # or force one
     kernelhub.resolve("grouped_matmul")                             # which would run
 
+Users declare ops of their own with `define_op` and add implementations with `register`
+(docs/extending.md); `kernelhub.testing` checks every implementation against a reference.
 Importing registers the implementations; it touches no device and reads no environment.
 """
 
-from kernelhub._dispatch import NoImplementationError, get, resolve
-from kernelhub._registry import Backend, KernelSpec, Platform, implementations, op_names, register
+from kernelhub._define import define_op
+from kernelhub._dispatch import get, resolve
+from kernelhub._registry import (
+    Backend, KernelSpec, NoImplementationError, Platform, implementations, needs_device, op_names,
+    register)
 from kernelhub._runtime_checks import runtime_checks
 from kernelhub.ops.grouped_matmul import grouped_matmul
 from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
@@ -25,9 +30,11 @@ __all__ = [
     "KernelSpec",
     "NoImplementationError",
     "Platform",
+    "define_op",
     "get",
     "grouped_matmul",
     "implementations",
+    "needs_device",
     "op_names",
     "register",
     "resolve",

@@ -1,9 +1,11 @@
-"""Call-time selection of an implementation.
+"""Selecting an implementation: forced, or one per platform at lowering time.
 
 Order of authority: an explicit `platform=`/`backend=` given to `get` or `resolve`, then the
 KERNELHUB_PLATFORM environment variable (read on every call), then the best available
-implementation for the backend the computation runs on. A forced choice that cannot be served is
-an error, never a silent fallback.
+implementation for the platform the computation is lowered for. A forced choice pins one
+implementation everywhere; it cannot be served, that is an error, never a silent fallback.
+Unforced, a call carries one choice per platform and XLA keeps the one it lowers for
+(kernelhub/_per_platform.py), so an exported function holds each platform's own kernel.
 """
 
 from __future__ import annotations
@@ -15,18 +17,22 @@ from typing import Any
 
 import jax
 
-from kernelhub import _registry, _runtime_checks
-from kernelhub._registry import Backend, KernelSpec, Platform
+from kernelhub import _per_platform, _registry, _runtime_checks
+from kernelhub._registry import Backend, KernelSpec, NoImplementationError, Platform
 
 PLATFORM_VARIABLE = "KERNELHUB_PLATFORM"
 
-class NoImplementationError(ValueError):
-    """No implementation fits what was asked (a forced platform or backend, or none registered)."""
+__all__ = ["NoImplementationError", "get", "resolve"]
 
 
 def platform_from_environment() -> Platform | None:
     """The platform forced by KERNELHUB_PLATFORM, or None when it is unset or empty."""
-    value = os.environ.get(PLATFORM_VARIABLE, "").strip()
+    return _platform_named(os.environ.get(PLATFORM_VARIABLE, ""))
+
+
+@functools.lru_cache(maxsize=32)
+def _platform_named(value: str) -> Platform | None:
+    value = value.strip()
     if not value:
         return None
     return _registry.as_platform(value, argument=PLATFORM_VARIABLE)
@@ -46,14 +52,19 @@ def running_backend(arrays: Iterable[Any] = ()) -> Backend:
 
 
 def resolve(
-    op: str,
+    op: Any,
     platform: Platform | str | None = None,
     backend: Backend | str | None = None,
     *,
     arrays: Iterable[Any] = (),
 ) -> KernelSpec:
-    """The implementation a call of `op` would use now; see the module docstring for the order."""
-    definition = _registry.op_definition(op)
+    """The implementation a call of `op` would use now.
+
+    With `backend`, the one a call lowered for that backend uses (also when this host has no
+    such device); without, the one for the devices of `arrays` (committed ones), else jax's
+    default backend. See the module docstring for the order of authority.
+    """
+    name = _registry.op_definition(op).name
     forced_platform = _registry.as_platform(platform) if platform is not None else None
     source = "platform argument"
     if forced_platform is None:
@@ -67,10 +78,16 @@ def resolve(
     else:
         target = running_backend(arrays)
         backend_forced = False
+    return _select(name, forced_platform, target, backend_forced, source, _registry.version())
 
+
+@functools.lru_cache(maxsize=256)
+def _select(op: str, forced_platform: Platform | None, target: Backend, backend_forced: bool,
+            source: str, registry_version: int) -> KernelSpec:
+    del registry_version  # part of the cache key only
     candidates = [
         spec
-        for spec in _registry.implementations(definition.name)
+        for spec in _registry.implementations(op)
         if spec.backend in (target, Backend.ANY)
         and (forced_platform is None or spec.platform is forced_platform)
         and (forced_platform is not None or not spec.interpret_only)
@@ -83,7 +100,7 @@ def resolve(
     wanted = f"backend={target.value}" + ("" if forced_platform is None else
                                           f", platform={forced_platform.value} (from {source})")
     reasons = [f"{s.platform.value}/{s.backend.value}: {s.unavailable_reason()}" for s in candidates]
-    others = [f"{s.platform.value}/{s.backend.value}" for s in _registry.implementations(definition.name)]
+    others = [f"{s.platform.value}/{s.backend.value}" for s in _registry.implementations(op)]
     detail = ("; ".join(reasons) if reasons else "none is registered") + (
         f". Registered for {op}: {', '.join(others) or 'none'}")
     raise NoImplementationError(f"no implementation of {op} for {wanted}: {detail}")
@@ -101,13 +118,35 @@ def _usable(spec: KernelSpec, backend_forced: bool) -> bool:
     return backend_forced and reason.startswith(_registry.NO_DEVICE_PREFIX)
 
 
+@functools.lru_cache(maxsize=256)
+def per_platform(op: str, registry_version: int) -> _per_platform.Choices:
+    """The unforced choice for every platform XLA can lower for (a reason where there is none)."""
+    del registry_version  # part of the cache key only
+    entries = []
+    for platform in _per_platform.LOWERING_PLATFORMS:
+        try:
+            choice = resolve(op, backend=_registry.backend_of_jax_platform(platform))
+        except NoImplementationError as error:
+            choice = str(error)
+        entries.append((platform, choice))
+    return _per_platform.Choices(tuple(entries))
+
+
+def choices(op: str, platform: Platform | None, backend: Backend | None,
+            arrays: Iterable[Any] = ()) -> _per_platform.Choices:
+    """What a call lowers on each platform: one pinned implementation if anything is forced."""
+    if platform is None and backend is None and platform_from_environment() is None:
+        return per_platform(op, _registry.version())
+    return _per_platform.Choices.pinned(resolve(op, platform, backend, arrays=arrays))
+
+
 class Dispatched:
     """The callable `get` returns: checks the contract, selects, and calls an implementation."""
 
-    def __init__(self, op: str, platform: Platform | str | None, backend: Backend | str | None):
+    def __init__(self, op: str, platform: Platform | None, backend: Backend | None):
         self._definition = _registry.op_definition(op)
-        self._platform = _registry.as_platform(platform) if platform is not None else None
-        self._backend = _registry.as_backend(backend) if backend is not None else None
+        self._platform = platform
+        self._backend = backend
         self.__signature__ = self._definition.signature
         self.__doc__ = self._definition.doc
         self.__name__ = self.__qualname__ = self._definition.name
@@ -127,11 +166,34 @@ class Dispatched:
             raise TypeError(f"{definition.name}: {error}") from None
         bound.apply_defaults()
         definition.typecheck(*bound.args, **bound.kwargs)
-        prepared = definition.prepare(bound)
-        spec = self.resolve(*(v for v in prepared.values() if isinstance(v, jax.Array)))
+        prepared = definition.prepare(dict(bound.arguments))
+        chosen = self._choices([v for v in prepared.values() if isinstance(v, jax.Array)])
         if _runtime_checks.enabled():
             prepared = _runtime_checks.attach(definition.name, prepared)
-        return spec.fn(**prepared)
+        return _per_platform.call(definition.name, chosen, prepared)
+
+    def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
+        return choices(self._definition.name, self._platform, self._backend, arrays)
+
+
+class Pinned(Dispatched):
+    """Calls one given implementation on every platform, whatever the rules would pick: for
+    tests that must reach each implementation (kernelhub.testing)."""
+
+    def __init__(self, spec: KernelSpec):
+        super().__init__(spec.op, spec.platform, spec.backend)
+        self._spec = spec
+
+    def __repr__(self) -> str:
+        return f"kernelhub pinned to {self._spec.op} {self._spec.platform.value}/{self._spec.backend.value}"
+
+    def resolve(self, *arrays: Any) -> KernelSpec:
+        del arrays
+        return self._spec
+
+    def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
+        del arrays
+        return _per_platform.Choices.pinned(self._spec)
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,12 +201,15 @@ def _cached_get(op: str, platform: Platform | None, backend: Backend | None) -> 
     return Dispatched(op, platform, backend)
 
 
-def get(op: str, platform: Platform | str | None = None,
+def get(op: Any, platform: Platform | str | None = None,
         backend: Backend | str | None = None) -> Callable[..., Any]:
-    """A callable for `op` that selects its implementation each time it is called or traced."""
-    _registry.op_definition(op)
+    """A callable for `op` (its name or entry point) that selects its implementation each time
+    it is called or traced; with `platform` or `backend` it always uses the one they force."""
+    name = _registry.op_definition(op).name
+    if backend is not None and _registry.as_backend(backend) is Backend.ANY:
+        raise ValueError("backend='any' names no hardware; use tpu, gpu or cpu")
     return _cached_get(
-        op,
+        name,
         _registry.as_platform(platform) if platform is not None else None,
         _registry.as_backend(backend) if backend is not None else None,
     )

@@ -1,7 +1,8 @@
 """The registry: which implementations exist for which (op, platform, backend).
 
-An op is declared once by its contract module (``kernelhub.ops``) with `define_op`; an
-implementation joins with `register`. Nothing here selects: that is `kernelhub._dispatch`.
+An op is declared once with `kernelhub.define_op` (kernelhub/_define.py), the built-in ones by
+their contract modules (kernelhub/ops); an implementation joins with `register`. Nothing here
+selects: that is `kernelhub._dispatch`.
 """
 
 from __future__ import annotations
@@ -54,17 +55,22 @@ def _parse_enum(kind: type[enum.StrEnum], value: Any, argument: str):
         raise ValueError(f"{argument}={value!r} is not one of: {valid}") from None
 
 
+class NoImplementationError(ValueError):
+    """No implementation fits what was asked (a forced platform or backend, or none registered)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class OpDefinition:
-    """What an op's contract module declares: its name and the one signature all share.
+    """What `define_op` declares: an op's name and the one signature its implementations share.
 
-    `prepare` takes the bound call arguments (already type-checked against the signature) and
-    returns the keyword arguments every implementation receives, validated and normalised.
+    `prepare` takes the call's arguments by name (defaults filled in, already type-checked
+    against the signature) and returns the keyword arguments every implementation receives,
+    validated and normalised.
     """
 
     name: str
     signature: inspect.Signature
-    prepare: Callable[[inspect.BoundArguments], dict[str, Any]]
+    prepare: Callable[[dict[str, Any]], dict[str, Any]]
     typecheck: Callable[..., Any]
     doc: str
 
@@ -83,7 +89,8 @@ class KernelSpec:
     platform: Platform
     backend: Backend
     priority: int
-    fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
+    # Compared (by identity): a spec replaced under the same key is another spec to caches.
+    fn: Callable[..., Any] = dataclasses.field(repr=False)
     requirement: Callable[[], str | None] = dataclasses.field(repr=False, compare=False)
     interpret_only: bool = False
 
@@ -135,31 +142,56 @@ def needs_device(backend: Backend | str) -> Callable[[], str | None]:
 
 _OPS: dict[str, OpDefinition] = {}
 _KERNELS: dict[str, dict[tuple[Platform, Backend], KernelSpec]] = {}
+_version = 0  # bumped by every change, so that cached selections know when to look again
 
 
-def define_op(definition: OpDefinition) -> OpDefinition:
-    """Declares an op; called once by its contract module."""
-    existing = _OPS.get(definition.name)
-    if existing is not None and existing is not definition:
+def version() -> int:
+    """A number that changes whenever an op or an implementation is added or removed."""
+    return _version
+
+
+def _changed() -> None:
+    global _version
+    _version += 1
+
+
+def add_op(definition: OpDefinition) -> OpDefinition:
+    """Declares an op (through `kernelhub.define_op`); a name can be declared once."""
+    if definition.name in _OPS:
         raise ValueError(f"op {definition.name!r} is already defined")
     _OPS[definition.name] = definition
-    _KERNELS.setdefault(definition.name, {})
+    _KERNELS[definition.name] = {}
+    _changed()
     return definition
 
 
-def op_definition(op: str) -> OpDefinition:
+OP_NAME_ATTRIBUTE = "__kernelhub_op__"
+
+
+def op_name(op: Any) -> str:
+    """The name of `op`: a string, or the entry point `define_op` returned."""
+    name = getattr(op, OP_NAME_ATTRIBUTE, op)
+    if not isinstance(name, str):
+        raise TypeError(
+            f"op must be an op's name or the function kernelhub.define_op returned, got "
+            f"{type(op).__name__}")
+    return name
+
+
+def op_definition(op: Any) -> OpDefinition:
     """The definition of `op`, or a ValueError listing the known ops."""
-    if not isinstance(op, str):
-        raise TypeError(f"op must be a string naming an op, got {type(op).__name__}")
+    name = op_name(op)
     try:
-        return _OPS[op]
+        return _OPS[name]
     except KeyError:
         known = ", ".join(sorted(_OPS)) or "(none)"
-        raise ValueError(f"unknown op {op!r}; known ops: {known}") from None
+        raise ValueError(
+            f"unknown op {name!r}; known ops: {known}. A new op is declared with "
+            f"kernelhub.define_op before implementations are registered for it") from None
 
 
 def register(
-    op: str,
+    op: Any,
     platform: Platform | str,
     backend: Backend | str,
     priority: int = 0,
@@ -167,10 +199,11 @@ def register(
     requirement: Callable[[], str | None] = _always,
     interpret_only: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator adding an implementation of `op` for (platform, backend).
+    """Decorator adding an implementation of `op` (its name, or the function `define_op`
+    returned) for (platform, backend).
 
     The function must have the op's signature (names, order, kinds and defaults); registering
-    the same (op, platform, backend) twice is an error.
+    the same (op, platform, backend) twice is an error, and so is an op nobody declared.
     """
     definition = op_definition(op)
     platform = as_platform(platform)
@@ -180,26 +213,36 @@ def register(
 
     def add(fn: Callable[..., Any]) -> Callable[..., Any]:
         _check_same_signature(definition, fn)
-        table = _KERNELS[op]
+        table = _KERNELS[definition.name]
         if (platform, backend) in table:
             raise ValueError(
-                f"{op} already has an implementation for platform={platform.value}, "
+                f"{definition.name} already has an implementation for platform={platform.value}, "
                 f"backend={backend.value}"
             )
         table[(platform, backend)] = KernelSpec(
-            op, platform, backend, priority, fn, requirement, interpret_only
+            definition.name, platform, backend, priority, fn, requirement, interpret_only
         )
+        _changed()
         return fn
 
     return add
 
 
-def unregister(op: str, platform: Platform | str, backend: Backend | str) -> None:
-    """Removes an implementation (for tests and for replacing one at run time)."""
-    _KERNELS[op_definition(op).name].pop((as_platform(platform), as_backend(backend)), None)
+def unregister(op: Any, platform: Platform | str, backend: Backend | str) -> KernelSpec | None:
+    """Removes an implementation and returns it (None when there was none): for tests, and
+    for replacing one at run time."""
+    removed = _KERNELS[op_definition(op).name].pop((as_platform(platform), as_backend(backend)), None)
+    _changed()
+    return removed
 
 
-def implementations(op: str) -> list[KernelSpec]:
+def restore(spec: KernelSpec) -> None:
+    """Puts back an implementation `unregister` returned, replacing any under its key."""
+    _KERNELS[op_definition(spec.op).name][(spec.platform, spec.backend)] = spec
+    _changed()
+
+
+def implementations(op: Any) -> list[KernelSpec]:
     """The registered implementations of `op`, best first within each backend."""
     table = _KERNELS[op_definition(op).name]
     return sorted(table.values(), key=lambda s: (s.backend.value, -s.priority, s.platform.value))

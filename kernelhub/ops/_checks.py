@@ -6,6 +6,7 @@ message starts with the argument's name, and returns the argument normalised.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +27,24 @@ def is_concrete(value: Any) -> bool:
     return not isinstance(value, jax.core.Tracer)
 
 
+def as_array(value: Any) -> jax.Array:
+    """`value` as a jax array; one already is passes through (jnp.asarray would cost an op)."""
+    return value if isinstance(value, jax.Array) else jnp.asarray(value)
+
+
+def as_int32(array: jax.Array) -> jax.Array:
+    return array if array.dtype == jnp.int32 else array.astype(jnp.int32)
+
+
+@functools.cache
+def zero_offset() -> jax.Array:
+    """The group_offset of calls that give none: made once, not one device op per call."""
+    with jax.ensure_compile_time_eval():
+        return jnp.zeros((), jnp.int32)
+
+
 def float_matrix(name: str, value: Any, rank: int, layout: str) -> jax.Array:
-    array = jnp.asarray(value)
+    array = as_array(value)
     if array.ndim != rank:
         raise ValueError(f"{name} must have rank {rank} ({layout}), got shape {array.shape}")
     if array.dtype not in FLOAT_DTYPES:
@@ -47,7 +64,7 @@ def element_type(value: Any) -> np.dtype:
 
 def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
     """group_sizes as int32 [G]; concrete values are checked against the `rows` they split."""
-    array = jnp.asarray(value)
+    array = as_array(value)
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise TypeError(f"group_sizes must have an integer dtype (int32), got {array.dtype}")
     if array.ndim != 1:
@@ -57,7 +74,7 @@ def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
     if is_concrete(value):
         host = np.asarray(value).astype(np.int64)
         validate_values(host, 0, rows, 0, op)
-    return array.astype(jnp.int32)
+    return as_int32(array)
 
 
 def tiling(value: Any) -> Tiling:
@@ -79,10 +96,10 @@ def tiling(value: Any) -> Tiling:
 def group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax.Array:
     """group_offset as an int32 scalar; a concrete one must leave room for the local groups."""
     if value is None:
-        return jnp.zeros((), jnp.int32)
+        return zero_offset()
     if isinstance(value, bool):
         raise TypeError("group_offset must be an int or an int32 scalar array, got bool")
-    array = jnp.asarray(value)
+    array = as_array(value)
     if not jnp.issubdtype(array.dtype, jnp.integer) or array.ndim > 1 or array.size != 1:
         raise TypeError(
             f"group_offset must be an int or an integer scalar array, got {getattr(array, 'dtype', type(value))} "
@@ -95,13 +112,13 @@ def group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax
                 f"group_offset={offset} must satisfy 0 <= group_offset <= {num_groups - local_groups} "
                 f"({op} has {local_groups} local groups of the {num_groups} in group_sizes)"
             )
-    return array.reshape(()).astype(jnp.int32)
+    return as_int32(array if array.ndim == 0 else array.reshape(()))
 
 
 def existing_out(value: Any, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array | None:
     if value is None:
         return None
-    array = jnp.asarray(value)
+    array = as_array(value)
     if array.shape != shape:
         raise ValueError(f"existing_out must have shape {shape} (the output's), got {array.shape}")
     if array.dtype != dtype:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import jax
@@ -10,15 +9,50 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float, Integer
 
-from kernelhub._dispatch import get
+from kernelhub._define import define_op
 from kernelhub.ops import _checks
-from kernelhub.ops._signature import define_from_contract
 
 NAME = "grouped_matmul"
 
 ArrayIn = jax.Array | np.ndarray
 
 
+def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
+    transpose_rhs = _checks.flag("transpose_rhs", arguments["transpose_rhs"])
+    lhs = _checks.float_matrix("lhs", arguments["lhs"], 2, "[m, k]")
+    rhs_layout = "[local_groups, n, k]" if transpose_rhs else "[local_groups, k, n]"
+    rhs = _checks.float_matrix("rhs", arguments["rhs"], 3, rhs_layout)
+    m, k = lhs.shape
+    local_groups = rhs.shape[0]
+    rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
+    if rhs_k != k:
+        raise ValueError(
+            f"rhs must contract over lhs's k={k}: rhs has shape {rhs.shape} ({rhs_layout}, "
+            f"transpose_rhs={transpose_rhs})"
+        )
+    if local_groups == 0:
+        raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
+    group_sizes = _checks.group_sizes(arguments["group_sizes"], m, NAME)
+    num_groups = group_sizes.shape[0]
+    if local_groups > num_groups:
+        raise ValueError(
+            f"rhs has {local_groups} groups but group_sizes only {num_groups}: rhs must hold at "
+            f"most num_groups groups"
+        )
+    out_dtype = _checks.element_type(arguments["preferred_element_type"])
+    return dict(
+        lhs=lhs,
+        rhs=rhs,
+        group_sizes=group_sizes,
+        preferred_element_type=out_dtype,
+        tiling=_checks.tiling(arguments["tiling"]),
+        group_offset=_checks.group_offset(arguments["group_offset"], num_groups, local_groups, NAME),
+        existing_out=_checks.existing_out(arguments["existing_out"], (m, n), out_dtype),
+        transpose_rhs=transpose_rhs,
+    )
+
+
+@define_op(validate=_prepare)
 def grouped_matmul(
     lhs: Float[ArrayIn, "m k"],
     rhs: Float[ArrayIn, "local_groups _ _"],
@@ -64,44 +98,3 @@ def grouped_matmul(
       `kernelhub.runtime_checks()` (or KERNELHUB_RUNTIME_CHECKS=1); without it bad sizes give
       unspecified values but never out-of-bounds memory access.
     """
-    return get(NAME)(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                     existing_out, transpose_rhs)
-
-
-def _prepare(bound: inspect.BoundArguments) -> dict[str, Any]:
-    arguments = bound.arguments
-    transpose_rhs = _checks.flag("transpose_rhs", arguments["transpose_rhs"])
-    lhs = _checks.float_matrix("lhs", arguments["lhs"], 2, "[m, k]")
-    rhs_layout = "[local_groups, n, k]" if transpose_rhs else "[local_groups, k, n]"
-    rhs = _checks.float_matrix("rhs", arguments["rhs"], 3, rhs_layout)
-    m, k = lhs.shape
-    local_groups = rhs.shape[0]
-    rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
-    if rhs_k != k:
-        raise ValueError(
-            f"rhs must contract over lhs's k={k}: rhs has shape {rhs.shape} ({rhs_layout}, "
-            f"transpose_rhs={transpose_rhs})"
-        )
-    if local_groups == 0:
-        raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
-    group_sizes = _checks.group_sizes(arguments["group_sizes"], m, NAME)
-    num_groups = group_sizes.shape[0]
-    if local_groups > num_groups:
-        raise ValueError(
-            f"rhs has {local_groups} groups but group_sizes only {num_groups}: rhs must hold at "
-            f"most num_groups groups"
-        )
-    out_dtype = _checks.element_type(arguments["preferred_element_type"])
-    return dict(
-        lhs=lhs,
-        rhs=rhs,
-        group_sizes=group_sizes,
-        preferred_element_type=out_dtype,
-        tiling=_checks.tiling(arguments["tiling"]),
-        group_offset=_checks.group_offset(arguments["group_offset"], num_groups, local_groups, NAME),
-        existing_out=_checks.existing_out(arguments["existing_out"], (m, n), out_dtype),
-        transpose_rhs=transpose_rhs,
-    )
-
-
-DEFINITION = define_from_contract(grouped_matmul, _prepare)

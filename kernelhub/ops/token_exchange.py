@@ -8,7 +8,6 @@ backend: `jax.lax.ragged_all_to_all` where XLA implements it (TPU, GPU), and a f
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, NamedTuple
 
 import jax
@@ -16,9 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Integer, Shaped
 
-from kernelhub._dispatch import get
+from kernelhub._define import define_op
 from kernelhub.ops import _checks
-from kernelhub.ops._signature import define_from_contract
 
 NAME = "token_exchange"
 
@@ -33,6 +31,71 @@ class ExchangedRows(NamedTuple):
     dropped: Integer[jax.Array, ""]
 
 
+def _axis_size(axis_name: Any) -> int:
+    if not isinstance(axis_name, str):
+        raise TypeError(
+            f"axis_name must be a str naming a mesh axis, got {type(axis_name).__name__}")
+    try:
+        return jax.lax.axis_size(axis_name)
+    except NameError:
+        raise ValueError(
+            f"axis_name={axis_name!r} is not a bound mesh axis here: call {NAME} inside "
+            f"jax.shard_map over a mesh that has this axis"
+        ) from None
+
+
+def _run_bounds(name: str, value: Any, devices: int) -> jax.Array:
+    array = _checks.as_array(value)
+    if not jnp.issubdtype(array.dtype, jnp.integer):
+        raise TypeError(f"{name} must have an integer dtype (int32), got {array.dtype}")
+    if array.shape != (devices,):
+        raise ValueError(
+            f"{name} must have shape ({devices},), one entry per device of the mesh axis, got "
+            f"{array.shape}"
+        )
+    if _checks.is_concrete(value) and np.any(np.asarray(value) < 0):
+        bad = np.flatnonzero(np.asarray(value) < 0)[:5].tolist()
+        raise ValueError(f"{name} must be >= 0; negative at devices {bad}")
+    return _checks.as_int32(array)
+
+
+def _check_runs_fit(send_sizes: Any, send_offsets: Any, rows: int) -> None:
+    """With concrete values: every run must end within the rows."""
+    if not _checks.is_concrete(send_sizes) or not _checks.is_concrete(send_offsets):
+        return
+    sizes = np.asarray(send_sizes, np.int64)
+    if send_offsets is None:
+        starts = np.cumsum(sizes) - sizes
+    else:
+        starts = np.asarray(send_offsets, np.int64)
+    past = np.flatnonzero(starts + sizes > rows)
+    if past.size:
+        raise ValueError(
+            f"send_sizes and send_offsets must keep every run within the {rows} rows of rows; "
+            f"the runs to devices {past[:5].tolist()} end past it"
+        )
+
+
+def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
+    rows = _checks.as_array(arguments["rows"])
+    if not (jnp.issubdtype(rows.dtype, jnp.floating) or jnp.issubdtype(rows.dtype, jnp.integer)):
+        raise TypeError(f"rows must have a float or integer dtype, got {rows.dtype}")
+    capacity = arguments["capacity"]
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise TypeError(
+            f"capacity must be a positive int (rows per pair of devices), got {capacity!r}")
+    devices = _axis_size(arguments["axis_name"])
+    send_sizes = _run_bounds("send_sizes", arguments["send_sizes"], devices)
+    if arguments["send_offsets"] is None:
+        send_offsets = jnp.cumsum(send_sizes) - send_sizes
+    else:
+        send_offsets = _run_bounds("send_offsets", arguments["send_offsets"], devices)
+    _check_runs_fit(arguments["send_sizes"], arguments["send_offsets"], rows.shape[0])
+    return dict(rows=rows, send_sizes=send_sizes, capacity=int(capacity),
+                axis_name=arguments["axis_name"], send_offsets=send_offsets)
+
+
+@define_op(validate=_prepare)
 def token_exchange(
     rows: Shaped[ArrayIn, "rows features"],
     send_sizes: Integer[ArrayIn, "devices"],
@@ -77,72 +140,3 @@ def token_exchange(
       past the end of rows. Under jit the runs are clamped to rows, so bad sizes give
       unspecified values but never out-of-bounds memory access.
     """
-    return get(NAME)(rows, send_sizes, capacity, axis_name, send_offsets)
-
-
-def _axis_size(axis_name: Any) -> int:
-    if not isinstance(axis_name, str):
-        raise TypeError(
-            f"axis_name must be a str naming a mesh axis, got {type(axis_name).__name__}")
-    try:
-        return jax.lax.axis_size(axis_name)
-    except NameError:
-        raise ValueError(
-            f"axis_name={axis_name!r} is not a bound mesh axis here: call {NAME} inside "
-            f"jax.shard_map over a mesh that has this axis"
-        ) from None
-
-
-def _run_bounds(name: str, value: Any, devices: int) -> jax.Array:
-    array = jnp.asarray(value)
-    if not jnp.issubdtype(array.dtype, jnp.integer):
-        raise TypeError(f"{name} must have an integer dtype (int32), got {array.dtype}")
-    if array.shape != (devices,):
-        raise ValueError(
-            f"{name} must have shape ({devices},), one entry per device of the mesh axis, got "
-            f"{array.shape}"
-        )
-    if _checks.is_concrete(value) and np.any(np.asarray(value) < 0):
-        bad = np.flatnonzero(np.asarray(value) < 0)[:5].tolist()
-        raise ValueError(f"{name} must be >= 0; negative at devices {bad}")
-    return array.astype(jnp.int32)
-
-
-def _check_runs_fit(send_sizes: Any, send_offsets: Any, rows: int) -> None:
-    """With concrete values: every run must end within the rows."""
-    if not _checks.is_concrete(send_sizes) or not _checks.is_concrete(send_offsets):
-        return
-    sizes = np.asarray(send_sizes, np.int64)
-    if send_offsets is None:
-        starts = np.cumsum(sizes) - sizes
-    else:
-        starts = np.asarray(send_offsets, np.int64)
-    past = np.flatnonzero(starts + sizes > rows)
-    if past.size:
-        raise ValueError(
-            f"send_sizes and send_offsets must keep every run within the {rows} rows of rows; "
-            f"the runs to devices {past[:5].tolist()} end past it"
-        )
-
-
-def _prepare(bound: inspect.BoundArguments) -> dict[str, Any]:
-    arguments = bound.arguments
-    rows = jnp.asarray(arguments["rows"])
-    if not (jnp.issubdtype(rows.dtype, jnp.floating) or jnp.issubdtype(rows.dtype, jnp.integer)):
-        raise TypeError(f"rows must have a float or integer dtype, got {rows.dtype}")
-    capacity = arguments["capacity"]
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
-        raise TypeError(
-            f"capacity must be a positive int (rows per pair of devices), got {capacity!r}")
-    devices = _axis_size(arguments["axis_name"])
-    send_sizes = _run_bounds("send_sizes", arguments["send_sizes"], devices)
-    if arguments["send_offsets"] is None:
-        send_offsets = jnp.cumsum(send_sizes) - send_sizes
-    else:
-        send_offsets = _run_bounds("send_offsets", arguments["send_offsets"], devices)
-    _check_runs_fit(arguments["send_sizes"], arguments["send_offsets"], rows.shape[0])
-    return dict(rows=rows, send_sizes=send_sizes, capacity=int(capacity),
-                axis_name=arguments["axis_name"], send_offsets=send_offsets)
-
-
-DEFINITION = define_from_contract(token_exchange, _prepare)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import jax
@@ -10,59 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float, Integer
 
-from kernelhub._dispatch import get
+from kernelhub._define import define_op
 from kernelhub.ops import _checks
-from kernelhub.ops._signature import define_from_contract
 
 NAME = "transposed_grouped_matmul"
 
 ArrayIn = jax.Array | np.ndarray
 
 
-def transposed_grouped_matmul(
-    lhs: Float[ArrayIn, "k m"],
-    rhs: Float[ArrayIn, "m n"],
-    group_sizes: Integer[ArrayIn, "num_groups"],
-    preferred_element_type: Any = jnp.float32,
-    tiling: _checks.Tiling = None,
-    group_offset: int | Integer[ArrayIn, ""] | None = None,
-    num_actual_groups: int | None = None,
-    existing_out: Float[ArrayIn, "actual_groups k n"] | None = None,
-) -> Float[jax.Array, "actual_groups k n"]:
-    """Per-group products over the rows of each group: the weight gradient of grouped_matmul.
-
-    Args:
-      lhs: [k, m], columns sorted by group (group g owns columns
-        [sum(group_sizes[:g]), sum(group_sizes[:g + 1]))); typically the transposed gmm input.
-      rhs: [m, n], rows sorted the same way; typically gmm's output cotangent.
-      group_sizes: [num_groups] integers >= 0 with sum <= m.
-      preferred_element_type: dtype of the output (float32, bfloat16 or float16); products are
-        accumulated in float32 and cast once.
-      tiling: implementation-specific block sizes, as for grouped_matmul; never affects results.
-      group_offset: first group computed (an int or int32 scalar, may be traced); 0 when None.
-      num_actual_groups: how many groups to compute (static int). Defaults to
-        num_groups - group_offset, which needs a concrete group_offset; inside shard_map pass it.
-        Requires group_offset + num_actual_groups <= num_groups.
-      existing_out: [num_actual_groups, k, n] of preferred_element_type, added to the result.
-
-    Returns:
-      [num_actual_groups, k, n] of preferred_element_type with
-      out[j] = lhs[:, rows(g)] @ rhs[rows(g), :] (+ existing_out[j]) for g = group_offset + j;
-      an empty group gives exactly 0 (or existing_out[j]). Rows past sum(group_sizes) are read
-      by no group, so a NaN there reaches no output.
-
-    Gradients: exact VJPs for lhs, rhs and existing_out (whose cotangent is the output's).
-
-    Raises:
-      TypeError or ValueError naming the argument, as for grouped_matmul, and for
-      num_actual_groups out of range.
-    """
-    return get(NAME)(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                     num_actual_groups, existing_out)
-
-
-def _prepare(bound: inspect.BoundArguments) -> dict[str, Any]:
-    arguments = bound.arguments
+def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
     lhs = _checks.float_matrix("lhs", arguments["lhs"], 2, "[k, m]")
     rhs = _checks.float_matrix("rhs", arguments["rhs"], 2, "[m, n]")
     k, m = lhs.shape
@@ -103,4 +58,42 @@ def _prepare(bound: inspect.BoundArguments) -> dict[str, Any]:
     )
 
 
-DEFINITION = define_from_contract(transposed_grouped_matmul, _prepare)
+@define_op(validate=_prepare)
+def transposed_grouped_matmul(
+    lhs: Float[ArrayIn, "k m"],
+    rhs: Float[ArrayIn, "m n"],
+    group_sizes: Integer[ArrayIn, "num_groups"],
+    preferred_element_type: Any = jnp.float32,
+    tiling: _checks.Tiling = None,
+    group_offset: int | Integer[ArrayIn, ""] | None = None,
+    num_actual_groups: int | None = None,
+    existing_out: Float[ArrayIn, "actual_groups k n"] | None = None,
+) -> Float[jax.Array, "actual_groups k n"]:
+    """Per-group products over the rows of each group: the weight gradient of grouped_matmul.
+
+    Args:
+      lhs: [k, m], columns sorted by group (group g owns columns
+        [sum(group_sizes[:g]), sum(group_sizes[:g + 1]))); typically the transposed gmm input.
+      rhs: [m, n], rows sorted the same way; typically gmm's output cotangent.
+      group_sizes: [num_groups] integers >= 0 with sum <= m.
+      preferred_element_type: dtype of the output (float32, bfloat16 or float16); products are
+        accumulated in float32 and cast once.
+      tiling: implementation-specific block sizes, as for grouped_matmul; never affects results.
+      group_offset: first group computed (an int or int32 scalar, may be traced); 0 when None.
+      num_actual_groups: how many groups to compute (static int). Defaults to
+        num_groups - group_offset, which needs a concrete group_offset; inside shard_map pass it.
+        Requires group_offset + num_actual_groups <= num_groups.
+      existing_out: [num_actual_groups, k, n] of preferred_element_type, added to the result.
+
+    Returns:
+      [num_actual_groups, k, n] of preferred_element_type with
+      out[j] = lhs[:, rows(g)] @ rhs[rows(g), :] (+ existing_out[j]) for g = group_offset + j;
+      an empty group gives exactly 0 (or existing_out[j]). Rows past sum(group_sizes) are read
+      by no group, so a NaN there reaches no output.
+
+    Gradients: exact VJPs for lhs, rhs and existing_out (whose cotangent is the output's).
+
+    Raises:
+      TypeError or ValueError naming the argument, as for grouped_matmul, and for
+      num_actual_groups out of range.
+    """

@@ -5,7 +5,8 @@ Run with 8 simulated CPU devices (tests/test_parallel.py launches this folder so
 
 Each device holds E/D experts and passes group_offset = axis_index * E/D; the psum of the
 devices' outputs (and of the gradients) must be the single-device result. shard_map runs with
-its default checks (check_vma=True); see `cases` for the one exception.
+its default checks (check_vma=True) for every implementation, the interpret-mode kernels
+included, and for the op as users call it (one implementation per platform, chosen at lowering).
 """
 
 from __future__ import annotations
@@ -32,25 +33,14 @@ TGMM = "transposed_grouped_matmul"
 
 
 def cases(op: str) -> list:
-    """(spec, check_vma) for every runnable implementation of `op`.
+    """Every runnable implementation of `op`, forced, and the unforced op (spec None)."""
+    params = [pytest.param(spec, id=f"{spec.platform.value}-{spec.backend.value}")
+              for spec in runnable_implementations(op)]
+    return params + [pytest.param(None, id="unforced")]
 
-    Interpret-mode kernels run with check_vma=False: with the checks on, JAX's Pallas
-    interpreter itself fails (jax/_src/pallas/hlo_interpreter.py slices varying operands with
-    invariant grid indices), which says nothing about the kernels; compiled on TPU or GPU they
-    go through Mosaic or Triton lowering instead. The checked run stays, as a non-strict xfail.
-    """
-    params = []
-    for spec in runnable_implementations(op):
-        name = f"{spec.platform.value}-{spec.backend.value}"
-        if spec.interpret_only:
-            limitation = pytest.mark.xfail(
-                reason="JAX's Pallas HLO interpreter is not vma-aware under shard_map",
-                raises=ValueError, strict=False)
-            params.append(pytest.param(spec, True, id=f"{name}-checked", marks=limitation))
-            params.append(pytest.param(spec, False, id=f"{name}-unchecked"))
-        else:
-            params.append(pytest.param(spec, True, id=f"{name}-checked"))
-    return params
+
+def _op(op: str, spec):
+    return kernelhub.get(op) if spec is None else call(spec)
 
 
 def _mesh():
@@ -69,7 +59,7 @@ def _normal(rng, shape):
 
 def _sizes(spec):
     # Interpret-mode kernels emulate every grid step in Python: keep their problems tiny.
-    return (24, 8, 16) if spec.interpret_only else (40, 16, 24)
+    return (24, 8, 16) if spec is not None and spec.interpret_only else (40, 16, 24)
 
 
 def _out_and_grads(f, lhs, rhs, group_sizes, d_out):
@@ -83,14 +73,14 @@ def _assert_all_close(got, want, contraction):
         assert_close(g, w, jnp.float32, jnp.float32, contraction=contraction)
 
 
-def _check_gmm(spec, check_vma: bool, transpose_rhs: bool) -> None:
+def _check_gmm(spec, transpose_rhs: bool) -> None:
     m, k, n = _sizes(spec)
     rng = np.random.default_rng(0)
     lhs = _normal(rng, (m, k))
     rhs = _normal(rng, (EXPERTS, n, k) if transpose_rhs else (EXPERTS, k, n))
     group_sizes = _group_sizes(rng, m)
     d_out = _normal(rng, (m, n))
-    gmm = call(spec)
+    gmm = _op(GMM, spec)
     mesh = _mesh()
 
     def on_device(lhs, rhs, group_sizes):
@@ -98,8 +88,7 @@ def _check_gmm(spec, check_vma: bool, transpose_rhs: bool) -> None:
         local = gmm(lhs, rhs, group_sizes, group_offset=first, transpose_rhs=transpose_rhs)
         return jax.lax.psum(local, AXIS)
 
-    sharded = jax.shard_map(on_device, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(),
-                            check_vma=check_vma)
+    sharded = jax.shard_map(on_device, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P())
 
     rhs_sharded = jax.device_put(rhs, NamedSharding(mesh, P(AXIS)))
     got = jax.jit(lambda a, b: _out_and_grads(sharded, a, b, group_sizes, d_out))(lhs, rhs_sharded)
@@ -110,26 +99,25 @@ def _check_gmm(spec, check_vma: bool, transpose_rhs: bool) -> None:
     _assert_all_close(got, want, max(m, k, n))
 
 
-@pytest.mark.parametrize(("spec", "check_vma"), cases(GMM))
-def test_gmm_with_sharded_experts_matches_one_device(spec, check_vma):
-    _check_gmm(spec, check_vma, transpose_rhs=False)
+@pytest.mark.parametrize("spec", cases(GMM))
+def test_gmm_with_sharded_experts_matches_one_device(spec):
+    _check_gmm(spec, transpose_rhs=False)
 
 
-@pytest.mark.parametrize("spec", [s for s in runnable_implementations(GMM) if not s.interpret_only],
-                         ids=lambda s: f"{s.platform.value}-{s.backend.value}")
+@pytest.mark.parametrize("spec", cases(GMM))
 def test_gmm_transposed_rhs_with_sharded_experts(spec):
-    _check_gmm(spec, check_vma=True, transpose_rhs=True)
+    _check_gmm(spec, transpose_rhs=True)
 
 
-@pytest.mark.parametrize(("spec", "check_vma"), cases(TGMM))
-def test_tgmm_with_sharded_groups_matches_one_device(spec, check_vma):
+@pytest.mark.parametrize("spec", cases(TGMM))
+def test_tgmm_with_sharded_groups_matches_one_device(spec):
     m, k, n = _sizes(spec)
     rng = np.random.default_rng(1)
     lhs = _normal(rng, (k, m))
     rhs = _normal(rng, (m, n))
     group_sizes = _group_sizes(rng, m)
     d_out = _normal(rng, (EXPERTS, k, n))
-    tgmm = call(spec)
+    tgmm = _op(TGMM, spec)
     local_groups = EXPERTS // 8
 
     def on_device(lhs, rhs, group_sizes):
@@ -137,8 +125,7 @@ def test_tgmm_with_sharded_groups_matches_one_device(spec, check_vma):
         return tgmm(lhs, rhs, group_sizes, group_offset=first, num_actual_groups=local_groups)
 
     # Each device computes its own groups' products: the output is sharded, not summed.
-    sharded = jax.shard_map(on_device, mesh=_mesh(), in_specs=(P(), P(), P()),
-                            out_specs=P(AXIS), check_vma=check_vma)
+    sharded = jax.shard_map(on_device, mesh=_mesh(), in_specs=(P(), P(), P()), out_specs=P(AXIS))
     got = jax.jit(lambda a, b: _out_and_grads(sharded, a, b, group_sizes, d_out))(lhs, rhs)
     sizes = np.asarray(group_sizes)
     want = (reference.tgmm(lhs, rhs, sizes), *reference.tgmm_vjp(lhs, rhs, sizes, d_out)[:2])

@@ -1,0 +1,79 @@
+"""The few private jax functions kernelhub's per-platform lowering needs, in one place.
+
+jax has no public way to trace a function into a jaxpr for given abstract values (with the
+manual mesh axes they vary over), to drop a jaxpr's dead equations, or to lower a jaxpr inside
+a lowering rule. Everything that reaches into `jax._src` for those goes through this module, so
+a jax upgrade that moves them breaks here and nowhere else. Checked with jax 0.10.2; the
+fallbacks follow the names 0.11 uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from jax._src import api_util, config, core, effects
+from jax._src import linear_util as lu
+from jax._src.interpreters import mlir
+from jax._src.interpreters import partial_eval as pe
+
+
+def trace(fn: Callable[..., Sequence[Any]], avals: Sequence[core.AbstractValue]) -> core.ClosedJaxpr:
+    """The jaxpr of `fn(*args)` (flat arrays in, a flat sequence out) for abstract `avals`."""
+    debug = api_util.debug_info("kernelhub", fn, tuple(avals), {})
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=debug), list(avals))
+    return core.ClosedJaxpr(jaxpr, consts)
+
+
+def without_dead_code(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
+    """`closed` with the equations that feed no output removed (a pullback traced from
+    `jax.vjp` also holds the forward pass whose result it does not use)."""
+    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    return core.ClosedJaxpr(jaxpr, closed.consts)
+
+
+def lower_jaxpr(ctx: mlir.LoweringRuleContext, closed: core.ClosedJaxpr, *args: Any) -> Sequence[Any]:
+    """Emits `closed` inline at the lowering rule's insertion point, for `ctx`'s platforms."""
+    module = ctx.module_context
+    if ctx.platforms is not None:  # one branch of a multi-platform lowering
+        module = module.replace(platforms=ctx.platforms)
+    outs, tokens = mlir.jaxpr_subcomp(
+        module, closed.jaxpr, ctx.name_stack, ctx.tokens_in,
+        mlir.ir_consts(closed.consts, [v.aval for v in closed.jaxpr.constvars]), *args,
+        dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
+        outer_traceback=None)
+    ctx.set_tokens_out(tokens)
+    return outs
+
+
+def unsupported_effects(closed: core.ClosedJaxpr) -> set:
+    """The effects of `closed` that a primitive wrapped in a custom VJP cannot carry (I/O,
+    callbacks, state); naming a mesh axis (what collectives do) is allowed."""
+    return set(effects.custom_derivatives_allowed_effects.filter_not_in(closed.effects))
+
+
+def varying_axes(aval: core.AbstractValue) -> frozenset:
+    """The manual mesh axes `aval` varies over (0.10: aval.manual_axis_type; later: aval.vma)."""
+    axes = getattr(aval, "vma", None)
+    if axes is None:
+        axes = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(axes)
+
+
+def invariant(aval: core.AbstractValue) -> core.AbstractValue:
+    """`aval` without manual axes, as shard_map(check_vma=False) types its values."""
+    if not varying_axes(aval):
+        return aval
+    manual_axis_type = getattr(core, "ManualAxisType", None)
+    if manual_axis_type is not None and hasattr(aval, "manual_axis_type"):
+        return aval.update(manual_axis_type=manual_axis_type())
+    return aval.update(vma=frozenset())
+
+
+@contextlib.contextmanager
+def unchecked_manual_axes() -> Iterator[None]:
+    """Traces as inside shard_map(check_vma=False): no value is typed by the axes it varies
+    over, and collectives act on whatever they are given."""
+    with config._check_vma(False):
+        yield

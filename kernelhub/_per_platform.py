@@ -1,0 +1,279 @@
+"""One call, one kernel per platform, chosen when XLA lowers the call.
+
+A dispatched call binds the primitive `kernelhub_call`. Its parameters name the op and, for
+each platform XLA can lower for (cpu, cuda, rocm, tpu), the implementation chosen for it. It has
+one lowering rule per platform, and jax lowers each rule for its own platform only. So
+`jax.export(..., platforms=("cpu", "tpu", "cuda"))` of a function that calls a kernelhub op
+holds the XLA loop in its CPU branch, the Mosaic kernel in its TPU branch and the Triton kernel
+in its CUDA branch; a plain `jax.jit` lowers just the rule of the device it runs on.
+
+The primitive carries everything else the implementations need through jax's transformations:
+
+- gradients: a custom VJP around it whose backward binds the same primitive in "vjp" mode; each
+  platform's rule then lowers `jax.vjp` of that platform's implementation. The residuals are
+  the inputs, so every platform saves the same thing; the pullback's forward pass is dead code
+  and dropped (for gmm and tgmm nothing is recomputed: their VJPs need only the inputs);
+- vmap: a batching rule that records the in_axes; rules lower `jax.vmap` of the implementation;
+- shard_map: the output's manual axes come from tracing the implementation with the input's
+  axes; the rule then lowers the implementation as shard_map(check_vma=False) would, which is
+  what lets Pallas's interpreter (not aware of manual axes) run under the default checks.
+
+Non-array arguments (dtypes, flags, tilings) are parameters: hashable, and static under jit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from kernelhub import _jax_internals as internals
+from kernelhub._manual_axes import unify_varying
+from kernelhub._registry import KernelSpec, NoImplementationError
+
+# The platform names jax lowers for, each with its own rule.
+LOWERING_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+FORWARD = "forward"
+VJP = "vjp"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """Per lowering platform: the implementation, or why there is none (raised if lowered for
+    that platform)."""
+
+    entries: tuple[tuple[str, KernelSpec | str], ...]
+
+    @classmethod
+    def pinned(cls, spec: KernelSpec) -> Choices:
+        return cls(tuple((platform, spec) for platform in LOWERING_PLATFORMS))
+
+    def of(self, platform: str) -> KernelSpec:
+        choice = dict(self.entries)[platform]
+        if not isinstance(choice, KernelSpec):
+            raise NoImplementationError(f"cannot lower for {platform}: {choice}")
+        return choice
+
+    def shape_source(self) -> KernelSpec:
+        """The implementation whose trace gives the output shapes (all agree); the first
+        listed, cpu's, is the cheapest to trace."""
+        for _, choice in self.entries:
+            if isinstance(choice, KernelSpec):
+                return choice
+        raise NoImplementationError(self.entries[0][1])
+
+    def __repr__(self) -> str:
+        return " ".join(f"{platform}={_name(choice)}" for platform, choice in self.entries)
+
+
+def _name(choice: KernelSpec | str) -> str:
+    if isinstance(choice, KernelSpec):
+        return f"{choice.platform.value}/{choice.backend.value}"
+    return "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a call's arrays sit among its arguments; the rest of the arguments, kept as is."""
+
+    treedef: Any
+    statics: tuple[Any, ...]  # one per leaf; None where an array goes
+    is_array: tuple[bool, ...]
+
+    @property
+    def num_arrays(self) -> int:
+        return sum(self.is_array)
+
+    def arguments(self, arrays: Sequence[Any]) -> dict[str, Any]:
+        supply = iter(arrays)
+        leaves = [next(supply) if is_array else static
+                  for static, is_array in zip(self.statics, self.is_array)]
+        return jax.tree.unflatten(self.treedef, leaves)
+
+    def __repr__(self) -> str:
+        shown = self.arguments([_ARRAY] * self.num_arrays)
+        return " ".join(f"{name}={value!r}" for name, value in shown.items())
+
+
+class _ArrayMark:
+    def __repr__(self) -> str:
+        return "array"
+
+
+_ARRAY = _ArrayMark()
+
+
+def split(arguments: dict[str, Any]) -> tuple[Layout, list[jax.Array]]:
+    """The layout of keyword `arguments` and their arrays (numpy arrays become jax arrays)."""
+    leaves, treedef = jax.tree.flatten(arguments)
+    is_array = tuple(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves)
+    statics = []
+    for leaf, array in zip(leaves, is_array):
+        if not array:
+            try:
+                hash(leaf)
+            except TypeError:
+                raise TypeError(
+                    f"non-array arguments are static and must be hashable; got {leaf!r} of "
+                    f"type {type(leaf).__name__}") from None
+        statics.append(None if array else leaf)
+    arrays = [leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
+              for leaf, array in zip(leaves, is_array) if array]
+    return Layout(treedef, tuple(statics), is_array), arrays
+
+
+def _inexact(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
+class _Traced:
+    """A flat function of one implementation, traced once per abstract inputs."""
+
+    def __init__(self, spec: KernelSpec, layout: Layout, mode: str, batch: tuple):
+        self.spec, self.layout, self.mode, self.batch = spec, layout, mode, batch
+        self.out_tree = None
+
+    def forward(self, *arrays: Any) -> list[Any]:
+        leaves, tree = jax.tree.flatten(self.spec.fn(**self.layout.arguments(arrays)))
+        self.out_tree = tree
+        return leaves
+
+    def pullback(self, *arrays_and_cotangents: Any) -> list[Any]:
+        """Cotangents of the inexact arrays, given those of the inexact outputs."""
+        count = self.layout.num_arrays
+        primals, cotangents = arrays_and_cotangents[:count], arrays_and_cotangents[count:]
+        wrt = [i for i, x in enumerate(primals) if _inexact(x.dtype)]
+
+        def of_inexact(*values):
+            full = list(primals)
+            for i, value in zip(wrt, values):
+                full[i] = value
+            return self.forward(*full)
+
+        outs, pullback = jax.vjp(of_inexact, *(primals[i] for i in wrt))
+        supply = iter(cotangents)
+        full = [next(supply) if _inexact(out.dtype) else np.zeros(out.shape, jax.dtypes.float0)
+                for out in outs]
+        return list(pullback(full))
+
+    def function(self) -> Callable[..., list[Any]]:
+        fn = self.forward if self.mode == FORWARD else self.pullback
+        for in_axes in self.batch:  # innermost vmap first
+            fn = jax.vmap(fn, in_axes=in_axes)
+        return fn
+
+
+@functools.lru_cache(maxsize=512)
+def _abstract(spec: KernelSpec, layout: Layout, mode: str, batch: tuple,
+              avals: tuple) -> tuple[Any, Any, Any]:
+    """(output avals, output tree, effects) of one implementation for `avals`, manual axes
+    included. The effects are those of collectives: the mesh axes they name."""
+    traced = _Traced(spec, layout, mode, batch)
+    closed = internals.trace(traced.function(), avals)
+    unsupported = internals.unsupported_effects(closed)
+    if unsupported:
+        raise TypeError(
+            f"{spec.op} ({spec.platform.value}/{spec.backend.value}) has side effects "
+            f"{unsupported}; kernelhub implementations must be pure functions")
+    return tuple(closed.out_avals), traced.out_tree, closed.effects
+
+
+kernelhub_call_p = Primitive("kernelhub_call")
+kernelhub_call_p.multiple_results = True
+
+
+def _impl(*arrays, **params):
+    from jax._src import dispatch  # noqa: PLC0415  (eager calls compile the primitive alone)
+
+    return dispatch.apply_primitive(kernelhub_call_p, *arrays, **params)
+
+
+def _abstract_eval(*avals, op, choices, layout, mode, batch):
+    del op
+    out_avals, _, out_effects = _abstract(choices.shape_source(), layout, mode, batch, tuple(avals))
+    return list(out_avals), out_effects
+
+
+def _lowering_rule(platform: str):
+    def lower(ctx, *args, op, choices, layout, mode, batch):
+        del op
+        spec = choices.of(platform)
+        avals = [internals.invariant(aval) for aval in ctx.avals_in]
+        with internals.unchecked_manual_axes():
+            traced = _Traced(spec, layout, mode, batch).function()
+            closed = internals.without_dead_code(internals.trace(traced, avals))
+            return internals.lower_jaxpr(ctx, closed, *args)
+
+    return lower
+
+
+def _batching_rule(arrays, dims, *, batch, **params):
+    outs = kernelhub_call_p.bind(*arrays, batch=batch + (tuple(dims),), **params)
+    return outs, [0] * len(outs)
+
+
+kernelhub_call_p.def_impl(_impl)
+kernelhub_call_p.def_effectful_abstract_eval(_abstract_eval)
+batching.primitive_batchers[kernelhub_call_p] = _batching_rule
+for _platform in LOWERING_PLATFORMS:
+    mlir.register_lowering(kernelhub_call_p, _lowering_rule(_platform), platform=_platform)
+
+
+@functools.lru_cache(maxsize=512)
+def _differentiable(op: str, choices: Choices, layout: Layout) -> Callable[..., list[Any]]:
+    params = dict(op=op, choices=choices, layout=layout, batch=())
+
+    @jax.custom_vjp
+    def call(*arrays):
+        return kernelhub_call_p.bind(*arrays, mode=FORWARD, **params)
+
+    def forward(*arrays):
+        return call(*arrays), arrays
+
+    def backward(arrays, cotangents):
+        # Integer outputs' cotangents are float0 zeros: the pullback rebuilds them itself.
+        kept = [ct for ct in cotangents if _inexact(ct.dtype)]
+        grads = iter(kernelhub_call_p.bind(*arrays, *kept, mode=VJP, **params))
+        return tuple(next(grads) if _inexact(x.dtype) else None for x in arrays)
+
+    call.defvjp(forward, backward)
+    return call
+
+
+def call(op: str, choices: Choices, arguments: dict[str, Any]) -> Any:
+    """Runs `op` on its normalised keyword `arguments` with one implementation per platform."""
+    layout, arrays = split(arguments)
+    if any(isinstance(x, jax.core.Tracer) for x in arrays):
+        # The backward pass's cotangents vary over every manual axis any input does; the
+        # inputs must say so too, and the cast's transpose sums a replicated input's gradient.
+        arrays = list(unify_varying(*arrays))
+        flat = _differentiable(op, choices, layout)(*arrays)
+    else:  # concrete inputs: nothing can differentiate this call
+        flat = kernelhub_call_p.bind(*arrays, op=op, choices=choices, layout=layout,
+                                     mode=FORWARD, batch=())
+    return jax.tree.unflatten(_output_tree(choices, layout, arrays, len(flat)), flat)
+
+
+_OUTPUT_TREES: dict[tuple[Any, ...], Any] = {}
+
+
+def _output_tree(choices: Choices, layout: Layout, arrays: list[jax.Array], leaves: int) -> Any:
+    """The tree of an implementation's outputs: the same for every call of one layout, almost
+    always, so an eager call need not look up the abstract values of its arrays."""
+    spec = choices.shape_source()
+    tree = _OUTPUT_TREES.get((spec, layout))
+    if tree is None or tree.num_leaves != leaves:
+        avals = tuple(jax.typeof(x) for x in arrays)
+        tree = _abstract(spec, layout, FORWARD, (), avals)[1]
+        if len(_OUTPUT_TREES) > 1024:
+            _OUTPUT_TREES.clear()
+        _OUTPUT_TREES[(spec, layout)] = tree
+    return tree
