@@ -14,6 +14,7 @@ through it):
 
 from __future__ import annotations
 
+import argparse
 import functools
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 import kernelhub
+import kernelhub.export
 from kernelhub import testing
 
 
@@ -127,12 +129,18 @@ def random_case(rng: np.random.Generator) -> testing.Case:
 
 
 def main() -> None:
-    report = testing.check_implementations(swiglu, reference, random_case, examples=8)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=8, help="random cases per implementation")
+    report = testing.check_implementations(swiglu, reference, random_case,
+                                           examples=parser.parse_args().examples)
     print(report)
     report.assert_ok()
-    rows = jnp.ones((4, 8))
-    print("swiglu(1, 1) =", float(swiglu(rows, rows)[0, 0]), "with",
-          kernelhub.resolve(swiglu).platform.value)
+
+    # One exported artifact: the TPU lowering holds the Pallas kernel, the CPU one plain XLA.
+    rows = jax.ShapeDtypeStruct((512, 128), jnp.bfloat16)
+    exported = kernelhub.export.export(swiglu, rows, rows)
+    print("kernels in each platform's lowering:", kernelhub.export.kernels_by_platform(exported))
+    print("a call here uses", kernelhub.resolve(swiglu))
 
 
 if __name__ == "__main__":

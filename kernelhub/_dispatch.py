@@ -144,12 +144,17 @@ class Dispatched:
     """The callable `get` returns: checks the contract, selects, and calls an implementation."""
 
     def __init__(self, op: str, platform: Platform | None, backend: Backend | None):
-        self._definition = _registry.op_definition(op)
+        definition = _registry.op_definition(op)
+        self._op = definition.name
         self._platform = platform
         self._backend = backend
-        self.__signature__ = self._definition.signature
-        self.__doc__ = self._definition.doc
-        self.__name__ = self.__qualname__ = self._definition.name
+        self.__signature__ = definition.signature
+        self.__doc__ = definition.doc
+        self.__name__ = self.__qualname__ = definition.name
+
+    @property
+    def _definition(self) -> _registry.OpDefinition:
+        return _registry.op_definition(self._op)
 
     def __repr__(self) -> str:
         forced = [f"{k}={v.value}" for k, v in (("platform", self._platform), ("backend", self._backend)) if v]

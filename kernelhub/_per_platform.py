@@ -181,8 +181,9 @@ def _abstract(spec: KernelSpec, layout: Layout, mode: str, batch: tuple,
     unsupported = internals.unsupported_effects(closed)
     if unsupported:
         raise TypeError(
-            f"{spec.op} ({spec.platform.value}/{spec.backend.value}) has side effects "
-            f"{unsupported}; kernelhub implementations must be pure functions")
+            f"{spec.op} ({spec.platform.value}/{spec.backend.value}) has side effects that "
+            f"cannot go through a custom VJP ({unsupported}); implementations must be pure "
+            f"functions of their arguments (jax.debug.print and collectives are fine)")
     return tuple(closed.out_avals), traced.out_tree, closed.effects
 
 

@@ -165,6 +165,13 @@ def add_op(definition: OpDefinition) -> OpDefinition:
     return definition
 
 
+def remove_op(op: Any) -> None:
+    """Forgets an op and its implementations (for tests that declare ops of their own)."""
+    name = op_definition(op).name
+    del _OPS[name], _KERNELS[name]
+    _changed()
+
+
 OP_NAME_ATTRIBUTE = "__kernelhub_op__"
 
 

@@ -52,8 +52,16 @@ class Case:
     def __init__(self, *args: Any, **kwargs: Any):
         self.args = args
         self.kwargs = kwargs
+        self.label = ""
+
+    def named(self, label: str) -> Case:
+        """This case, shown as `label` in reports (say, how to draw it again)."""
+        self.label = label
+        return self
 
     def __repr__(self) -> str:
+        if self.label:
+            return self.label
         parts = [_describe(a) for a in self.args] + [f"{k}={_describe(v)}" for k, v in self.kwargs.items()]
         return f"Case({', '.join(parts)})"
 
@@ -360,6 +368,10 @@ def _check_case(definition, pinned, case: Case, index: int, report: Implementati
     rng = np.random.default_rng([seed, index, 1])
     cotangent = jax.tree.map(lambda leaf: _cotangent_like(leaf, rng), output)
     grads = dict(zip(differentiable, pullback(cotangent)))
+    for name in differentiable:
+        if grads[name].dtype != jnp.asarray(arguments[name]).dtype:
+            raise TypeError(f"the gradient of {name} has dtype {grads[name].dtype}, the "
+                            f"argument's is {jnp.asarray(arguments[name]).dtype}")
     cotangent64 = jax.tree.map(_in_float64, cotangent)
     if reference_vjp is not None:
         with jax.enable_x64(True):

@@ -1,6 +1,8 @@
 """Every implementation that runs here against the float64 reference, over the whole contract.
 
 Implementations join by registering: the Pallas and Triton kernels run here in interpret mode.
+The forward and gradient checks go through kernelhub.testing, the harness users get for their
+own ops, so it runs on every test run.
 """
 
 from __future__ import annotations
@@ -9,152 +11,101 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 import reference
 from conftest import assert_close, call, implementation_params, max_examples
+from kernelhub import testing
 from strategies import Problem, normal, problems, sizes_for
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
 
 
-def _settings(spec):
-    return settings(max_examples=max_examples(spec), deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def gmm_inputs(p: Problem):
+def gmm_case(p: Problem) -> testing.Case:
     rng = np.random.default_rng(p.seed)
     lhs = normal(rng, (p.m, p.k), p.lhs_dtype)
     rhs_shape = (p.local_groups, p.n, p.k) if p.transpose_rhs else (p.local_groups, p.k, p.n)
     rhs = normal(rng, rhs_shape, p.rhs_dtype)
     existing = normal(rng, (p.m, p.n), p.out_dtype) if p.with_existing else None
-    return lhs, rhs, existing
+    return testing.Case(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(p.group_sizes),
+                        preferred_element_type=p.out_dtype, group_offset=p.group_offset,
+                        existing_out=None if existing is None else jnp.asarray(existing),
+                        transpose_rhs=p.transpose_rhs).named(repr(p))
 
 
-def computed_mask(p: Problem) -> np.ndarray:
-    mask = np.zeros(p.m, bool)
-    for g, (start, end) in enumerate(reference.group_rows(p.group_sizes, p.m)):
-        if p.group_offset <= g < p.group_offset + p.local_groups:
-            mask[start:end] = True
-    return mask
+def gmm_reference(lhs, rhs, group_sizes, group_offset, existing_out, transpose_rhs, **_):
+    return reference.gmm(lhs, rhs, group_sizes, group_offset, existing_out, transpose_rhs)
 
 
-def run_gmm(spec, p: Problem, lhs, rhs, existing):
-    return call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(p.group_sizes),
-                      preferred_element_type=p.out_dtype, group_offset=p.group_offset,
-                      existing_out=None if existing is None else jnp.asarray(existing),
-                      transpose_rhs=p.transpose_rhs)
+def gmm_reference_vjp(d_out, /, lhs, rhs, group_sizes, group_offset, existing_out, transpose_rhs, **_):
+    d_lhs, d_rhs, d_existing = reference.gmm_vjp(lhs, rhs, group_sizes, d_out, group_offset,
+                                                 transpose_rhs, existing_out is not None)
+    return {"lhs": d_lhs, "rhs": d_rhs, "existing_out": d_existing}
 
 
-@pytest.mark.parametrize("spec", implementation_params(GMM))
-def test_gmm_forward(spec):
-    @_settings(spec)
-    @given(problems())
-    def check(p: Problem):
-        lhs, rhs, existing = gmm_inputs(p)
-        out = run_gmm(spec, p, lhs, rhs, existing)
-        assert out.shape == (p.m, p.n) and out.dtype == jnp.dtype(p.out_dtype)
-        expected = reference.gmm(lhs, rhs, p.group_sizes, p.group_offset, existing, p.transpose_rhs)
-        assert_close(out, expected, p.out_dtype, p.lhs_dtype, p.rhs_dtype, contraction=p.k)
-        # Rows no local group computes are copied exactly, never approximated or left unset.
-        untouched = ~computed_mask(p)
-        kept = np.zeros((p.m, p.n), p.out_dtype) if existing is None else existing
-        np.testing.assert_array_equal(np.asarray(out)[untouched], kept[untouched])
-
-    check()
+def gmm_exact_rows(arguments, out) -> None:
+    """The output's dtype, and rows no local group computes copied exactly, never approximated
+    or left unset."""
+    assert out.dtype == jnp.dtype(arguments["preferred_element_type"]), out.dtype
+    lhs, rhs = arguments["lhs"], arguments["rhs"]
+    offset = arguments["group_offset"]
+    computed = np.zeros(lhs.shape[0], bool)
+    for g, (start, end) in enumerate(reference.group_rows(arguments["group_sizes"], lhs.shape[0])):
+        computed[start:end] = offset <= g < offset + rhs.shape[0]
+    existing = arguments["existing_out"]
+    kept = np.zeros(out.shape, out.dtype) if existing is None else np.asarray(existing)
+    np.testing.assert_array_equal(np.asarray(out)[~computed], kept[~computed])
 
 
 @pytest.mark.parametrize("spec", implementation_params(GMM))
-def test_gmm_gradients(spec):
-    @_settings(spec)
-    @given(problems())
-    def check(p: Problem):
-        lhs, rhs, existing = gmm_inputs(p)
-        d_out = normal(np.random.default_rng(p.seed + 1), (p.m, p.n), p.out_dtype)
-        gmm = call(spec)
-
-        def f(lhs, rhs, existing):
-            return gmm(lhs, rhs, jnp.asarray(p.group_sizes), preferred_element_type=p.out_dtype,
-                       group_offset=p.group_offset, existing_out=existing,
-                       transpose_rhs=p.transpose_rhs)
-
-        args = (jnp.asarray(lhs), jnp.asarray(rhs), None if existing is None else jnp.asarray(existing))
-        _, vjp = jax.vjp(f, *args)
-        d_lhs, d_rhs, d_existing = vjp(jnp.asarray(d_out))
-        e_lhs, e_rhs, e_existing = reference.gmm_vjp(lhs, rhs, p.group_sizes, d_out, p.group_offset,
-                                                     p.transpose_rhs, p.with_existing)
-        assert d_lhs.dtype == jnp.dtype(p.lhs_dtype) and d_rhs.dtype == jnp.dtype(p.rhs_dtype)
-        assert_close(d_lhs, e_lhs, p.lhs_dtype, p.out_dtype, p.rhs_dtype, contraction=p.n)
-        assert_close(d_rhs, e_rhs, p.rhs_dtype, p.out_dtype, p.lhs_dtype, contraction=p.m)
-        if p.with_existing:
-            np.testing.assert_array_equal(np.asarray(d_existing, np.float64), e_existing)
-
-    check()
+def test_gmm_forward_and_gradients(spec):
+    report = testing.check_implementations(
+        GMM, gmm_reference, problems().map(gmm_case), reference_vjp=gmm_reference_vjp,
+        check=gmm_exact_rows, implementations=[spec], examples=max_examples(spec))
+    report.assert_ok()
 
 
-def tgmm_inputs(p: Problem):
+def tgmm_case(p: Problem) -> testing.Case:
     rng = np.random.default_rng(p.seed)
     lhs = normal(rng, (p.k, p.m), p.lhs_dtype)
     rhs = normal(rng, (p.m, p.n), p.rhs_dtype)
     existing = normal(rng, (p.local_groups, p.k, p.n), p.out_dtype) if p.with_existing else None
-    return lhs, rhs, existing
+    return testing.Case(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(p.group_sizes),
+                        preferred_element_type=p.out_dtype, group_offset=p.group_offset,
+                        num_actual_groups=p.local_groups,
+                        existing_out=None if existing is None else jnp.asarray(existing)
+                        ).named(repr(p))
 
 
-def run_tgmm(spec, p: Problem, lhs, rhs, existing):
-    return call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(p.group_sizes),
-                      preferred_element_type=p.out_dtype, group_offset=p.group_offset,
-                      num_actual_groups=p.local_groups,
-                      existing_out=None if existing is None else jnp.asarray(existing))
+def tgmm_reference(lhs, rhs, group_sizes, group_offset, num_actual_groups, existing_out, **_):
+    return reference.tgmm(lhs, rhs, group_sizes, group_offset, num_actual_groups, existing_out)
+
+
+def tgmm_reference_vjp(d_out, /, lhs, rhs, group_sizes, group_offset, existing_out, **_):
+    d_lhs, d_rhs, d_existing = reference.tgmm_vjp(lhs, rhs, group_sizes, d_out, group_offset,
+                                                  existing_out is not None)
+    return {"lhs": d_lhs, "rhs": d_rhs, "existing_out": d_existing}
+
+
+def tgmm_exact_empty_groups(arguments, out) -> None:
+    """The output's dtype, and empty groups exactly 0 (or exactly existing_out)."""
+    assert out.dtype == jnp.dtype(arguments["preferred_element_type"]), out.dtype
+    bounds = reference.group_rows(arguments["group_sizes"], arguments["lhs"].shape[1])
+    existing = arguments["existing_out"]
+    for j in range(out.shape[0]):
+        start, end = bounds[arguments["group_offset"] + j]
+        if start == end:
+            kept = 0 if existing is None else np.asarray(existing[j])
+            np.testing.assert_array_equal(np.asarray(out[j]), np.broadcast_to(kept, out[j].shape))
 
 
 @pytest.mark.parametrize("spec", implementation_params(TGMM))
-def test_tgmm_forward(spec):
-    @_settings(spec)
-    @given(problems(transposable=False))
-    def check(p: Problem):
-        lhs, rhs, existing = tgmm_inputs(p)
-        out = run_tgmm(spec, p, lhs, rhs, existing)
-        assert out.shape == (p.local_groups, p.k, p.n) and out.dtype == jnp.dtype(p.out_dtype)
-        expected = reference.tgmm(lhs, rhs, p.group_sizes, p.group_offset, p.local_groups, existing)
-        assert_close(out, expected, p.out_dtype, p.lhs_dtype, p.rhs_dtype, contraction=p.m)
-        # Empty groups are exactly 0 (or exactly existing_out).
-        bounds = reference.group_rows(p.group_sizes, p.m)
-        for j in range(p.local_groups):
-            start, end = bounds[p.group_offset + j]
-            if start == end:
-                kept = 0 if existing is None else existing[j]
-                np.testing.assert_array_equal(np.asarray(out[j]), np.broadcast_to(kept, out[j].shape))
-
-    check()
-
-
-@pytest.mark.parametrize("spec", implementation_params(TGMM))
-def test_tgmm_gradients(spec):
-    @_settings(spec)
-    @given(problems(transposable=False))
-    def check(p: Problem):
-        lhs, rhs, existing = tgmm_inputs(p)
-        d_out = normal(np.random.default_rng(p.seed + 1), (p.local_groups, p.k, p.n), p.out_dtype)
-        tgmm = call(spec)
-
-        def f(lhs, rhs, existing):
-            return tgmm(lhs, rhs, jnp.asarray(p.group_sizes), preferred_element_type=p.out_dtype,
-                        group_offset=p.group_offset, num_actual_groups=p.local_groups,
-                        existing_out=existing)
-
-        args = (jnp.asarray(lhs), jnp.asarray(rhs), None if existing is None else jnp.asarray(existing))
-        _, vjp = jax.vjp(f, *args)
-        d_lhs, d_rhs, d_existing = vjp(jnp.asarray(d_out))
-        e_lhs, e_rhs, e_existing = reference.tgmm_vjp(lhs, rhs, p.group_sizes, d_out, p.group_offset,
-                                                      p.with_existing)
-        assert_close(d_lhs, e_lhs, p.lhs_dtype, p.out_dtype, p.rhs_dtype, contraction=p.n)
-        assert_close(d_rhs, e_rhs, p.rhs_dtype, p.out_dtype, p.lhs_dtype, contraction=p.k)
-        if p.with_existing:
-            np.testing.assert_array_equal(np.asarray(d_existing, np.float64), e_existing)
-
-    check()
+def test_tgmm_forward_and_gradients(spec):
+    report = testing.check_implementations(
+        TGMM, tgmm_reference, problems(transposable=False).map(tgmm_case),
+        reference_vjp=tgmm_reference_vjp, check=tgmm_exact_empty_groups, implementations=[spec],
+        examples=max_examples(spec))
+    report.assert_ok()
 
 
 @pytest.mark.parametrize("spec", implementation_params(GMM))

@@ -1,0 +1,119 @@
+"""Exporting functions that call kernelhub ops: one artifact, each platform's own kernel.
+
+    import kernelhub.export
+
+    exported = kernelhub.export.export(jax.grad(loss), params, batch)   # cpu, tpu, cuda
+    kernelhub.export.kernels_by_platform(exported)
+    # {'cpu': {}, 'tpu': {'mosaic': 3}, 'cuda': {'triton': 3}}
+    blob = exported.serialize()            # later, anywhere: jax.export.deserialize(blob).call(...)
+
+Each call of an op is lowered once per platform with the implementation chosen for that
+platform (kernelhub/_per_platform.py): the Pallas Mosaic kernels in the TPU branch, the Triton
+kernels in the CUDA branch, the XLA loops in the CPU branch. Forcing a platform (argument or
+KERNELHUB_PLATFORM) pins one implementation in every branch instead.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from kernelhub._pallas.gpu.cuda_export import triton_call_targets
+
+DEFAULT_PLATFORMS = ("cpu", "tpu", "cuda")
+MOSAIC_TARGET = "tpu_custom_call"
+
+
+def disabled_checks() -> list[jax.export.DisabledSafetyCheck]:
+    """The jax.export safety checks kernelhub's kernels need lifted: the Triton custom calls
+    are not on jax's list of targets with a stable binary interface (Mosaic's are), so an
+    artifact holding them is for the jax and jaxlib that made it."""
+    return [jax.export.DisabledSafetyCheck.custom_call(name) for name in triton_call_targets()]
+
+
+def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAULT_PLATFORMS,
+           **kwargs: Any) -> jax.export.Exported:
+    """`jax.export.export(jax.jit(fn), platforms=...)(*args, **kwargs)` with the checks that
+    kernelhub's kernels need lifted. `args` may be arrays or jax.ShapeDtypeStruct."""
+    jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
+    return jax.export.export(jitted, platforms=tuple(platforms),
+                             disabled_checks=disabled_checks())(*args, **kwargs)
+
+
+def kernels_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, int]]:
+    """For each platform of `exported`, how many Mosaic and Triton kernel calls its lowering
+    holds. Reads the StableHLO: a multi-platform module switches on the platform index with
+    `stablehlo.case`, and each branch (with the functions it calls) belongs to some platforms."""
+    from jax._src.interpreters import mlir  # noqa: PLC0415  (jax's MLIR context and bindings)
+    from jax._src.lib.mlir import ir  # noqa: PLC0415
+
+    platforms = tuple(exported.platforms)
+    with mlir.make_ir_context():
+        module = ir.Module.parse(exported.mlir_module())
+        functions = {_symbol(op.attributes["sym_name"]): op for op in module.body.operations
+                     if op.operation.name == "func.func"}
+        main = functions["main"]
+        counts = {platform: collections.Counter() for platform in platforms}
+        for platform in platforms:
+            _count(main, platforms.index(platform), len(platforms), functions, counts[platform], set())
+    return {platform: dict(counter) for platform, counter in counts.items()}
+
+
+def _symbol(attribute: Any) -> str:
+    return str(attribute).strip('"').lstrip("@")
+
+
+def _kernel_kind(target: str) -> str | None:
+    if target == MOSAIC_TARGET:
+        return "mosaic"
+    if target in triton_call_targets():
+        return "triton"
+    return None
+
+
+def _count(op: Any, platform_index: int, num_platforms: int, functions: dict[str, Any],
+           counter: collections.Counter, visiting: set[str]) -> None:
+    """Adds the kernel calls `op` makes when run on the platform at `platform_index`."""
+    operation = op.operation
+    name = operation.name
+    if name == "stablehlo.custom_call":
+        kind = _kernel_kind(_symbol(operation.attributes["call_target_name"]))
+        if kind:
+            counter[kind] += 1
+        return
+    if name == "func.call":
+        callee = _symbol(operation.attributes["callee"])
+        if callee in functions and callee not in visiting:
+            _count(functions[callee], platform_index, num_platforms, functions, counter,
+                   visiting | {callee})
+        return
+    regions = list(operation.regions)
+    if name == "stablehlo.case":
+        branch = _branch_for_platform(operation, platform_index, num_platforms)
+        if branch is not None:
+            regions = [regions[branch]]
+    for region in regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                _count(inner, platform_index, num_platforms, functions, counter, visiting)
+
+
+def _branch_for_platform(case: Any, platform_index: int, num_platforms: int) -> int | None:
+    """The branch of a case on the platform that runs there, when the case's index is jax's
+    platform selector (a case over the platforms that returns a constant rule index); None for
+    any other case, all of whose branches may run."""
+    selector = case.operands[0].owner
+    if not hasattr(selector, "name") or selector.name != "stablehlo.case":
+        return None
+    if len(selector.regions) != num_platforms:
+        return None
+    returned = list(selector.regions[platform_index].blocks[0].operations)[-1].operands[0]
+    constant = returned.owner
+    if not hasattr(constant, "name") or constant.name != "stablehlo.constant":
+        return None
+    from jax._src.lib.mlir import ir  # noqa: PLC0415
+
+    return int(ir.DenseIntElementsAttr(constant.attributes["value"])[0])
