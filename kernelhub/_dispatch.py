@@ -119,13 +119,15 @@ def _usable(spec: KernelSpec, backend_forced: bool) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def per_platform(op: str, registry_version: int) -> _per_platform.Choices:
-    """The unforced choice for every platform XLA can lower for (a reason where there is none)."""
+def per_platform(op: str, registry_version: int,
+                 within: Platform | None = None) -> _per_platform.Choices:
+    """The choice for every platform XLA can lower for (a reason where there is none): the
+    best of all implementations, or of those written in `within`."""
     del registry_version  # part of the cache key only
     entries = []
     for platform in _per_platform.LOWERING_PLATFORMS:
         try:
-            choice = resolve(op, backend=_registry.backend_of_jax_platform(platform))
+            choice = resolve(op, within, backend=_registry.backend_of_jax_platform(platform))
         except NoImplementationError as error:
             choice = str(error)
         entries.append((platform, choice))
@@ -179,6 +181,21 @@ class Dispatched:
 
     def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
         return choices(self._definition.name, self._platform, self._backend, arrays)
+
+
+class WithinPlatform(Dispatched):
+    """Chooses per lowering platform among the implementations of one platform, whatever
+    KERNELHUB_PLATFORM says: for kernelhub's own collectives, which exist only in XLA and
+    must not be made unavailable by a platform forced for the kernels."""
+
+    def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
+        del arrays
+        return per_platform(self._op, _registry.version(), self._platform)
+
+
+@functools.lru_cache(maxsize=None)
+def within_platform(op: str, platform: Platform) -> Callable[..., Any]:
+    return WithinPlatform(op, platform, None)
 
 
 class Pinned(Dispatched):

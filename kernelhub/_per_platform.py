@@ -9,10 +9,12 @@ in its CUDA branch; a plain `jax.jit` lowers just the rule of the device it runs
 
 The primitive carries everything else the implementations need through jax's transformations:
 
-- gradients: a custom VJP around it whose backward binds the same primitive in "vjp" mode; each
-  platform's rule then lowers `jax.vjp` of that platform's implementation. The residuals are
-  the inputs, so every platform saves the same thing; the pullback's forward pass is dead code
-  and dropped (for gmm and tgmm nothing is recomputed: their VJPs need only the inputs);
+- gradients: a custom VJP around it whose backward binds the same primitive for the pullback
+  (parameter `pullbacks`); each platform's rule then lowers `jax.vjp` of that platform's
+  implementation. The residuals are the inputs, so every platform saves the same thing; the
+  pullback's forward pass is dead code and dropped (for gmm and tgmm nothing is recomputed:
+  their VJPs need only the inputs). The pullback is differentiable in turn, as far as the
+  implementation's own VJP is (the XLA loops' is; a Pallas kernel's backward usually is not);
 - vmap: a batching rule that records the in_axes; rules lower `jax.vmap` of the implementation;
 - shard_map: the output's manual axes come from tracing the implementation with the input's
   axes; the rule then lowers the implementation as shard_map(check_vma=False) would, which is
@@ -40,9 +42,6 @@ from kernelhub._registry import KernelSpec, NoImplementationError
 
 # The platform names jax lowers for, each with its own rule.
 LOWERING_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
-
-FORWARD = "forward"
-VJP = "vjp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +134,14 @@ def _inexact(dtype: Any) -> bool:
 
 
 class _Traced:
-    """A flat function of one implementation, traced once per abstract inputs."""
+    """A flat function of one implementation (or of its pullbacks), traced per abstract inputs.
 
-    def __init__(self, spec: KernelSpec, layout: Layout, mode: str, batch: tuple):
-        self.spec, self.layout, self.mode, self.batch = spec, layout, mode, batch
+    `pullbacks` holds, per order of differentiation, how many of the function's inputs are
+    primals (the rest are the cotangents of its inexact outputs); empty for the forward pass.
+    """
+
+    def __init__(self, spec: KernelSpec, layout: Layout, pullbacks: tuple[int, ...], batch: tuple):
+        self.spec, self.layout, self.pullbacks, self.batch = spec, layout, pullbacks, batch
         self.out_tree = None
 
     def forward(self, *arrays: Any) -> list[Any]:
@@ -146,37 +149,43 @@ class _Traced:
         self.out_tree = tree
         return leaves
 
-    def pullback(self, *arrays_and_cotangents: Any) -> list[Any]:
-        """Cotangents of the inexact arrays, given those of the inexact outputs."""
-        count = self.layout.num_arrays
-        primals, cotangents = arrays_and_cotangents[:count], arrays_and_cotangents[count:]
-        wrt = [i for i, x in enumerate(primals) if _inexact(x.dtype)]
-
-        def of_inexact(*values):
-            full = list(primals)
-            for i, value in zip(wrt, values):
-                full[i] = value
-            return self.forward(*full)
-
-        outs, pullback = jax.vjp(of_inexact, *(primals[i] for i in wrt))
-        supply = iter(cotangents)
-        full = [next(supply) if _inexact(out.dtype) else np.zeros(out.shape, jax.dtypes.float0)
-                for out in outs]
-        return list(pullback(full))
-
     def function(self) -> Callable[..., list[Any]]:
-        fn = self.forward if self.mode == FORWARD else self.pullback
+        fn = self.forward
+        for primals in self.pullbacks:
+            fn = _pullback(fn, primals)
         for in_axes in self.batch:  # innermost vmap first
             fn = jax.vmap(fn, in_axes=in_axes)
         return fn
 
 
+def _pullback(fn: Callable[..., list[Any]], primals: int) -> Callable[..., list[Any]]:
+    """(primals, cotangents of fn's inexact outputs) -> cotangents of the inexact primals."""
+
+    def pullback(*arrays_and_cotangents: Any) -> list[Any]:
+        values, cotangents = arrays_and_cotangents[:primals], arrays_and_cotangents[primals:]
+        wrt = [i for i, x in enumerate(values) if _inexact(x.dtype)]
+
+        def of_inexact(*inexact):
+            full = list(values)
+            for i, value in zip(wrt, inexact):
+                full[i] = value
+            return fn(*full)
+
+        outs, vjp = jax.vjp(of_inexact, *(values[i] for i in wrt))
+        supply = iter(cotangents)
+        full = [next(supply) if _inexact(out.dtype) else np.zeros(out.shape, jax.dtypes.float0)
+                for out in outs]
+        return list(vjp(full))
+
+    return pullback
+
+
 @functools.lru_cache(maxsize=512)
-def _abstract(spec: KernelSpec, layout: Layout, mode: str, batch: tuple,
+def _abstract(spec: KernelSpec, layout: Layout, pullbacks: tuple[int, ...], batch: tuple,
               avals: tuple) -> tuple[Any, Any, Any]:
     """(output avals, output tree, effects) of one implementation for `avals`, manual axes
     included. The effects are those of collectives: the mesh axes they name."""
-    traced = _Traced(spec, layout, mode, batch)
+    traced = _Traced(spec, layout, pullbacks, batch)
     closed = internals.trace(traced.function(), avals)
     unsupported = internals.unsupported_effects(closed)
     if unsupported:
@@ -197,19 +206,20 @@ def _impl(*arrays, **params):
     return dispatch.apply_primitive(kernelhub_call_p, *arrays, **params)
 
 
-def _abstract_eval(*avals, op, choices, layout, mode, batch):
+def _abstract_eval(*avals, op, choices, layout, pullbacks, batch):
     del op
-    out_avals, _, out_effects = _abstract(choices.shape_source(), layout, mode, batch, tuple(avals))
+    out_avals, _, out_effects = _abstract(choices.shape_source(), layout, pullbacks, batch,
+                                          tuple(avals))
     return list(out_avals), out_effects
 
 
 def _lowering_rule(platform: str):
-    def lower(ctx, *args, op, choices, layout, mode, batch):
+    def lower(ctx, *args, op, choices, layout, pullbacks, batch):
         del op
         spec = choices.of(platform)
         avals = [internals.invariant(aval) for aval in ctx.avals_in]
         with internals.unchecked_manual_axes():
-            traced = _Traced(spec, layout, mode, batch).function()
+            traced = _Traced(spec, layout, pullbacks, batch).function()
             closed = internals.without_dead_code(internals.trace(traced, avals))
             return internals.lower_jaxpr(ctx, closed, *args)
 
@@ -229,12 +239,14 @@ for _platform in LOWERING_PLATFORMS:
 
 
 @functools.lru_cache(maxsize=512)
-def _differentiable(op: str, choices: Choices, layout: Layout) -> Callable[..., list[Any]]:
-    params = dict(op=op, choices=choices, layout=layout, batch=())
+def _differentiable(op: str, choices: Choices, layout: Layout,
+                    pullbacks: tuple[int, ...] = ()) -> Callable[..., list[Any]]:
+    """The call (or one of its pullbacks) with a custom VJP that binds the next pullback."""
+    params = dict(op=op, choices=choices, layout=layout, pullbacks=pullbacks, batch=())
 
     @jax.custom_vjp
     def call(*arrays):
-        return kernelhub_call_p.bind(*arrays, mode=FORWARD, **params)
+        return kernelhub_call_p.bind(*arrays, **params)
 
     def forward(*arrays):
         return call(*arrays), arrays
@@ -242,11 +254,20 @@ def _differentiable(op: str, choices: Choices, layout: Layout) -> Callable[..., 
     def backward(arrays, cotangents):
         # Integer outputs' cotangents are float0 zeros: the pullback rebuilds them itself.
         kept = [ct for ct in cotangents if _inexact(ct.dtype)]
-        grads = iter(kernelhub_call_p.bind(*arrays, *kept, mode=VJP, **params))
+        pullback = _differentiable(op, choices, layout, pullbacks + (len(arrays),))
+        grads = iter(pullback(*arrays, *kept))
         return tuple(next(grads) if _inexact(x.dtype) else None for x in arrays)
 
     call.defvjp(forward, backward)
     return call
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(op: str, choices: Choices, layout: Layout) -> Callable[..., list[Any]]:
+    """The call as a jitted function, for eager calls: jax's fast path for jitted functions
+    costs less per call than binding the primitive outside jit."""
+    params = dict(op=op, choices=choices, layout=layout, pullbacks=(), batch=())
+    return jax.jit(lambda *arrays: kernelhub_call_p.bind(*arrays, **params))
 
 
 def call(op: str, choices: Choices, arguments: dict[str, Any]) -> Any:
@@ -258,8 +279,7 @@ def call(op: str, choices: Choices, arguments: dict[str, Any]) -> Any:
         arrays = list(unify_varying(*arrays))
         flat = _differentiable(op, choices, layout)(*arrays)
     else:  # concrete inputs: nothing can differentiate this call
-        flat = kernelhub_call_p.bind(*arrays, op=op, choices=choices, layout=layout,
-                                     mode=FORWARD, batch=())
+        flat = _compiled(op, choices, layout)(*arrays)
     return jax.tree.unflatten(_output_tree(choices, layout, arrays, len(flat)), flat)
 
 
@@ -273,7 +293,7 @@ def _output_tree(choices: Choices, layout: Layout, arrays: list[jax.Array], leav
     tree = _OUTPUT_TREES.get((spec, layout))
     if tree is None or tree.num_leaves != leaves:
         avals = tuple(jax.typeof(x) for x in arrays)
-        tree = _abstract(spec, layout, FORWARD, (), avals)[1]
+        tree = _abstract(spec, layout, (), (), avals)[1]
         if len(_OUTPUT_TREES) > 1024:
             _OUTPUT_TREES.clear()
         _OUTPUT_TREES[(spec, layout)] = tree

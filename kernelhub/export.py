@@ -27,17 +27,22 @@ DEFAULT_PLATFORMS = ("cpu", "tpu", "cuda")
 MOSAIC_TARGET = "tpu_custom_call"
 
 
+# jax lowers the ragged all-to-all of token_exchange (TPU, GPU) to this custom call.
+RAGGED_ALL_TO_ALL_TARGET = "ragged_all_to_all"
+
+
 def disabled_checks() -> list[jax.export.DisabledSafetyCheck]:
-    """The jax.export safety checks kernelhub's kernels need lifted: the Triton custom calls
-    are not on jax's list of targets with a stable binary interface (Mosaic's are), so an
-    artifact holding them is for the jax and jaxlib that made it."""
-    return [jax.export.DisabledSafetyCheck.custom_call(name) for name in triton_call_targets()]
+    """The jax.export safety checks kernelhub's ops need lifted: the Triton kernels' custom
+    calls and the ragged all-to-all are not on jax's list of targets with a stable binary
+    interface (Mosaic's are), so an artifact holding them is for the jaxlib that made it."""
+    targets = (*triton_call_targets(), RAGGED_ALL_TO_ALL_TARGET)
+    return [jax.export.DisabledSafetyCheck.custom_call(name) for name in targets]
 
 
 def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAULT_PLATFORMS,
            **kwargs: Any) -> jax.export.Exported:
     """`jax.export.export(jax.jit(fn), platforms=...)(*args, **kwargs)` with the checks that
-    kernelhub's kernels need lifted. `args` may be arrays or jax.ShapeDtypeStruct."""
+    kernelhub's ops need lifted. `args` may be arrays or jax.ShapeDtypeStruct."""
     jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
     return jax.export.export(jitted, platforms=tuple(platforms),
                              disabled_checks=disabled_checks())(*args, **kwargs)
@@ -45,8 +50,24 @@ def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAUL
 
 def kernels_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, int]]:
     """For each platform of `exported`, how many Mosaic and Triton kernel calls its lowering
-    holds. Reads the StableHLO: a multi-platform module switches on the platform index with
-    `stablehlo.case`, and each branch (with the functions it calls) belongs to some platforms."""
+    holds."""
+    kinds = {}
+    for platform, calls in custom_calls_by_platform(exported).items():
+        counted = collections.Counter()
+        for target, count in calls.items():
+            kind = _kernel_kind(target)
+            if kind:
+                counted[kind] += count
+        kinds[platform] = dict(counted)
+    return kinds
+
+
+def custom_calls_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, int]]:
+    """For each platform of `exported`, the custom calls (by target) its lowering holds.
+
+    Reads the StableHLO: a multi-platform module switches on the platform index with
+    `stablehlo.case`, and each branch (with the functions it calls) belongs to some platforms.
+    """
     from jax._src.interpreters import mlir  # noqa: PLC0415  (jax's MLIR context and bindings)
     from jax._src.lib.mlir import ir  # noqa: PLC0415
 
@@ -55,10 +76,9 @@ def kernels_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, in
         module = ir.Module.parse(exported.mlir_module())
         functions = {_symbol(op.attributes["sym_name"]): op for op in module.body.operations
                      if op.operation.name == "func.func"}
-        main = functions["main"]
         counts = {platform: collections.Counter() for platform in platforms}
-        for platform in platforms:
-            _count(main, platforms.index(platform), len(platforms), functions, counts[platform], set())
+        for index, platform in enumerate(platforms):
+            _count(functions["main"], index, len(platforms), functions, counts[platform], set())
     return {platform: dict(counter) for platform, counter in counts.items()}
 
 
@@ -76,13 +96,11 @@ def _kernel_kind(target: str) -> str | None:
 
 def _count(op: Any, platform_index: int, num_platforms: int, functions: dict[str, Any],
            counter: collections.Counter, visiting: set[str]) -> None:
-    """Adds the kernel calls `op` makes when run on the platform at `platform_index`."""
+    """Adds the custom calls `op` makes when run on the platform at `platform_index`."""
     operation = op.operation
     name = operation.name
     if name == "stablehlo.custom_call":
-        kind = _kernel_kind(_symbol(operation.attributes["call_target_name"]))
-        if kind:
-            counter[kind] += 1
+        counter[_symbol(operation.attributes["call_target_name"])] += 1
         return
     if name == "func.call":
         callee = _symbol(operation.attributes["callee"])

@@ -64,6 +64,8 @@ class Result:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small demo set (about a minute)")
     parser.add_argument("--gpu", action="store_true", help="the GPU benchmark (needs an NVIDIA GPU)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="the cost of an eager call beyond its kernel, at a tiny shape")
     parser.add_argument("--groups", type=int, nargs="+", help="numbers of groups (default 8 64 256)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--ops", nargs="+", default=["grouped_matmul", "transposed_grouped_matmul"])
@@ -208,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
         from kernelhub._cli import bench_gpu
 
         return int(bench_gpu.run_gpu_benchmark(args) or 0)
+    if args.overhead:
+        from kernelhub._cli import bench_overhead
+
+        return bench_overhead.run_overhead(args)
     console = Console()
     if not console.is_terminal:
         console.width = 160

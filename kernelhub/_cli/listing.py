@@ -15,23 +15,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    table = Table(title="kernelhub implementations")
-    for column in ("op", "platform", "backend", "priority", "available here", "default here"):
+    from kernelhub import _dispatch, _registry  # noqa: PLC0415
+
+    table = Table(title="kernelhub implementations",
+                  caption="lowered for: the platforms whose lowering of an unforced call uses "
+                          "it (what an exported function holds; kernelhub.resolve(op, backend=...))")
+    for column in ("op", "platform", "backend", "priority", "available here", "default here",
+                   "lowered for"):
         table.add_column(column)
-    chosen = {}
-    for op in kernelhub.op_names():
-        try:
-            chosen[op] = kernelhub.resolve(op)
-        except kernelhub.NoImplementationError:
-            chosen[op] = None
     for op in [args.op] if args.op else kernelhub.op_names():
+        try:
+            chosen = kernelhub.resolve(op)
+        except kernelhub.NoImplementationError:
+            chosen = None
+        per_platform = _dispatch.per_platform(_registry.op_definition(op).name, _registry.version())
         for spec in kernelhub.implementations(op):
             reason = spec.unavailable_reason()
             note = "yes" if reason is None else f"no: {reason}"
             if spec.interpret_only and reason is None:
                 note = "yes, when forced (interpret mode)"
-            default = "<-" if chosen.get(op) == spec else ""
-            table.add_row(op, spec.platform.value, spec.backend.value, str(spec.priority), note, default)
+            default = "<-" if chosen == spec else ""
+            lowered = ", ".join(platform for platform, choice in per_platform.entries
+                                if choice == spec)
+            table.add_row(op, spec.platform.value, spec.backend.value, str(spec.priority), note,
+                          default, lowered)
     console = Console()
     if not console.is_terminal:  # piped output: do not squeeze the table into 80 columns
         console.width = 160

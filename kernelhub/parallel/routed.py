@@ -19,19 +19,20 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from kernelhub._dispatch import get
+from kernelhub._dispatch import within_platform
+from kernelhub._registry import Platform
 from kernelhub.ops.token_exchange import NAME as TOKEN_EXCHANGE
 from kernelhub.parallel import _placement, _slots, routing
 from kernelhub.parallel.experts import ExpertFn, count_experts
 
 
 def default_exchange() -> Callable[..., Any]:
-    """token_exchange as the dispatcher picks it for the backend (ragged on TPU/GPU).
+    """token_exchange as the dispatcher picks it for each platform (ragged on TPU/GPU).
 
-    Pinned to the xla platform, the only one collectives are written in, so that a
+    Chosen among the xla implementations, the only ones collectives are written in, so that a
     KERNELHUB_PLATFORM chosen for the matmul kernels does not make the exchange unavailable.
     """
-    return get(TOKEN_EXCHANGE, platform="xla")
+    return within_platform(TOKEN_EXCHANGE, Platform.XLA)
 
 
 def routed_tokens_on_device(
