@@ -10,6 +10,7 @@ fallbacks follow the names 0.11 uses.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,8 +23,9 @@ from jax._src.interpreters import partial_eval as pe
 def trace(fn: Callable[..., Sequence[Any]], avals: Sequence[core.AbstractValue]) -> core.ClosedJaxpr:
     """The jaxpr of `fn(*args)` (flat arrays in, a flat sequence out) for abstract `avals`."""
     debug = api_util.debug_info("kernelhub", fn, tuple(avals), {})
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=debug), list(avals))
-    return core.ClosedJaxpr(jaxpr, consts)
+    traced = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=debug), list(avals))
+    # (jaxpr, out_avals, consts) in 0.10; the consts come last in every version seen.
+    return core.ClosedJaxpr(traced[0], traced[-1])
 
 
 def without_dead_code(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
@@ -38,11 +40,13 @@ def lower_jaxpr(ctx: mlir.LoweringRuleContext, closed: core.ClosedJaxpr, *args: 
     module = ctx.module_context
     if ctx.platforms is not None:  # one branch of a multi-platform lowering
         module = module.replace(platforms=ctx.platforms)
+    options = dict(dim_var_values=ctx.dim_var_values,
+                   const_lowering=getattr(ctx, "const_lowering", None), outer_traceback=None)
+    accepted = inspect.signature(mlir.jaxpr_subcomp).parameters
     outs, tokens = mlir.jaxpr_subcomp(
         module, closed.jaxpr, ctx.name_stack, ctx.tokens_in,
         mlir.ir_consts(closed.consts, [v.aval for v in closed.jaxpr.constvars]), *args,
-        dim_var_values=ctx.dim_var_values, const_lowering=ctx.const_lowering,
-        outer_traceback=None)
+        **{name: value for name, value in options.items() if name in accepted})
     ctx.set_tokens_out(tokens)
     return outs
 

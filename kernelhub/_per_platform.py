@@ -14,7 +14,8 @@ The primitive carries everything else the implementations need through jax's tra
   implementation. The residuals are the inputs, so every platform saves the same thing; the
   pullback's forward pass is dead code and dropped (for gmm and tgmm nothing is recomputed:
   their VJPs need only the inputs). The pullback is differentiable in turn, as far as the
-  implementation's own VJP is (the XLA loops' is; a Pallas kernel's backward usually is not);
+  implementation's own VJP is (plain jax code's is; the grouped matmuls' loops with traced
+  bounds and Pallas kernels are not);
 - vmap: a batching rule that records the in_axes; rules lower `jax.vmap` of the implementation;
 - shard_map: the output's manual axes come from tracing the implementation with the input's
   axes; the rule then lowers the implementation as shard_map(check_vma=False) would, which is

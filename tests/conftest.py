@@ -11,17 +11,13 @@ import numpy as np
 import pytest
 
 import kernelhub
-from kernelhub._registry import Backend
+from kernelhub import testing
 
 # Interpret-mode kernels run a Python-level emulation of every grid step: far fewer examples.
 EXAMPLES = {"xla": 25, "interpret": 6}
 
 
-def runnable_implementations(op: str) -> list[kernelhub.KernelSpec]:
-    """Every implementation of `op` that can run on this host's default backend."""
-    here = kernelhub._dispatch.running_backend()
-    return [s for s in kernelhub.implementations(op)
-            if s.backend in (here, Backend.ANY) and s.available]
+runnable_implementations = testing.runnable_implementations
 
 
 def implementation_params(op: str) -> list:
