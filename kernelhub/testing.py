@@ -25,6 +25,7 @@ Needs no pytest; hypothesis only when `problems` is a hypothesis strategy.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -315,7 +316,7 @@ def _draw(problems: Problems, count: int, seed: int, run: Callable[[Case, int], 
         return
     from hypothesis import HealthCheck, given, settings  # noqa: PLC0415
 
-    counter = iter(range(1_000_000))
+    counter = itertools.count()
 
     @settings(max_examples=count, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
