@@ -122,12 +122,13 @@ def _usable(spec: KernelSpec, backend_forced: bool) -> bool:
 def per_platform(op: str, registry_version: int,
                  within: Platform | None = None) -> _per_platform.Choices:
     """The choice for every platform XLA can lower for (a reason where there is none): the
-    best of all implementations, or of those written in `within`."""
-    del registry_version  # part of the cache key only
+    best of all implementations, or of those written in `within`. KERNELHUB_PLATFORM plays no
+    part: a forced platform pins one implementation instead (`choices`)."""
     entries = []
     for platform in _per_platform.LOWERING_PLATFORMS:
+        backend = _registry.backend_of_jax_platform(platform)
         try:
-            choice = resolve(op, within, backend=_registry.backend_of_jax_platform(platform))
+            choice = _select(op, within, backend, True, "platform argument", registry_version)
         except NoImplementationError as error:
             choice = str(error)
         entries.append((platform, choice))

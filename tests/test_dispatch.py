@@ -104,3 +104,15 @@ def test_get_returns_a_callable_with_the_contract():
 def test_backend_any_is_not_a_target():
     with pytest.raises(ValueError, match="backend='any'"):
         kernelhub.resolve("grouped_matmul", backend="any")
+
+
+def test_the_environment_never_leaks_into_the_unforced_per_platform_choice(monkeypatch):
+    """`kernelhub list` asks for the per-platform choices while KERNELHUB_PLATFORM may be set;
+    a later unforced call must still see each platform's own best."""
+    monkeypatch.setenv("KERNELHUB_PLATFORM", "pallas")
+    forced = kernelhub._dispatch.per_platform("grouped_matmul", _registry.version())
+    monkeypatch.delenv("KERNELHUB_PLATFORM")
+    unforced = kernelhub._dispatch.choices("grouped_matmul", None, None)
+    assert forced == unforced
+    assert unforced.of("cpu").platform is Platform.XLA
+    assert unforced.of("tpu").platform is Platform.PALLAS
