@@ -17,6 +17,7 @@ from kernelhub._registry import (
     register)
 from kernelhub._runtime_checks import runtime_checks
 from kernelhub.ops.grouped_matmul import grouped_matmul
+from kernelhub.ops.ragged_dot import ragged_dot, ragged_dot_general
 from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
 
 from kernelhub import _xla  # noqa: E402,F401  (registers the xla implementations)
@@ -24,6 +25,7 @@ from kernelhub import _collectives  # noqa: E402,F401  (registers the token exch
 from kernelhub import parallel  # noqa: E402,F401  (expert parallelism on a mesh; imports in ~5 ms)
 from kernelhub._pallas import tpu as _pallas_tpu  # noqa: E402,F401  (registers the Pallas TPU kernels)
 from kernelhub._pallas import gpu as _pallas_gpu  # noqa: E402,F401  (registers the triton kernels)
+from kernelhub import _composite  # noqa: E402,F401  (ragged_dot from each backend's grouped matmuls)
 
 __all__ = [
     "Backend",
@@ -36,6 +38,8 @@ __all__ = [
     "implementations",
     "needs_device",
     "op_names",
+    "ragged_dot",
+    "ragged_dot_general",
     "register",
     "resolve",
     "runtime_checks",

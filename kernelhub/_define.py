@@ -27,7 +27,8 @@ Validate = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Validate | None = None,
-              name: str | None = None) -> Any:
+              name: str | None = None,
+              runtime_check: Callable[[dict[str, Any]], None] | None = None) -> Any:
     """Declares an op from its contract function; use as `@define_op` or `@define_op(...)`.
 
     Args:
@@ -39,6 +40,9 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
         defaults resolved), or None to pass them on unchanged. Arrays in what it returns are
         the call's operands; every other value must be hashable (it is static under jit).
       name: the op's name; the contract function's name by default.
+      runtime_check: with `kernelhub.runtime_checks()` on (or KERNELHUB_RUNTIME_CHECKS=1),
+        called with what `validate` returned when a call is traced, to check values that are
+        not known then (say, with `jax.debug.callback`).
 
     Returns:
       The op's entry point: a function with the contract's signature and docstring that
@@ -58,6 +62,7 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
             prepare=_normaliser(validate),
             typecheck=_checker(contract),
             doc=inspect.getdoc(contract) or "",
+            runtime_check=runtime_check,
         ))
         return _entry_point(contract, definition)
 

@@ -176,8 +176,8 @@ class Dispatched:
         definition.typecheck(*bound.args, **bound.kwargs)
         prepared = definition.prepare(dict(bound.arguments))
         chosen = self._choices([v for v in prepared.values() if isinstance(v, jax.Array)])
-        if _runtime_checks.enabled():
-            prepared = _runtime_checks.attach(definition.name, prepared)
+        if definition.runtime_check is not None and _runtime_checks.enabled():
+            definition.runtime_check(prepared)
         return _per_platform.call(definition.name, chosen, prepared)
 
     def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:

@@ -73,6 +73,9 @@ class OpDefinition:
     prepare: Callable[[dict[str, Any]], dict[str, Any]]
     typecheck: Callable[..., Any]
     doc: str
+    # With kernelhub.runtime_checks() on: called with the prepared arguments of a traced call,
+    # to attach host checks of values that are not known while tracing.
+    runtime_check: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -42,27 +42,19 @@ def runtime_checks(enable: bool = True) -> Iterator[None]:
         _override.reset(token)
 
 
-def _rows_of(op: str, prepared: dict[str, Any]) -> int:
-    # grouped_matmul's rows are lhs's first axis; transposed_grouped_matmul's are its second.
-    return prepared["lhs"].shape[0 if op == "grouped_matmul" else 1]
+def host_check(check: Callable[..., None], *arrays: Any) -> None:
+    """Runs `check(*host arrays)` when the computation runs (a ValueError it raises surfaces
+    from the call); for an op's `runtime_check` (see kernelhub.define_op)."""
+    jax.debug.callback(check, *arrays, ordered=False)
 
 
-def _local_groups(op: str, prepared: dict[str, Any]) -> int:
-    if op == "grouped_matmul":
-        return prepared["rhs"].shape[0]
-    return prepared["num_actual_groups"]
-
-
-def attach(op: str, prepared: dict[str, Any]) -> dict[str, Any]:
-    """Returns `prepared` with group_sizes routed through a host check of its values."""
-    rows = _rows_of(op, prepared)
-    local_groups = _local_groups(op, prepared)
+def group_check(op: str, rows: int, local_groups: int) -> Callable[[Any, Any], None]:
+    """A check of group sizes that split `rows`, and of an offset for `local_groups`."""
 
     def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
         validate_values(np.asarray(group_sizes), int(group_offset), rows, local_groups, op)
 
-    jax.debug.callback(check, prepared["group_sizes"], prepared["group_offset"], ordered=False)
-    return prepared
+    return check
 
 
 def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int, local_groups: int, op: str) -> None:

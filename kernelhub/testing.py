@@ -155,7 +155,8 @@ class ImplementationReport:
 
     @property
     def ok(self) -> bool:
-        return not self.failures and all(r.ok for r in self.results.values())
+        return (self.cases > 0 and not self.failures
+                and all(r.ok for r in self.results.values()))
 
     def record(self, quantity: str, error: float, tolerance: float, case: str) -> None:
         self.results.setdefault(quantity, Result(quantity)).add(error, tolerance, case)
@@ -193,6 +194,8 @@ class Report:
                               "yes" if result.ok else f"NO: {result.worst_case}")
             for failure in impl.failures:
                 table.add_row(impl.name, str(impl.cases), "failure", "", "", failure)
+            if not impl.cases:
+                table.add_row(impl.name, "0", "-", "", "", "NO: no case ran")
         console = Console(width=160, record=True, file=_Discard())
         console.print(table)
         return console.export_text()

@@ -7,3 +7,4 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet -e .
 JAX_PLATFORMS=cpu .venv/bin/kernelhub list
 JAX_PLATFORMS=cpu .venv/bin/kernelhub bench --quick "$@"
+JAX_PLATFORMS=cpu .venv/bin/kernelhub bench --ragged --quick

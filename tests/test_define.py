@@ -187,3 +187,20 @@ def test_the_documented_snippets_are_the_examples_code():
         code = block.replace("# from examples/swiglu_op.py\n", "")
         assert code in example, code[:200]
 
+
+
+def test_runtime_checks_run_the_ops_own_hook_and_only_it(declare):
+    seen = []
+
+    def hook(arguments):
+        seen.append(sorted(arguments))
+
+    plain = declare(scale_rows)
+    hooked = declare(scale_rows, runtime_check=hook)
+    for op in (plain, hooked):
+        kernelhub.register(op, "xla", "any")(_scale_xla)
+    x, w = jnp.ones((2, 2)), jnp.ones((2,))
+    with kernelhub.runtime_checks():
+        jax.jit(plain)(x, w)  # an op without a hook: nothing to attach, nothing fails
+        jax.jit(hooked)(x, w)
+    assert seen == [["factor", "weights", "x"]]

@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", action="store_true", help="the GPU benchmark (needs an NVIDIA GPU)")
     parser.add_argument("--overhead", action="store_true",
                         help="the cost of an eager call beyond its kernel, at a tiny shape")
+    parser.add_argument("--ragged", action="store_true",
+                        help="ragged_dot_general against jax.lax's, in its three modes")
     parser.add_argument("--groups", type=int, nargs="+", help="numbers of groups (default 8 64 256)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--ops", nargs="+", default=["grouped_matmul", "transposed_grouped_matmul"])
@@ -214,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
         from kernelhub._cli import bench_overhead
 
         return bench_overhead.run_overhead(args)
+    if args.ragged:
+        from kernelhub._cli import bench_ragged
+
+        return bench_ragged.run_ragged(args)
     console = Console()
     if not console.is_terminal:
         console.width = 160

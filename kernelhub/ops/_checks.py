@@ -43,6 +43,13 @@ def zero_offset() -> jax.Array:
         return jnp.zeros((), jnp.int32)
 
 
+def float_array(name: str, value: Any) -> jax.Array:
+    array = as_array(value)
+    if array.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {array.dtype}")
+    return array
+
+
 def float_matrix(name: str, value: Any, rank: int, layout: str) -> jax.Array:
     array = as_array(value)
     if array.ndim != rank:

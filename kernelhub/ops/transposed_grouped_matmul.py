@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float, Integer
 
+from kernelhub import _runtime_checks
 from kernelhub._define import define_op
 from kernelhub.ops import _checks
 
@@ -58,7 +59,12 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-@define_op(validate=_prepare)
+def _runtime_check(arguments: dict[str, Any]) -> None:
+    check = _runtime_checks.group_check(NAME, arguments["lhs"].shape[1], arguments["num_actual_groups"])
+    _runtime_checks.host_check(check, arguments["group_sizes"], arguments["group_offset"])
+
+
+@define_op(validate=_prepare, runtime_check=_runtime_check)
 def transposed_grouped_matmul(
     lhs: Float[ArrayIn, "k m"],
     rhs: Float[ArrayIn, "m n"],

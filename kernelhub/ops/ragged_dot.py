@@ -1,0 +1,301 @@
+"""The contract of `ragged_dot_general` and `ragged_dot`: jax.lax's, on kernelhub's kernels.
+
+The names, argument order, defaults, dimension numbers and result dtypes of
+`jax.lax.ragged_dot_general` and `jax.lax.ragged_dot`, so that `from kernelhub import ragged_dot`
+is the whole migration, plus what lax lacks: `group_offset` in every mode, gradients in every
+mode, and rows outside the computed groups exactly 0. The implementations map each mode onto the
+grouped matmuls of one backend (kernelhub/ops/_ragged_modes.py; registered in
+kernelhub/_composite), so forcing a platform forces their kernels too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Integer, Shaped
+
+from kernelhub import _runtime_checks
+from kernelhub._define import define_op
+from kernelhub.ops import _checks
+from kernelhub.ops._ragged_modes import Mode, plan
+
+NAME = "ragged_dot_general"
+SIMPLE_NAME = "ragged_dot"
+
+ArrayIn = jax.Array | np.ndarray
+DimensionNumbers = jax.lax.RaggedDotDimensionNumbers
+
+# lax.ragged_dot's layout: lhs [m, k] ragged in m, rhs [g, k, n].
+BASIC_DIMENSION_NUMBERS = DimensionNumbers((([1], [1]), ([], [])), [0], [0])
+
+_ARGUMENT = "ragged_dot_dimension_numbers"
+
+
+def _axes(name: str, axes: Any, rank: int, operand: str) -> tuple[int, ...]:
+    axes = tuple(axes)
+    if any(not isinstance(a, (int, np.integer)) or isinstance(a, bool) for a in axes):
+        raise TypeError(f"{_ARGUMENT}: {name} must be ints, got {axes}")
+    if any(not 0 <= a < rank for a in axes):
+        raise ValueError(f"{_ARGUMENT}: {name} {axes} must be axes of {operand}, which has rank {rank}")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{_ARGUMENT}: {name} {axes} repeats an axis")
+    return tuple(int(a) for a in axes)
+
+
+def check_dimension_numbers(numbers: Any, lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...],
+                            num_groups: int) -> Mode:
+    """Raises a TypeError/ValueError naming the rule `numbers` break; returns the mode."""
+    if not isinstance(numbers, DimensionNumbers):
+        raise TypeError(f"{_ARGUMENT} must be a jax.lax.RaggedDotDimensionNumbers, got "
+                        f"{type(numbers).__name__}")
+    try:
+        (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = numbers.dot_dimension_numbers
+    except (TypeError, ValueError):
+        raise TypeError(f"{_ARGUMENT}.dot_dimension_numbers must be ((lhs_contracting, "
+                        f"rhs_contracting), (lhs_batch, rhs_batch))") from None
+    lhs_rank, rhs_rank = len(lhs_shape), len(rhs_shape)
+    lhs_contract = _axes("lhs contracting dims", lhs_contract, lhs_rank, "lhs")
+    rhs_contract = _axes("rhs contracting dims", rhs_contract, rhs_rank, "rhs")
+    lhs_batch = _axes("lhs batch dims", lhs_batch, lhs_rank, "lhs")
+    rhs_batch = _axes("rhs batch dims", rhs_batch, rhs_rank, "rhs")
+    for kind, lhs_axes, rhs_axes in (("contracting", lhs_contract, rhs_contract),
+                                     ("batch", lhs_batch, rhs_batch)):
+        if len(lhs_axes) != len(rhs_axes):
+            raise ValueError(f"{_ARGUMENT}: lhs and rhs must have as many {kind} dims, got "
+                             f"{lhs_axes} and {rhs_axes}")
+        for a, b in zip(lhs_axes, rhs_axes):
+            if lhs_shape[a] != rhs_shape[b]:
+                raise ValueError(f"{_ARGUMENT}: {kind} dims lhs {a} (size {lhs_shape[a]}) and rhs "
+                                 f"{b} (size {rhs_shape[b]}) must have the same size")
+    for operand, contract, batch in (("lhs", lhs_contract, lhs_batch), ("rhs", rhs_contract, rhs_batch)):
+        if set(contract) & set(batch):
+            raise ValueError(f"{_ARGUMENT}: {operand} axes {sorted(set(contract) & set(batch))} are "
+                             f"both contracting and batch dims")
+    ragged = tuple(numbers.lhs_ragged_dimensions)
+    if len(ragged) != 1:
+        raise ValueError(f"{_ARGUMENT}.lhs_ragged_dimensions must hold exactly one lhs axis, got {ragged}")
+    ragged_axis, = _axes("lhs_ragged_dimensions", ragged, lhs_rank, "lhs")
+    groups = _axes("rhs_group_dimensions", numbers.rhs_group_dimensions, rhs_rank, "rhs")
+    if ragged_axis in lhs_contract:
+        mode = Mode.RAGGED_CONTRACTING
+    elif ragged_axis in lhs_batch:
+        mode = Mode.RAGGED_BATCH
+    else:
+        mode = Mode.RAGGED_NONCONTRACTING
+    if mode is Mode.RAGGED_NONCONTRACTING:
+        if len(groups) != 1:
+            raise ValueError(f"{_ARGUMENT}.rhs_group_dimensions must hold one rhs axis when the "
+                             f"ragged lhs axis is not contracting or batch (mode 1), got {groups}")
+        if groups[0] in rhs_contract + rhs_batch:
+            raise ValueError(f"{_ARGUMENT}: the rhs group dim {groups[0]} must not be a contracting "
+                             f"or batch dim")
+        local = rhs_shape[groups[0]]
+        if not 1 <= local <= num_groups:
+            raise ValueError(f"rhs must hold between 1 and {num_groups} groups (the last axis of "
+                             f"group_sizes) on its group dim {groups[0]}, got {local}")
+    elif groups:
+        raise ValueError(f"{_ARGUMENT}.rhs_group_dimensions must be empty when the ragged lhs axis "
+                         f"is a {'contracting' if mode is Mode.RAGGED_CONTRACTING else 'batch'} dim "
+                         f"(mode {mode.value}), got {groups}")
+    return mode
+
+
+def _element_type(value: Any, lhs: jax.Array, rhs: jax.Array) -> np.dtype:
+    if value is None:  # lax's rule: the inputs' promoted type
+        return _checks.element_type(jnp.promote_types(lhs.dtype, rhs.dtype))
+    return _checks.element_type(value)
+
+
+def _precision(value: Any) -> Any:
+    """lax's precision argument, checked and kept. The kernels accumulate in float32 from the
+    inputs as given whatever it says, which is at least what any setting asks for."""
+    def one(v: Any) -> bool:
+        if v is None or isinstance(v, jax.lax.Precision):
+            return True
+        if isinstance(v, str):
+            try:
+                jax.lax.Precision(v.lower())
+            except ValueError:
+                return False
+            return True
+        return False
+
+    if one(value) or isinstance(value, jax.lax.DotAlgorithmPreset):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(one, value)):
+        return tuple(value)
+    raise TypeError(f"precision must be None, a jax.lax.Precision (or its name), a pair of them, "
+                    f"or a jax.lax.DotAlgorithmPreset, got {value!r}")
+
+
+def _group_sizes(value: Any, prefix_shape: tuple[int, ...], extent: int, op: str) -> jax.Array:
+    array = _checks.as_array(value)
+    if not jnp.issubdtype(array.dtype, jnp.integer):
+        raise TypeError(f"group_sizes must have an integer dtype, got {array.dtype}")
+    if array.ndim == 0 or array.shape[-1] == 0:
+        raise ValueError(f"group_sizes must have a last axis of at least one group, got shape {array.shape}")
+    if array.ndim != 1 and array.shape[:-1] != prefix_shape:
+        raise ValueError(f"group_sizes must have shape (g,) or {prefix_shape + ('g',)} (the lhs dims "
+                         f"before the ragged one that lax allows), got {array.shape}")
+    if _checks.is_concrete(value):
+        host = np.asarray(value).astype(np.int64).reshape(-1, array.shape[-1])
+        for row in host:
+            _runtime_checks.validate_values(row, 0, extent, 0, op)
+    array = _checks.as_int32(array)
+    if array.ndim == 1 and prefix_shape:
+        array = jnp.broadcast_to(array, prefix_shape + array.shape)
+    return array
+
+
+def _group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax.Array | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "shape") and not isinstance(value, (int, np.integer)):
+        raise TypeError(f"group_offset must be an int or an integer array of shape (1,) or (), got "
+                        f"{type(value).__name__}")
+    if hasattr(value, "shape") and tuple(value.shape) not in ((), (1,)):
+        raise TypeError(f"group_offset must have shape (1,) (as lax's) or (), got {tuple(value.shape)}")
+    return _checks.group_offset(value, num_groups, local_groups, op)
+
+
+def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
+    lhs = _checks.float_array("lhs", arguments["lhs"])
+    rhs = _checks.float_array("rhs", arguments["rhs"])
+    numbers = arguments["ragged_dot_dimension_numbers"]
+    sizes_shape = tuple(getattr(arguments["group_sizes"], "shape", np.shape(arguments["group_sizes"])))
+    num_groups = sizes_shape[-1] if sizes_shape else 0
+    mode = check_dimension_numbers(numbers, lhs.shape, rhs.shape, max(num_groups, 1))
+    p = plan(lhs.shape, rhs.shape, numbers, num_groups)
+    ragged_axis = numbers.lhs_ragged_dimensions[0]
+    prefix_shape = tuple(lhs.shape[a] for a in p.prefix)
+    group_sizes = _group_sizes(arguments["group_sizes"], prefix_shape, lhs.shape[ragged_axis], op)
+    # Mode 1: the rhs group dim holds the local groups. Modes 2 and 3: group_offset.. the last.
+    local = rhs.shape[p.rhs_group_axis] if mode is Mode.RAGGED_NONCONTRACTING else 1
+    return dict(
+        lhs=lhs,
+        rhs=rhs,
+        group_sizes=group_sizes,
+        ragged_dot_dimension_numbers=numbers,
+        precision=_precision(arguments["precision"]),
+        preferred_element_type=_element_type(arguments["preferred_element_type"], lhs, rhs),
+        group_offset=_group_offset(arguments["group_offset"], num_groups, local, op),
+        out_sharding=arguments["out_sharding"],
+    )
+
+
+def _runtime_check(arguments: dict[str, Any]) -> None:
+    numbers = arguments["ragged_dot_dimension_numbers"]
+    lhs, rhs = arguments["lhs"], arguments["rhs"]
+    p = plan(lhs.shape, rhs.shape, numbers, arguments["group_sizes"].shape[-1])
+    local = rhs.shape[p.rhs_group_axis] if p.mode is Mode.RAGGED_NONCONTRACTING else 1
+    extent = lhs.shape[numbers.lhs_ragged_dimensions[0]]
+    offset = arguments["group_offset"]
+
+    def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
+        rows = np.asarray(group_sizes).reshape(-1, group_sizes.shape[-1])
+        for row in rows:
+            _runtime_checks.validate_values(row, int(group_offset), extent, local, NAME)
+
+    _runtime_checks.host_check(check, arguments["group_sizes"],
+                               jnp.zeros((), jnp.int32) if offset is None else offset)
+
+
+@define_op(validate=prepare, runtime_check=_runtime_check)
+def ragged_dot_general(
+    lhs: Shaped[ArrayIn, "..."],
+    rhs: Shaped[ArrayIn, "..."],
+    group_sizes: Integer[ArrayIn, "..."],
+    ragged_dot_dimension_numbers: DimensionNumbers,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    group_offset: int | Integer[ArrayIn, ""] | Integer[ArrayIn, "1"] | None = None,
+    out_sharding: Any = None,
+) -> jax.Array:
+    """Ragged matrix multiplication, as jax.lax.ragged_dot_general, on kernelhub's kernels.
+
+    One lhs axis is ragged: split into g consecutive groups by group_sizes (group i owns the
+    indices [sum(group_sizes[:i]), sum(group_sizes[:i + 1]))). Three modes, by the kind of that
+    axis (b: batch, m: lhs free, k: contracting, n: rhs free dims, in any order and number):
+
+      1. a free axis of lhs:  [b, m, k] x [g, b, k, n] -> [b, m, n], each group's rows times
+         its own rhs (the MoE expert matmul; rhs has a group dim);
+      2. a contracting axis:  [b, m, k] x [b, k, n] -> [g, b, m, n], one product per group over
+         its indices only (the weight gradient of mode 1);
+      3. a batch axis:        [b, m, k] x [b, k, n] -> [b, m, n], a batched product whose
+         batch entries are grouped.
+
+    Args:
+      lhs, rhs: float32, bfloat16 or float16 arrays, laid out as `ragged_dot_dimension_numbers`
+        say (any order of axes; transposed rhs layouts are read in place).
+      group_sizes: integers >= 0 of shape [g], or [*prefix, g] where prefix are lax's: the batch
+        dims then the lhs free (mode 1) or contracting (mode 2) dims before the ragged one, or
+        in mode 3 the batch dims before it. Their sum may stay below the ragged axis's length:
+        indices past it belong to no group.
+      ragged_dot_dimension_numbers: a jax.lax.RaggedDotDimensionNumbers: lax's dot dimension
+        numbers, the one lhs ragged axis, and the rhs group axis (mode 1 only).
+      precision: as lax's (checked, and met: kernels accumulate in float32 from the inputs as
+        given).
+      preferred_element_type: the result dtype (float32, bfloat16 or float16); None gives lax's
+        rule, the inputs' promoted dtype. Accumulation is float32 either way.
+      group_offset: the first local group, as lax's (1,)-shaped array, a scalar or an int; may
+        be traced (e.g. inside shard_map). Mode 1: rhs's group dim holds the local groups
+        group_offset .. group_offset + L - 1, L its length (L may be less than g). Mode 2: the
+        result's entry j is group group_offset + j, and the entries past the last group are 0.
+        Mode 3: the groups from group_offset on are computed.
+      out_sharding: as lax's: the result is resharded to it when given.
+
+    Returns:
+      lax's result shape (mode 2 with a leading g) and dtype. Rows (mode 1), products (mode 2)
+      or batch entries (mode 3) that belong to no local group are exactly 0; lax computes mode 3
+      batch entries past the groups, kernelhub gives 0 there, as in the other modes.
+
+    Gradients: exact VJPs for lhs and rhs in every mode (lax differentiates mode 1 only).
+
+    Raises:
+      TypeError or ValueError naming the argument and the rule, before anything is traced: the
+      dimension numbers (axes out of range or repeated, contracting or batch sizes that differ,
+      not exactly one ragged axis, a group dim where the mode has none or none where it needs
+      one), dtypes, group_sizes' shape, group_offset's range, and (when concrete) negative sizes
+      or sizes summing past the ragged axis.
+    """
+
+
+def _simple_prepare(arguments: dict[str, Any]) -> dict[str, Any]:
+    lhs, rhs = (_checks.as_array(arguments[name]) for name in ("lhs", "rhs"))
+    if lhs.ndim != 2:
+        raise ValueError(f"lhs must have rank 2 ([m, k]), got shape {lhs.shape}")
+    if rhs.ndim != 3:
+        raise ValueError(f"rhs must have rank 3 ([g, k, n]), got shape {rhs.shape}")
+    if np.ndim(arguments["group_sizes"]) != 1:
+        raise ValueError(f"group_sizes must have rank 1 ([g]), got shape {np.shape(arguments['group_sizes'])}")
+    prepared = prepare({**arguments, "ragged_dot_dimension_numbers": BASIC_DIMENSION_NUMBERS},
+                       SIMPLE_NAME)
+    del prepared["ragged_dot_dimension_numbers"]
+    return prepared
+
+
+def _simple_runtime_check(arguments: dict[str, Any]) -> None:
+    _runtime_check({**arguments, "ragged_dot_dimension_numbers": BASIC_DIMENSION_NUMBERS})
+
+
+@define_op(name=SIMPLE_NAME, validate=_simple_prepare, runtime_check=_simple_runtime_check)
+def ragged_dot(
+    lhs: Shaped[ArrayIn, "m k"],
+    rhs: Shaped[ArrayIn, "local_groups k n"],
+    group_sizes: Integer[ArrayIn, "num_groups"],
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    group_offset: int | Integer[ArrayIn, ""] | Integer[ArrayIn, "1"] | None = None,
+    out_sharding: Any = None,
+) -> jax.Array:
+    """[m, k] x [g, k, n] -> [m, n]: each group of lhs rows times its own rhs, as
+    jax.lax.ragged_dot; ragged_dot_general's mode 1 with lhs [m, k] ragged in m (see
+    kernelhub.ragged_dot_general for every argument).
+
+    Rows past sum(group_sizes), and with group_offset the rows of groups outside
+    group_offset .. group_offset + rhs.shape[0] - 1, are exactly 0.
+    """
+

@@ -1,0 +1,242 @@
+"""kernelhub.ragged_dot(_general): jax.lax's API in every mode, on every implementation.
+
+Forward and gradients against an independent float64 reference (tests/ragged_reference.py,
+differentiated by kernelhub.testing in float64); forward against jax.lax.ragged_dot_general
+itself as a peer; group_offset chains; lax's signature and dtype rules; bad dimension numbers;
+and the lowered HLO, which must not copy rhs to change its layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import kernelhub
+import kernelhub.export
+import ragged_reference
+from conftest import implementation_params
+from kernelhub import testing
+from strategies import normal
+
+GENERAL = "ragged_dot_general"
+Numbers = lax.RaggedDotDimensionNumbers
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    name: str
+    lhs_shape: tuple[int, ...]
+    rhs_shape: tuple[int, ...]
+    numbers: Numbers
+    sizes: tuple  # [g] or nested [*prefix, g]
+    offset: int | None = None
+    dtypes: tuple = (jnp.float32, jnp.float32)
+    preferred: object = None
+    interpret: bool = True  # also run on the interpret-mode kernels (they are slow)
+
+    def case(self, seed: int = 0) -> testing.Case:
+        rng = np.random.default_rng(seed)
+        lhs = jnp.asarray(normal(rng, self.lhs_shape, self.dtypes[0]))
+        rhs = jnp.asarray(normal(rng, self.rhs_shape, self.dtypes[1]))
+        offset = None if self.offset is None else jnp.array([self.offset], jnp.int32)
+        return testing.Case(lhs, rhs, jnp.asarray(self.sizes, jnp.int32), self.numbers,
+                            preferred_element_type=self.preferred, group_offset=offset).named(self.name)
+
+
+def _n(contract, batch, ragged, groups=()):
+    return Numbers((contract, batch), ragged, groups)
+
+
+LAYOUTS = [
+    # Mode 1: a free lhs axis is ragged; rhs has a group axis.
+    Layout("m1 basic, sum below m", (37, 9), (4, 9, 7), _n(([1], [1]), ([], []), [0], [0]),
+           (10, 0, 15, 7)),
+    Layout("m1 rhs [g, n, k] bf16", (30, 9), (4, 7, 9), _n(([1], [2]), ([], []), [0], [0]),
+           (10, 3, 15, 2), dtypes=(jnp.bfloat16, jnp.bfloat16)),
+    Layout("m1 lhs [k, m], rhs [k, g, n]", (9, 25), (9, 3, 6), _n(([0], [0]), ([], []), [1], [1]),
+           (10, 0, 13)),
+    Layout("m1 batch dims", (2, 11, 5), (3, 2, 5, 4), _n(([2], [2]), ([0], [1]), [1], [0]),
+           ((2, 0, 9), (5, 5, 1))),
+    Layout("m1 free axes around the ragged one", (2, 6, 3, 4), (3, 4, 5),
+           _n(([3], [1]), ([], []), [1], [0]), ((1, 4, 1), (0, 2, 3)), interpret=False),
+    Layout("m1 two contracting axes", (13, 3, 4), (2, 4, 3, 5), _n(([1, 2], [2, 1]), ([], []), [0], [0]),
+           (6, 7), interpret=False),
+    Layout("m1 group_offset, mixed dtypes", (24, 8), (2, 8, 5), _n(([1], [1]), ([], []), [0], [0]),
+           (4, 7, 9, 4), offset=1, dtypes=(jnp.bfloat16, jnp.float32)),
+    # Mode 2: a contracting axis is ragged; the result has a leading group axis.
+    Layout("m2 [m, k] x [m, n], the weight gradient", (37, 6), (37, 5), _n(([0], [0]), ([], []), [0]),
+           (10, 0, 15, 7)),
+    Layout("m2 [k, m] x [m, n] bf16 out", (6, 30), (30, 5), _n(([1], [0]), ([], []), [1]),
+           (10, 3, 17), dtypes=(jnp.bfloat16, jnp.bfloat16)),
+    Layout("m2 batch dims", (2, 10, 3), (2, 10, 4), _n(([1], [1]), ([0], [0]), [1]),
+           ((4, 6), (0, 9))),
+    Layout("m2 contracting axis before the ragged one", (3, 2, 8), (2, 8, 4),
+           _n(([1, 2], [0, 1]), ([], []), [2]), ((3, 5), (8, 0)), interpret=False),
+    Layout("m2 group_offset", (20, 4), (20, 3), _n(([0], [0]), ([], []), [0]), (5, 5, 6, 4),
+           offset=1),
+    # Mode 3: a batch axis is ragged.
+    Layout("m3 basic, sum below b", (7, 4, 5), (7, 5, 3), _n(([2], [1]), ([0], [0]), [0]), (2, 4)),
+    Layout("m3 group_offset", (7, 4, 5), (7, 5, 3), _n(([2], [1]), ([0], [0]), [0]), (2, 4, 1),
+           offset=1),
+    Layout("m3 batch axes around the ragged one", (2, 5, 2, 3, 4), (2, 5, 2, 4, 6),
+           _n(([4], [3]), ([0, 1, 2], [0, 1, 2]), [1]), ((2, 3), (5, 0)), interpret=False),
+    Layout("m3 rhs [b, n, k]", (6, 3, 4), (6, 5, 4), _n(([2], [2]), ([0], [0]), [0]), (1, 5),
+           dtypes=(jnp.bfloat16, jnp.bfloat16)),
+]
+
+
+def _run_layouts(spec, reference, gradients=True, layouts=LAYOUTS):
+    cases = [layout.case(i) for i, layout in enumerate(layouts)
+             if layout.interpret or not spec.interpret_only]
+    return testing.check_implementations(GENERAL, reference, cases, gradients=gradients,
+                                         implementations=[spec])
+
+
+@pytest.mark.parametrize("spec", implementation_params(GENERAL))
+def test_every_mode_against_the_float64_reference_with_gradients(spec):
+    _run_layouts(spec, ragged_reference.ragged_dot_general).assert_ok()
+
+
+def lax_peer(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, **_):
+    return lax.ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GENERAL))
+def test_forward_matches_lax_ragged_dot_general(spec):
+    # lax has no group_offset, and computes mode 3 entries past the groups: full sizes there.
+    comparable = [layout for layout in LAYOUTS if layout.offset is None
+                  and (ragged_reference.mode_of(layout.numbers, len(layout.lhs_shape)) != 3
+                       or np.sum(layout.sizes, axis=-1).min() == layout.lhs_shape[0])]
+    comparable.append(dataclasses.replace(LAYOUTS[12], name="m3 full sizes", sizes=(3, 4)))
+    _run_layouts(spec, lax_peer, gradients=False, layouts=comparable).assert_ok()
+
+
+def _reference(*args, **kwargs) -> np.ndarray:
+    with jax.enable_x64(True):
+        return np.asarray(ragged_reference.ragged_dot_general(*args, **kwargs))
+
+
+def test_group_offset_shards_add_up_to_the_whole():
+    """Experts split over 3 shards of 2: mode 1 outputs add up, mode 2 outputs' first 2 entries
+    are each shard's groups; the float64 reference of the unsharded call decides."""
+    rng = np.random.default_rng(4)
+    sizes = jnp.array([3, 0, 7, 5, 2, 4], jnp.int32)
+    lhs, rhs = jnp.asarray(normal(rng, (23, 6), jnp.float32)), jnp.asarray(normal(rng, (6, 6, 4), jnp.float32))
+    numbers = kernelhub.ops.ragged_dot.BASIC_DIMENSION_NUMBERS
+    whole = _reference(lhs, rhs, sizes, numbers)
+    summed = sum(np.asarray(kernelhub.ragged_dot(lhs, rhs[2 * s:2 * s + 2], sizes,
+                                                 group_offset=jnp.array([2 * s])), np.float64)
+                 for s in range(3))
+    np.testing.assert_allclose(summed, whole, rtol=2e-5, atol=2e-5)
+
+    gradient = Numbers((([0], [0]), ([], [])), [0], [])
+    x, dy = lhs, jnp.asarray(normal(rng, (23, 5), jnp.float32))
+    whole = _reference(x, dy, sizes, gradient)
+    parts = [np.asarray(kernelhub.ragged_dot_general(x, dy, sizes, gradient, group_offset=2 * s))[:2]
+             for s in range(3)]
+    np.testing.assert_allclose(np.concatenate(parts), whole, rtol=2e-5, atol=2e-5)
+    # Past the last group, mode 2's entries are exactly 0.
+    tail = np.asarray(kernelhub.ragged_dot_general(x, dy, sizes, gradient, group_offset=4))
+    assert (tail[2:] == 0).all()
+
+
+def test_signatures_and_result_dtypes_are_laxs():
+    for ours, theirs in ((kernelhub.ragged_dot, lax.ragged_dot),
+                         (kernelhub.ragged_dot_general, lax.ragged_dot_general)):
+        mine = [(p.name, p.default) for p in inspect.signature(ours).parameters.values()]
+        lax_ = [(p.name, p.default) for p in inspect.signature(theirs).parameters.values()]
+        assert mine == lax_
+    sizes = jnp.array([2, 4], jnp.int32)
+    for lhs_dtype, rhs_dtype, preferred in [(jnp.bfloat16, jnp.bfloat16, None),
+                                            (jnp.bfloat16, jnp.float32, None),
+                                            (jnp.bfloat16, jnp.bfloat16, jnp.float32),
+                                            (jnp.float32, jnp.float32, jnp.bfloat16)]:
+        lhs, rhs = jnp.ones((6, 3), lhs_dtype), jnp.ones((2, 3, 2), rhs_dtype)
+        ours = kernelhub.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred)
+        theirs = lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred)
+        assert ours.dtype == theirs.dtype, (lhs_dtype, rhs_dtype, preferred)
+
+
+def test_forcing_reaches_the_kernels_of_that_platform(monkeypatch):
+    lhs, rhs, sizes = jnp.ones((8, 4)), jnp.ones((2, 4, 3)), jnp.array([3, 5], jnp.int32)
+    assert kernelhub.resolve("ragged_dot").platform is kernelhub.Platform.XLA
+    pallas = kernelhub.get("ragged_dot", platform="pallas")
+    assert pallas.resolve().interpret_only
+    np.testing.assert_allclose(pallas(lhs, rhs, sizes), np.full((8, 3), 4.0))
+    monkeypatch.setenv("KERNELHUB_PLATFORM", "triton")
+    assert kernelhub.resolve("ragged_dot_general").platform is kernelhub.Platform.TRITON
+    # Unforced, one export holds each platform's grouped-matmul kernels.
+    monkeypatch.delenv("KERNELHUB_PLATFORM")
+    exported = kernelhub.export.export(lambda a, b, s: kernelhub.ragged_dot(a, b, s),
+                                       lhs, rhs, sizes)
+    assert kernelhub.export.kernels_by_platform(exported) == {
+        "cpu": {}, "tpu": {"mosaic": 1}, "cuda": {"triton": 1}}
+
+
+LHS, RHS, SIZES = jnp.ones((8, 4)), jnp.ones((2, 4, 3)), jnp.array([3, 5], jnp.int32)
+BASIC = Numbers((([1], [1]), ([], [])), [0], [0])
+
+BAD_NUMBERS = [
+    ("RaggedDotDimensionNumbers", TypeError, dict(ragged_dot_dimension_numbers=((([1], [1]), ([], [])), [0], [0]))),
+    ("exactly one lhs axis", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], [1]), ([], []), [0, 1], [0]))),
+    ("must be axes of lhs", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], [1]), ([], []), [2], [0]))),
+    ("must be axes of rhs", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], [3]), ([], []), [0], [0]))),
+    ("same size", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], [2]), ([], []), [0], [0]))),
+    ("as many contracting dims", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], []), ([], []), [0], [0]))),
+    ("repeats an axis", ValueError, dict(ragged_dot_dimension_numbers=_n(([1, 1], [1, 1]), ([], []), [0], [0]))),
+    ("rhs_group_dimensions must hold one", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], [1]), ([], []), [0], []))),
+    ("must not be a contracting", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], [1]), ([], []), [0], [1]))),
+    ("rhs_group_dimensions must be empty", ValueError,
+     dict(lhs=jnp.ones((8, 4)), rhs=jnp.ones((8, 3)), ragged_dot_dimension_numbers=_n(([0], [0]), ([], []), [0], [0]))),
+    ("rhs must hold between 1 and 2 groups", ValueError, dict(rhs=jnp.ones((3, 4, 3)))),
+    ("group_sizes must have shape", ValueError, dict(group_sizes=jnp.ones((2, 2), jnp.int32))),
+    ("group_sizes", TypeError, dict(group_sizes=SIZES.astype(jnp.float32))),
+    ("sum to 12", ValueError, dict(group_sizes=jnp.array([3, 9], jnp.int32))),
+    ("group_offset", ValueError, dict(rhs=jnp.ones((1, 4, 3)), group_offset=jnp.array([2]))),
+    ("parameter .group_offset", TypeError, dict(group_offset=jnp.array([0, 1]))),
+    ("lhs must have dtype", TypeError, dict(lhs=LHS.astype(jnp.int8))),
+    ("preferred_element_type", TypeError, dict(preferred_element_type=jnp.int32)),
+    ("precision", TypeError, dict(precision="very high")),
+]
+
+
+@pytest.mark.parametrize("message,error,changes", BAD_NUMBERS, ids=[m for m, _, _ in BAD_NUMBERS])
+def test_bad_input_is_named_before_tracing(message, error, changes):
+    arguments = dict(lhs=LHS, rhs=RHS, group_sizes=SIZES, ragged_dot_dimension_numbers=BASIC)
+    arguments.update(changes)
+    with pytest.raises(error, match=message):
+        kernelhub.ragged_dot_general(**arguments)
+    with pytest.raises(error, match=message):  # the same, traced: the checks are static
+        jax.make_jaxpr(lambda: kernelhub.ragged_dot_general(**arguments))()
+
+
+def _transposes_of(text: str, shape: tuple[int, ...], dtype: str = "f32") -> int:
+    operand = "tensor<" + "x".join(map(str, shape)) + f"x{dtype}>"
+    return sum(1 for line in text.splitlines()
+               if "stablehlo.transpose" in line and f"({operand})" in line)
+
+
+@pytest.mark.parametrize("rhs_layout", ["[g, k, n]", "[g, n, k]"])
+def test_rhs_is_read_in_its_own_layout_forward_and_backward(rhs_layout):
+    """As JAX's ragged-dot tests do: the lowered HLO must not transpose rhs, in either layout,
+    whose contraction the kernels read in place (transpose_rhs)."""
+    m, k, n, g = 64, 32, 16, 4
+    transposed = rhs_layout == "[g, n, k]"
+    rhs_shape = (g, n, k) if transposed else (g, k, n)
+    numbers = _n(([1], [2 if transposed else 1]), ([], []), [0], [0])
+    sizes = jnp.array([10, 20, 0, 30], jnp.int32)
+
+    def loss(lhs, rhs):
+        return jnp.sum(kernelhub.ragged_dot_general(lhs, rhs, sizes, numbers) ** 2)
+
+    args = (jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct(rhs_shape, jnp.float32))
+    forward = jax.jit(lambda a, b: kernelhub.ragged_dot_general(a, b, sizes, numbers)).lower(*args).as_text()
+    backward = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).as_text()
+    assert _transposes_of(forward, rhs_shape) == 0 and _transposes_of(backward, rhs_shape) == 0
+    assert _transposes_of(forward, (m, k)) == 0
