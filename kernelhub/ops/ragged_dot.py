@@ -135,8 +135,6 @@ def _group_sizes(value: Any, prefix_shape: tuple[int, ...], extent: int, op: str
     array = _checks.as_array(value)
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise TypeError(f"group_sizes must have an integer dtype, got {array.dtype}")
-    if array.ndim == 0 or array.shape[-1] == 0:
-        raise ValueError(f"group_sizes must have a last axis of at least one group, got shape {array.shape}")
     if array.ndim != 1 and array.shape[:-1] != prefix_shape:
         raise ValueError(f"group_sizes must have shape (g,) or {prefix_shape + ('g',)} (the lhs dims "
                          f"before the ragged one that lax allows), got {array.shape}")
@@ -165,9 +163,12 @@ def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
     lhs = _checks.float_array("lhs", arguments["lhs"])
     rhs = _checks.float_array("rhs", arguments["rhs"])
     numbers = arguments["ragged_dot_dimension_numbers"]
-    sizes_shape = tuple(getattr(arguments["group_sizes"], "shape", np.shape(arguments["group_sizes"])))
-    num_groups = sizes_shape[-1] if sizes_shape else 0
-    mode = check_dimension_numbers(numbers, lhs.shape, rhs.shape, max(num_groups, 1))
+    sizes_shape = tuple(np.shape(arguments["group_sizes"]))
+    if not sizes_shape or sizes_shape[-1] == 0:
+        raise ValueError(f"group_sizes must have a last axis of at least one group, got shape "
+                         f"{sizes_shape}")
+    num_groups = sizes_shape[-1]
+    mode = check_dimension_numbers(numbers, lhs.shape, rhs.shape, num_groups)
     p = plan(lhs.shape, rhs.shape, numbers, num_groups)
     ragged_axis = numbers.lhs_ragged_dimensions[0]
     prefix_shape = tuple(lhs.shape[a] for a in p.prefix)
