@@ -27,6 +27,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import kernelhub
+from kernelhub._cli import _tables
 from kernelhub._cli._group_sizes import group_sizes
 
 
@@ -202,9 +203,7 @@ def render(results: list[Result], title: str) -> Table:
 
 
 def markdown(results: list[Result], header: str) -> str:
-    lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
-    return "\n".join(lines) + "\n"
+    return _tables.markdown(header, COLUMNS, [_cells(r) for r in results])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,14 +15,12 @@ import dataclasses
 import datetime
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from rich.console import Console
-from rich.table import Table
 
 import kernelhub
+from kernelhub._cli import _tables
 from kernelhub._cli.bench import interleaved_samples
 
 COLUMNS = ("op", "shape", "kernelhub call (us)", "implementation directly (us)",
@@ -72,24 +70,13 @@ def measure(op: str, reps: int, rounds: int) -> Overhead:
 
 
 def run_overhead(args: argparse.Namespace) -> int:
-    console = Console()
-    if not console.is_terminal:
-        console.width = 160
+    console = _tables.console()
     reps = args.reps or 300
-    results = [measure(op, reps, rounds=5) for op in args.ops]
+    rows = [measure(op, reps, rounds=5).cells() for op in args.ops]
     header = (f"kernelhub bench --overhead, {datetime.date.today()}, jax {jax.__version__}, "
               f"{jax.default_backend()}; best of 5 rounds of the median of {reps} interleaved "
               f"eager calls")
-    table = Table(title=header)
-    for column in COLUMNS:
-        table.add_column(column)
-    for result in results:
-        table.add_row(*result.cells())
-    console.print(table)
+    console.print(_tables.table(header, COLUMNS, rows))
     if args.out:
-        lines = [f"{header}", "", "| " + " | ".join(COLUMNS) + " |",
-                 "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(r.cells()) + " |" for r in results]
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        _tables.write(args.out, _tables.markdown(header, COLUMNS, rows))
     return 0

@@ -16,10 +16,9 @@ import statistics
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 import kernelhub
+from kernelhub._cli import _tables
 from kernelhub._cli._group_sizes import group_sizes
 from kernelhub._cli.bench import interleaved_samples
 
@@ -113,9 +112,7 @@ def cases(quick: bool, dtypes: list[str]) -> list[RaggedCase]:
 
 
 def run_ragged(args: argparse.Namespace) -> int:
-    console = Console()
-    if not console.is_terminal:
-        console.width = 160
+    console = _tables.console()
     reps = args.reps or (3 if args.quick else 5)
     draws = args.draws or (1 if args.quick else 2)
     rows = []
@@ -125,18 +122,10 @@ def run_ragged(args: argparse.Namespace) -> int:
     header = (f"kernelhub bench --ragged{' --quick' if args.quick else ''}, {datetime.date.today()}, "
               f"jax {jax.__version__}, {jax.default_backend()}; ragged_dot_general of both, jitted, "
               f"float32 result, balanced groups; {kernelhub.resolve('ragged_dot_general').platform.value}")
-    table = Table(title=header)
-    for column in COLUMNS:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    console.print(_tables.table(header, COLUMNS, rows))
     console.print("lax / kernelhub: speed-up over jax.lax.ragged_dot_general; kernelhub / floor: "
                   "time over a batched matmul of the same FLOPs (lower is better).")
     if args.out:
-        lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+        _tables.write(args.out, _tables.markdown(header, COLUMNS, rows))
         console.print(f"wrote {args.out}")
     return 0

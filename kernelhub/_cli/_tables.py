@@ -1,0 +1,37 @@
+"""The benchmarks' tables: one on the terminal (rich), the same as markdown for benchmarks/."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def console() -> Console:
+    out = Console()
+    if not out.is_terminal:  # piped output: do not squeeze the table into 80 columns
+        out.width = 160
+    return out
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    shown = Table(title=title)
+    for column in columns:
+        shown.add_column(column)
+    for row in rows:
+        shown.add_row(*row)
+    return shown
+
+
+def markdown(header: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write(path: Path | str, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
