@@ -91,10 +91,20 @@ LAYOUTS = [
 ]
 
 
+def exactly_zero_outside_the_groups(arguments, out) -> None:
+    """Where no local group reaches (the reference on all-ones inputs is 0 there), exactly 0."""
+    ones = {**arguments, "lhs": np.ones(arguments["lhs"].shape), "rhs": np.ones(arguments["rhs"].shape)}
+    with jax.enable_x64(True):
+        reached = np.asarray(ragged_reference.ragged_dot_general(**ones)) != 0
+    assert (np.asarray(out, np.float32)[~reached] == 0).all()
+    assert reached.any() or not np.asarray(out, np.float32).any()
+
+
 def _run_layouts(spec, reference, gradients=True, layouts=LAYOUTS):
     cases = [layout.case(i) for i, layout in enumerate(layouts)
              if layout.interpret or not spec.interpret_only]
     return testing.check_implementations(GENERAL, reference, cases, gradients=gradients,
+                                         check=exactly_zero_outside_the_groups,
                                          implementations=[spec])
 
 

@@ -10,6 +10,8 @@ and reshapes that merge neighbouring axes, which cost nothing. Then:
 - ragged contracting dim (mode 2): transposed_grouped_matmul, its layout being exactly
   lax's [m, k] x [k, n] with k ragged. Contracting dims after the ragged one join the rows;
   those before it each have their own group sizes, so they are a vmap whose results add up.
+  An lhs whose ragged axis comes before its free ones ([k, m] with k ragged, the layout of a
+  weight gradient) is transposed once: transposed_grouped_matmul has no layout that reads it.
 - ragged batch dim (mode 3): grouped_matmul with one group per batch entry, each with its own
   matrix. A leading group that is not local covers the entries before the first local one, and
   entries past the last local group have size 0, so they stay exactly 0 without any masking.
