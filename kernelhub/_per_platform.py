@@ -111,8 +111,8 @@ class _ArrayMark:
 _ARRAY = _ArrayMark()
 
 
-def split(arguments: dict[str, Any]) -> tuple[Layout, list[jax.Array]]:
-    """The layout of keyword `arguments` and their arrays (numpy arrays become jax arrays)."""
+def split(arguments: dict[str, Any]) -> tuple[Layout, list[jax.Array | np.ndarray]]:
+    """The layout of keyword `arguments` and their arrays (jax or numpy: both are operands)."""
     leaves, treedef = jax.tree.flatten(arguments)
     is_array = tuple(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves)
     statics = []
@@ -125,8 +125,7 @@ def split(arguments: dict[str, Any]) -> tuple[Layout, list[jax.Array]]:
                     f"non-array arguments are static and must be hashable; got {leaf!r} of "
                     f"type {type(leaf).__name__}") from None
         statics.append(None if array else leaf)
-    arrays = [leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
-              for leaf, array in zip(leaves, is_array) if array]
+    arrays = [leaf for leaf, array in zip(leaves, is_array) if array]
     return Layout(treedef, tuple(statics), is_array), arrays
 
 

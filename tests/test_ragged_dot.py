@@ -22,6 +22,7 @@ import kernelhub.export
 import ragged_reference
 from conftest import implementation_params
 from kernelhub import testing
+from kernelhub._pallas.tpu import ahead_of_time
 from strategies import normal
 
 GENERAL = "ragged_dot_general"
@@ -250,3 +251,40 @@ def test_rhs_is_read_in_its_own_layout_forward_and_backward(rhs_layout):
     backward = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).as_text()
     assert _transposes_of(forward, rhs_shape) == 0 and _transposes_of(backward, rhs_shape) == 0
     assert _transposes_of(forward, (m, k)) == 0
+
+
+TPU_MODES = [
+    ("mode 1", (512, 256), (8, 256, 256), _n(([1], [1]), ([], []), [0], [0]), 8),
+    ("mode 2", (512, 256), (512, 256), _n(([0], [0]), ([], []), [0]), 8),
+    ("mode 3", (32, 16, 256), (32, 256, 256), _n(([2], [1]), ([0], [0]), [0]), 4),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ahead_of_time.libtpu_available(), reason="needs libtpu (the tpu extra)")
+@pytest.mark.parametrize("name,lhs_shape,rhs_shape,numbers,groups", TPU_MODES,
+                         ids=[m[0] for m in TPU_MODES])
+def test_every_mode_compiles_for_tpu_with_its_gradients(name, lhs_shape, rhs_shape, numbers, groups):
+    """The real Mosaic compiler, for a v5e chip: the layouts ragged_dot hands the kernels
+    (one group per batch entry in mode 3, a transposed lhs in mode 2) must compile, forward
+    and VJP, into Mosaic kernels."""
+    import os
+
+    from jax.experimental import topologies
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    device = topologies.get_topology_desc(topology_name=ahead_of_time.TOPOLOGIES["v5e"],
+                                          platform="tpu").devices[0]
+    op = kernelhub.get(GENERAL, platform="pallas", backend="tpu")
+    where = jax.sharding.SingleDeviceSharding(device)
+
+    def loss(lhs, rhs, sizes):
+        return jnp.sum(op(lhs, rhs, sizes, numbers, preferred_element_type=jnp.float32))
+
+    specs = [jax.ShapeDtypeStruct(lhs_shape, jnp.bfloat16, sharding=where),
+             jax.ShapeDtypeStruct(rhs_shape, jnp.bfloat16, sharding=where),
+             jax.ShapeDtypeStruct((groups,), jnp.int32, sharding=where)]
+    with jax.default_device(device):
+        lowered = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(*specs)
+    text = lowered.compile().as_text()
+    assert text.count(f'custom_call_target="{ahead_of_time.MOSAIC_CALL}"') >= 3

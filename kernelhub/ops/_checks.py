@@ -6,7 +6,6 @@ message starts with the argument's name, and returns the argument normalised.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +35,13 @@ def as_int32(array: jax.Array) -> jax.Array:
     return array if array.dtype == jnp.int32 else array.astype(jnp.int32)
 
 
-@functools.cache
-def zero_offset() -> jax.Array:
-    """The group_offset of calls that give none: made once, not one device op per call."""
-    with jax.ensure_compile_time_eval():
-        return jnp.zeros((), jnp.int32)
+_ZERO_OFFSET = np.zeros((), np.int32)
+
+
+def zero_offset() -> np.ndarray:
+    """The group_offset of calls that give none: a host constant, not one device op per call
+    (and no device chosen here: a call may be traced for another platform's device)."""
+    return _ZERO_OFFSET
 
 
 def float_array(name: str, value: Any) -> jax.Array:
