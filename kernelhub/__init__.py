@@ -4,10 +4,13 @@
     out = kernelhub.grouped_matmul(lhs, rhs, group_sizes)          # best for this backend
     gmm = kernelhub.get("grouped_matmul", platform="xla")           # or force one
     kernelhub.resolve("grouped_matmul")                             # which would run
+    out = kernelhub.ragged_dot(lhs, rhs, group_sizes)              # jax.lax's API, every mode
 
-Users declare ops of their own with `define_op` and add implementations with `register`
-(docs/extending.md); `kernelhub.testing` checks every implementation against a reference.
-Importing registers the implementations; it touches no device and reads no environment.
+Each platform's kernel is chosen when XLA lowers the call (an exported function holds them
+all: `kernelhub.export`). Users declare ops of their own with `define_op` and add
+implementations with `register` (docs/extending.md); `kernelhub.testing` checks every
+implementation against a reference. Importing registers the implementations; it touches no
+device and reads no environment.
 """
 
 from kernelhub._define import define_op
