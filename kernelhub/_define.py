@@ -21,7 +21,7 @@ from typing import Any
 from beartype import beartype
 from jaxtyping import jaxtyped
 
-from kernelhub import _registry
+from kernelhub import _registry, _type_errors
 
 Validate = Callable[[dict[str, Any]], dict[str, Any] | None]
 
@@ -108,7 +108,18 @@ def _checker(contract: Callable[..., Any]) -> Callable[..., None]:
     stub.__module__ = contract.__module__
     stub.__signature__ = checked  # type: ignore[attr-defined]
     stub.__annotations__ = hints
-    return _remembering(jaxtyped(typechecker=beartype)(stub))
+    full_report = jaxtyped(typechecker=beartype)(stub)
+
+    def check(*args: Any, **kwargs: Any) -> None:
+        try:
+            full_report(*args, **kwargs)
+        except TypeError as report:  # jaxtyping's and beartype's errors are TypeErrors
+            concise = _type_errors.explain(contract.__name__, signature, hints, args, kwargs)
+            if concise is None:
+                raise
+            raise concise from report
+
+    return _remembering(check)
 
 
 _REMEMBERED = 4096

@@ -10,6 +10,7 @@ Unforced, a call carries one choice per platform and XLA keeps the one it lowers
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 from collections.abc import Callable, Iterable
@@ -171,7 +172,7 @@ class Dispatched:
         try:
             bound = definition.signature.bind(*args, **kwargs)
         except TypeError as error:
-            raise TypeError(f"{definition.name}: {error}") from None
+            raise _binding_error(definition, kwargs, error) from None
         bound.apply_defaults()
         definition.typecheck(*bound.args, **bound.kwargs)
         prepared = definition.prepare(dict(bound.arguments))
@@ -182,6 +183,30 @@ class Dispatched:
 
     def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
         return choices(self._definition.name, self._platform, self._backend, arrays)
+
+
+# Keywords users bring from other libraries, and what kernelhub does instead.
+_FOREIGN_KEYWORDS = {
+    "interpret": "to run a kernel in interpret mode as megablox's interpret=True does, force its "
+                 "platform: kernelhub.get(op, platform='pallas') or KERNELHUB_PLATFORM=pallas "
+                 "(docs/migrating.md)",
+    "implementation": "to choose an implementation as tokamax's implementation= does, use "
+                      "kernelhub.get(op, platform=...) or KERNELHUB_PLATFORM (docs/migrating.md)",
+}
+
+
+def _binding_error(definition: _registry.OpDefinition, kwargs: dict[str, Any],
+                   error: TypeError) -> TypeError:
+    """A TypeError that starts with the argument at fault."""
+    parameters = list(definition.signature.parameters)
+    for name in kwargs:
+        if name not in parameters:
+            hint = _FOREIGN_KEYWORDS.get(name)
+            if hint is None:
+                close = difflib.get_close_matches(name, parameters, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"its arguments are {', '.join(parameters)}"
+            return TypeError(f"{name}: {definition.name} has no such argument; {hint}")
+    return TypeError(f"{definition.name}: {error}")
 
 
 class WithinPlatform(Dispatched):

@@ -61,13 +61,14 @@ def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int, local
     """Raises a ValueError when concrete group sizes or offsets break the contract of `op`."""
     if np.any(group_sizes < 0):
         bad = np.flatnonzero(group_sizes < 0)[:5].tolist()
-        raise ValueError(f"{op}: group_sizes must be >= 0; negative at indices {bad}")
+        raise ValueError(f"group_sizes must be >= 0; negative at indices {bad} ({op})")
     total = int(np.sum(group_sizes, dtype=np.int64))
     if total > rows:
-        raise ValueError(f"{op}: group_sizes sum to {total}, more than the {rows} rows of lhs")
+        raise ValueError(f"group_sizes sum to {total}, more than the {rows} rows they split ({op})")
     num_groups = group_sizes.shape[0]
     if group_offset < 0 or group_offset + local_groups > num_groups:
         raise ValueError(
-            f"{op}: group_offset={group_offset} with {local_groups} local groups must lie within "
-            f"the {num_groups} groups of group_sizes (0 <= group_offset <= {num_groups - local_groups})"
+            f"group_offset={group_offset} with {local_groups} local groups must lie within "
+            f"the {num_groups} groups of group_sizes (0 <= group_offset <= "
+            f"{num_groups - local_groups}) ({op})"
         )

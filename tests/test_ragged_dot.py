@@ -210,7 +210,7 @@ BAD_NUMBERS = [
     ("group_sizes", TypeError, dict(group_sizes=SIZES.astype(jnp.float32))),
     ("sum to 12", ValueError, dict(group_sizes=jnp.array([3, 9], jnp.int32))),
     ("group_offset", ValueError, dict(rhs=jnp.ones((1, 4, 3)), group_offset=jnp.array([2]))),
-    ("parameter .group_offset", TypeError, dict(group_offset=jnp.array([0, 1]))),
+    ("group_offset must be .*; its shape must be \\[1\\]", TypeError, dict(group_offset=jnp.array([0, 1]))),
     ("lhs must have dtype", TypeError, dict(lhs=LHS.astype(jnp.int8))),
     ("preferred_element_type", TypeError, dict(preferred_element_type=jnp.int32)),
     ("precision", TypeError, dict(precision="very high")),

@@ -41,7 +41,9 @@ GMM_CASES = [
     ("group_sizes", ValueError, dict(group_sizes=jnp.array([4, 9, 4], jnp.int32))),
     ("preferred_element_type", TypeError, dict(preferred_element_type=jnp.int32)),
     ("preferred_element_type", TypeError, dict(preferred_element_type="not a dtype")),
-    ("tiling", TypeError, dict(tiling=(128, -8, 128))),
+    ("tiling", ValueError, dict(tiling=(128, -8, 128))),
+    ("tiling", ValueError, dict(tiling=(0, 128, 128))),
+    ("tiling", ValueError, dict(tiling=(128, 128))),  # megablox's (rows, k, n), as every kernel reads it
     ("tiling", TypeError, dict(tiling="big")),
     ("group_offset", ValueError, dict(group_offset=1)),  # 1 + 3 local groups > 3 groups
     ("group_offset", ValueError, dict(group_offset=-1)),
@@ -57,8 +59,17 @@ GMM_CASES = [
 @pytest.mark.parametrize("argument,error,changes", GMM_CASES,
                          ids=[f"{a}-{i}" for i, (a, _, _) in enumerate(GMM_CASES)])
 def test_gmm_rejects(spec, argument, error, changes):
-    with pytest.raises(error, match=argument):
+    with pytest.raises(error, match=argument) as raised:
         call(spec)(**gmm_arguments(**changes))
+    _one_line_naming(raised.value, argument)
+
+
+def _one_line_naming(error: Exception, argument: str) -> None:
+    """The message is one line that starts with the argument (the type checker's own report,
+    25-30 lines, stays attached as the cause)."""
+    message = str(error)
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(argument), message
 
 
 TGMM_LHS = jnp.ones((K, M), jnp.float32)
@@ -66,14 +77,14 @@ TGMM_RHS = jnp.ones((M, N), jnp.float32)
 
 TGMM_CASES = [
     ("lhs", TypeError, dict(lhs=TGMM_LHS.astype(jnp.int8))),
-    ("rhs", TypeError, dict(rhs=jnp.ones((M + 1, N)))),  # m differs
+    ("rhs", ValueError, dict(rhs=jnp.ones((M + 1, N)))),  # m differs from lhs's
     ("group_sizes", ValueError, dict(group_sizes=jnp.array([8, 8, 0], jnp.int32))),
     ("num_actual_groups", ValueError, dict(num_actual_groups=0)),
     ("num_actual_groups", ValueError, dict(num_actual_groups=G + 1)),
     ("num_actual_groups", TypeError, dict(num_actual_groups=1.0)),
     ("group_offset", ValueError, dict(group_offset=2, num_actual_groups=2)),
     ("group_offset", ValueError, dict(group_offset=G)),
-    ("existing_out", TypeError, dict(existing_out=jnp.ones((G, K, N + 1)))),
+    ("existing_out", ValueError, dict(existing_out=jnp.ones((G, K, N + 1)))),  # n differs from rhs's
     ("existing_out", ValueError, dict(existing_out=jnp.ones((G - 1, K, N)))),
 ]
 
@@ -84,8 +95,9 @@ TGMM_CASES = [
 def test_tgmm_rejects(spec, argument, error, changes):
     arguments = dict(lhs=TGMM_LHS, rhs=TGMM_RHS, group_sizes=SIZES)
     arguments.update(changes)
-    with pytest.raises(error, match=argument):
+    with pytest.raises(error, match=argument) as raised:
         call(spec)(**arguments)
+    _one_line_naming(raised.value, argument)
 
 
 @pytest.mark.parametrize("spec", implementation_params(TGMM))
@@ -97,10 +109,31 @@ def test_tgmm_traced_offset_needs_num_actual_groups(spec):
 
 @pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_unknown_argument_is_a_type_error(spec):
-    with pytest.raises(TypeError, match="tilling"):
+    with pytest.raises(TypeError, match="^tilling: grouped_matmul has no such argument; did you mean tiling"):
         call(spec)(LHS, RHS, SIZES, tilling=(8, 8, 8))
     with pytest.raises(TypeError, match="group_sizes"):
         call(spec)(LHS, RHS)
+    # megablox's and tokamax's keywords point at kernelhub's way
+    with pytest.raises(TypeError, match="^interpret: .*platform='pallas'"):
+        call(spec)(LHS, RHS, SIZES, interpret=True)
+    with pytest.raises(TypeError, match="^implementation: .*kernelhub.get"):
+        call(spec)(LHS, RHS, SIZES, implementation="triton")
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(lhs=jnp.ones((2, M, K))), "^lhs must be a float array of shape \\[m, k\\], got float32 "
+                                    "array of shape \\(2, 12, 8\\); reshape it to \\[m, k\\]"),
+    (dict(group_sizes=[4, 4, 4]), "^group_sizes must be an integer array .*got list .*jnp.asarray"),
+    (dict(lhs=LHS.astype(jnp.int32)), "^lhs must be a float array .*got int32 .*astype"),
+    (dict(rhs=jnp.ones((K, N))), "^rhs must be .*it needs 3 axes"),
+])
+def test_type_mistakes_get_one_line_with_the_fix(changes, message):
+    import kernelhub
+
+    with pytest.raises(TypeError, match=message) as raised:
+        kernelhub.grouped_matmul(**gmm_arguments(**changes))
+    assert len(str(raised.value).splitlines()) == 1
+    assert "Type-check error" in str(raised.value.__cause__)  # the full report, for whoever digs
 
 
 def test_numpy_inputs_and_integer_group_sizes_are_accepted():

@@ -86,19 +86,24 @@ def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
 
 
 def tiling(value: Any) -> Tiling:
-    """None, a callable (m, k, n) -> tuple | None, or a tuple of positive ints (kept as given).
+    """None, a callable (m, k, n) -> tuple | None, or a tuple of positive ints that starts with
+    megablox's three block sizes (rows, k, n); kept as given.
 
-    Whether a tuple suits a kernel (its length, multiples of hardware tiles) is that kernel's rule.
+    What else a tuple must be for a kernel (multiples of hardware tiles, powers of two, extra
+    entries such as Triton's num_warps) is that kernel's rule, checked when it is traced.
     """
     if value is None or callable(value):
         return value
-    if isinstance(value, (tuple, list)) and value and all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in value
-    ):
-        return tuple(int(v) for v in value)
-    raise TypeError(
-        f"tiling must be None, a callable (m, k, n) -> tuple, or a tuple of positive ints, got {value!r}"
-    )
+    if not isinstance(value, (tuple, list)) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+        raise TypeError(
+            f"tiling must be None, a callable (m, k, n) -> tuple, or a tuple of ints such as "
+            f"(128, 128, 128), got {value!r}")
+    if len(value) < 3 or any(v <= 0 for v in value):
+        raise ValueError(
+            f"tiling must start with three positive block sizes (rows, k, n) as megablox's, got "
+            f"{tuple(value)!r}")
+    return tuple(int(v) for v in value)
 
 
 def group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax.Array:
