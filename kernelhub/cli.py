@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
             modules[name] = importlib.import_module(module_name)
             modules[name].add_arguments(sub)
     args = parser.parse_args(argv)
-    return int(modules[args.command].run(args) or 0)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except ValueError as error:  # a bad choice for this host (NoImplementationError included)
+        parser.exit(2, f"kernelhub {args.command}: error: {str(error).splitlines()[0]}\n")
 
 
 if __name__ == "__main__":

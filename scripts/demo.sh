@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e .
+.venv/bin/python -m pip install --quiet -e ".[examples]"
 JAX_PLATFORMS=cpu .venv/bin/kernelhub list
 JAX_PLATFORMS=cpu .venv/bin/kernelhub bench --quick "$@"
 JAX_PLATFORMS=cpu .venv/bin/kernelhub bench --ragged --quick

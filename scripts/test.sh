@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Sets up .venv (CPU jax, the TPU compiler for ahead-of-time checks, test tools) and runs the tests.
+# Sets up .venv-test (CPU jax, the TPU compiler for ahead-of-time checks, test tools) and runs the
+# tests. A venv of its own: with libtpu installed, every jax program run without JAX_PLATFORMS=cpu
+# would start with libtpu's complaints about the TPU it cannot find; .venv stays free of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[test,tpu]"
-JAX_PLATFORMS=cpu .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+python3 -m venv .venv-test
+.venv-test/bin/python -m pip install --quiet --upgrade pip
+.venv-test/bin/python -m pip install --quiet -e ".[test,tpu]"
+JAX_PLATFORMS=cpu .venv-test/bin/python -m pytest -n 2 --dist loadgroup "$@"

@@ -9,10 +9,13 @@ from rich.console import Console
 from rich.table import Table
 
 
+WIDTH = 100  # what the tables are made to fit
+
+
 def console() -> Console:
     out = Console()
-    if not out.is_terminal:  # piped output: do not squeeze the table into 80 columns
-        out.width = 160
+    if not out.is_terminal:  # piped output: rich would assume 80 columns
+        out.width = WIDTH
     return out
 
 

@@ -62,6 +62,38 @@ class Result:
         return None if self.peer is None else self.peer / self.ours
 
 
+# The table's short names and the ops' names, both accepted on the command line.
+OPS = {"gmm": "grouped_matmul", "tgmm": "transposed_grouped_matmul"}
+DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "f16": "float16"}
+
+
+def _op(value: str) -> str:
+    name = OPS.get(value, value)
+    if name not in OPS.values():
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an op here; choose from {', '.join([*OPS, *OPS.values()])}")
+    return name
+
+
+def _dtype(value: str) -> str:
+    try:
+        return DTYPES[value.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a dtype here; choose from {', '.join(DTYPES)}") from None
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive integer")
+    return number
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small demo set (about a minute)")
     parser.add_argument("--gpu", action="store_true", help="the GPU benchmark (needs an NVIDIA GPU)")
@@ -69,17 +101,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the cost of an eager call beyond its kernel, at a tiny shape")
     parser.add_argument("--ragged", action="store_true",
                         help="ragged_dot_general against jax.lax's, in its three modes")
-    parser.add_argument("--groups", type=int, nargs="+", help="numbers of groups (default 8 64 256)")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--ops", nargs="+", default=["grouped_matmul", "transposed_grouped_matmul"])
+    parser.add_argument("--groups", type=_positive, nargs="+", metavar="G",
+                        help="numbers of groups (default 8 64 256; 8 64 with --quick)")
+    parser.add_argument("--dtypes", nargs="+", type=_dtype, default=["float32", "bfloat16"],
+                        metavar="DTYPE", help="input dtypes: float32 (f32), bfloat16 (bf16), "
+                                              "float16 (f16); default float32 bfloat16")
+    parser.add_argument("--ops", nargs="+", type=_op, default=list(OPS.values()), metavar="OP",
+                        help="grouped_matmul (gmm) and/or transposed_grouped_matmul (tgmm); "
+                             "default both")
     parser.add_argument("--peer-max-groups", type=int, default=64,
                         help="time ragged_dot only up to this many groups (it is slow on CPU)")
-    parser.add_argument("--reps", type=int, help="timed repetitions per input draw")
-    parser.add_argument("--draws", type=int,
+    parser.add_argument("--reps", type=_positive, help="timed repetitions per input draw")
+    parser.add_argument("--draws", type=_positive,
                         help="fresh input allocations per case (default 3, 1 with --quick); each "
                              "time is the median of its turns in its best draw")
     parser.add_argument("--out", type=Path, help="also write the table as markdown to this file")
-    parser.add_argument("--platform", help="force a kernelhub platform (default: the dispatcher's)")
+    parser.add_argument("--platform", choices=("xla", "pallas", "triton"),
+                        help="force a kernelhub platform (default: the dispatcher's choice)")
     try:
         from kernelhub._cli import bench_gpu
     except ImportError:
@@ -193,12 +231,23 @@ def _cells(r: Result) -> list[str]:
             f"{r.vs_floor:.2f}", *peer_cells]
 
 
+# The terminal table fits 100 columns: the shape (one per run) goes to the title, and the
+# headers are short enough to wrap at their spaces.
+_SHORT_HEADERS = {"kernelhub ms": "ours ms", "time / floor": "ours / floor",
+                  "ragged_dot ms": "lax ms", "ragged_dot / kernelhub": "lax / ours",
+                  "ragged_dot / floor": "lax / floor"}
+_SHAPE = COLUMNS.index("m x k x n")
+
+
 def render(results: list[Result], title: str) -> Table:
-    table = Table(title=title)
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column in COLUMNS[:5] else "right")
+    shapes = sorted({f"{r.case.m}x{r.case.k}x{r.case.n}" for r in results})
+    table = Table(title=f"{title}; m x k x n = {', '.join(shapes)}")
+    for column in COLUMNS[:_SHAPE] + COLUMNS[_SHAPE + 1:]:
+        table.add_column(_SHORT_HEADERS.get(column, column),
+                         justify="left" if column in COLUMNS[:5] else "right")
     for r in results:
-        table.add_row(*_cells(r))
+        cells = _cells(r)
+        table.add_row(*(cells[:_SHAPE] + cells[_SHAPE + 1:]))
     return table
 
 
@@ -219,9 +268,7 @@ def run(args: argparse.Namespace) -> int:
         from kernelhub._cli import bench_ragged
 
         return bench_ragged.run_ragged(args)
-    console = Console()
-    if not console.is_terminal:
-        console.width = 160
+    console = _tables.console()
     reps = args.reps or (3 if args.quick else 5)
     draws = args.draws or (1 if args.quick else 3)
     todo = cases(args)
@@ -240,9 +287,9 @@ def run(args: argparse.Namespace) -> int:
               f"{drawn}, median of {reps} turns each; {chosen}")
     results = shared_floors(results)
     console.print(render(results, header))
-    console.print("time / floor: kernelhub time / batched matmul of the same FLOPs (lower is "
-                  "better); ragged_dot / kernelhub: speed-up over ragged_dot; ragged_dot / floor: "
-                  "the speed-up the floor itself would have.")
+    console.print("ours / floor: kernelhub's time over a batched matmul of the same FLOPs (lower "
+                  "is better); lax: jax.lax.ragged_dot; lax / ours: kernelhub's speed-up over it; "
+                  "lax / floor: the speed-up the floor itself would have.")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(markdown(results, header))

@@ -23,8 +23,7 @@ import kernelhub
 from kernelhub._cli import _tables
 from kernelhub._cli.bench import interleaved_samples
 
-COLUMNS = ("op", "shape", "kernelhub call (us)", "implementation directly (us)",
-           "overhead (us)", "inside jit (us)")
+COLUMNS = ("op", "shape", "call us", "directly us", "overhead us", "inside jit us")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +35,8 @@ class Overhead:
     jitted: float  # a jitted function that calls kernelhub
 
     def cells(self) -> list[str]:
-        return [self.op, self.shape, *(f"{t * 1e6:.0f}" for t in (self.entry, self.direct)),
+        short = "gmm" if self.op == "grouped_matmul" else "tgmm"
+        return [short, self.shape, *(f"{t * 1e6:.0f}" for t in (self.entry, self.direct)),
                 f"{(self.entry - self.direct) * 1e6:.0f}", f"{self.jitted * 1e6:.0f}"]
 
 

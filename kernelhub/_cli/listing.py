@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
 import kernelhub
+from kernelhub._cli import _tables
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +39,6 @@ def run(args: argparse.Namespace) -> int:
                                 if choice == spec)
             table.add_row(op, spec.platform.value, spec.backend.value, str(spec.priority), note,
                           default, lowered)
-    console = Console()
-    if not console.is_terminal:  # piped output: do not squeeze the table into 80 columns
-        console.width = 160
+    console = _tables.console()
     console.print(table)
     return 0

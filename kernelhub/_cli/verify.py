@@ -14,6 +14,8 @@ import os
 from rich.console import Console
 from rich.table import Table
 
+from kernelhub._cli import _tables
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kernelhub._pallas.tpu.ahead_of_time import SHAPES, TOPOLOGIES
@@ -36,9 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
-    if not console.is_terminal:  # piped output defaults to 80 columns, too narrow for the table
-        console = Console(width=120)
+    console = _tables.console()
     if args.tpu:
         return verify_tpu(_names(args.topologies), _names(args.shapes), args.dtype,
                           not args.forward_only, console)
@@ -65,8 +65,8 @@ def verify_tpu(generations: list[str], shapes: list[str], dtype: str, backward: 
                       f"{', '.join(aot.TOPOLOGIES)}; shapes: {', '.join(aot.SHAPES)}")
         return 2
     if not aot.libtpu_available():
-        console.print("[red]libtpu is not installed[/red]: pip install 'kernelhub[tpu]' "
-                      "(jax[tpu]) to compile for TPUs without one")
+        console.print("[red]libtpu is not installed[/red]: pip install 'kernelhub\\[tpu]' "
+                      "(jax\\[tpu]) to compile for TPUs without one")
         return 2
 
     table = Table(title=f"Pallas TPU kernels compiled ahead of time ({dtype}, "
