@@ -18,7 +18,7 @@ from kernelhub._dispatch import get, resolve
 from kernelhub._registry import (
     Backend, KernelSpec, NoImplementationError, Platform, implementations, needs_device, op_names,
     register)
-from kernelhub._runtime_checks import runtime_checks
+from kernelhub._runtime_checks import RuntimeCheckError, runtime_checks
 from kernelhub.ops.grouped_matmul import grouped_matmul
 from kernelhub.ops.ragged_dot import ragged_dot, ragged_dot_general
 from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
@@ -35,6 +35,7 @@ __all__ = [
     "KernelSpec",
     "NoImplementationError",
     "Platform",
+    "RuntimeCheckError",
     "define_op",
     "get",
     "grouped_matmul",

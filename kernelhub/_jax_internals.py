@@ -81,3 +81,10 @@ def unchecked_manual_axes() -> Iterator[None]:
     over, and collectives act on whatever they are given."""
     with config._check_vma(False):
         yield
+
+
+def jit_keyed_flag(name: str, help: str) -> Any:
+    """A boolean jax configuration option that jax.jit caches on, usable as a context manager
+    (`with flag(True):`); its default comes from the environment variable `name.upper()`."""
+    return config.bool_state(name=name, default=False, help=help, include_in_jit_key=True,
+                             include_in_trace_context=True)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,25 +19,52 @@ LHS, RHS = jnp.ones((8, 4)), jnp.ones((2, 4, 3))
 
 
 @pytest.mark.parametrize("bad_sizes,message", [
-    ([3, 9], "sum to 12, more than the 8 rows"),
-    ([-2, 5], "must be >= 0"),
+    ([3, 9], "group_sizes sum to 12, more than the 8 rows"),
+    ([-2, 5], "group_sizes must be >= 0"),
 ])
-def test_runtime_check_reports_bad_sizes_under_jit(bad_sizes, message):
-    f = jax.jit(lambda sizes: kernelhub.grouped_matmul(LHS, RHS, sizes))
-    with kernelhub.runtime_checks():
-        traced = jax.jit(lambda sizes: kernelhub.grouped_matmul(LHS, RHS, sizes))
-        with pytest.raises(Exception, match=message):
+def test_runtime_check_raises_its_own_error_with_the_problem_first(bad_sizes, message):
+    traced = jax.jit(lambda sizes: kernelhub.grouped_matmul(LHS, RHS, sizes))
+    with pytest.raises(kernelhub.RuntimeCheckError, match=f"^{message}") as raised:
+        with kernelhub.runtime_checks():
             jax.block_until_ready(traced(jnp.array(bad_sizes, jnp.int32)))
-    # Off by default: no error, and nothing outside the buffers is touched.
-    out = np.asarray(f(jnp.array(bad_sizes, jnp.int32)))
+    assert isinstance(raised.value, ValueError)
+    assert isinstance(raised.value.__cause__, jax.errors.JaxRuntimeError)  # jax's own report
+
+
+def test_turning_checks_on_reaches_functions_jitted_and_run_before():
+    """The switch is part of what jax.jit caches on: no stale trace runs unchecked."""
+    f = jax.jit(lambda sizes: kernelhub.grouped_matmul(LHS, RHS, sizes))
+    bad = jnp.array([3, 9], jnp.int32)
+    out = np.asarray(f(bad))  # traced and run without checks: clamped, no error
     assert out.shape == (8, 3) and np.isfinite(out).all()
+    with pytest.raises(kernelhub.RuntimeCheckError, match="sum to 12"):
+        with kernelhub.runtime_checks():
+            jax.block_until_ready(f(bad))
+    assert np.isfinite(np.asarray(f(bad))).all()  # off again outside the block
 
 
-def test_runtime_check_from_environment(monkeypatch):
-    monkeypatch.setenv("KERNELHUB_RUNTIME_CHECKS", "1")
-    f = jax.jit(lambda offset: kernelhub.grouped_matmul(LHS, RHS[:1], jnp.array([3, 5]), group_offset=offset))
-    with pytest.raises(Exception, match="group_offset=2"):
-        jax.block_until_ready(f(2))
+def test_a_failed_check_is_reported_even_if_not_waited_for_in_the_block():
+    f = jax.jit(lambda sizes: kernelhub.grouped_matmul(LHS, RHS, sizes))
+    with pytest.raises(kernelhub.RuntimeCheckError, match="sum to 12"):
+        with kernelhub.runtime_checks():
+            f(jnp.array([3, 9], jnp.int32))  # not waited for: the block's end waits
+
+
+def test_runtime_check_from_environment():
+    """KERNELHUB_RUNTIME_CHECKS=1 is read when kernelhub is first used: a fresh process."""
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, kernelhub
+        f = jax.jit(lambda offset: kernelhub.grouped_matmul(
+            jnp.ones((8, 4)), jnp.ones((1, 4, 3)), jnp.array([3, 5]), group_offset=offset))
+        try:
+            jax.block_until_ready(f(2))
+        except jax.errors.JaxRuntimeError as error:
+            print("CAUGHT", kernelhub._runtime_checks.problem_in(error))
+    """)
+    env = {**os.environ, "KERNELHUB_RUNTIME_CHECKS": "1", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert "CAUGHT group_offset=2 with 1 local groups" in result.stdout, result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("spec", implementation_params("grouped_matmul"))

@@ -195,10 +195,11 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
     extent = lhs.shape[numbers.lhs_ragged_dimensions[0]]
     offset = arguments["group_offset"]
 
+    row_check = _runtime_checks.group_check(NAME, extent, local)
+
     def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
-        rows = np.asarray(group_sizes).reshape(-1, group_sizes.shape[-1])
-        for row in rows:
-            _runtime_checks.validate_values(row, int(group_offset), extent, local, NAME)
+        for row in np.asarray(group_sizes).reshape(-1, group_sizes.shape[-1]):
+            row_check(row, group_offset)
 
     _runtime_checks.host_check(check, arguments["group_sizes"],
                                jnp.zeros((), jnp.int32) if offset is None else offset)
