@@ -1,7 +1,7 @@
 """Selecting an implementation: forced, or one per platform at lowering time.
 
 Order of authority: an explicit `platform=`/`backend=` given to `get` or `resolve`, then the
-KERNELHUB_PLATFORM environment variable (read on every call), then the best available
+KERNELHUB_PLATFORM environment variable (read once, when kernelhub is first used), then the best available
 implementation for the platform the computation is lowered for. A forced choice pins one
 implementation everywhere; it cannot be served, that is an error, never a silent fallback.
 Unforced, a call carries one choice per platform and XLA keeps the one it lowers for
@@ -26,9 +26,34 @@ PLATFORM_VARIABLE = "KERNELHUB_PLATFORM"
 __all__ = ["NoImplementationError", "get", "resolve"]
 
 
+_environment: tuple[str, Platform | None] | None = None  # (the variable as read, its platform)
+
+
 def platform_from_environment() -> Platform | None:
-    """The platform forced by KERNELHUB_PLATFORM, or None when it is unset or empty."""
-    return _platform_named(os.environ.get(PLATFORM_VARIABLE, ""))
+    """The platform forced by KERNELHUB_PLATFORM, or None when it is unset or empty.
+
+    Read once, when kernelhub is first used: jax.jit keeps what it traced, so a value that could
+    change later would leave functions traced before on the old one without a word. A changed
+    value is an error at the next call, as is an invalid one.
+    """
+    global _environment
+    raw = os.environ.get(PLATFORM_VARIABLE, "").strip()
+    if _environment is None:
+        _environment = (raw, _platform_named(raw))
+    elif raw != _environment[0]:
+        raise ValueError(
+            f"{PLATFORM_VARIABLE} changed from {_environment[0]!r} to {raw!r} after kernelhub read "
+            f"it; it is read once, when kernelhub is first used, because functions jax.jit traced "
+            f"before would keep the old choice: set it before the program starts, or force one "
+            f"call with kernelhub.get(op, platform=...)")
+    return _environment[1]
+
+
+def reread_environment() -> None:
+    """Forgets what KERNELHUB_PLATFORM said, so that the next call reads it again (for tests
+    that set it; jitted functions keep what they traced)."""
+    global _environment
+    _environment = None
 
 
 @functools.lru_cache(maxsize=32)

@@ -59,7 +59,23 @@ def _no_forced_platform(monkeypatch):
     """Tests choose implementations explicitly; an outer KERNELHUB_PLATFORM must not leak in."""
     monkeypatch.delenv("KERNELHUB_PLATFORM", raising=False)
     monkeypatch.delenv("KERNELHUB_RUNTIME_CHECKS", raising=False)
+    kernelhub._dispatch.reread_environment()
     yield
+    kernelhub._dispatch.reread_environment()
+
+
+@pytest.fixture
+def platform_variable(monkeypatch):
+    """Sets (or, with None, unsets) KERNELHUB_PLATFORM as if the program had started with it."""
+
+    def set_variable(value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv("KERNELHUB_PLATFORM", raising=False)
+        else:
+            monkeypatch.setenv("KERNELHUB_PLATFORM", value)
+        kernelhub._dispatch.reread_environment()
+
+    return set_variable
 
 
 def pytest_report_header(config):

@@ -114,7 +114,7 @@ def test_implementations_must_match_the_signature(declare):
         kernelhub.register(op, "xla", "any")(lambda x, w, factor=1.0: x)
 
 
-def test_forcing_listing_and_errors_work_as_for_the_built_in_ops(declare, monkeypatch):
+def test_forcing_listing_and_errors_work_as_for_the_built_in_ops(declare, platform_variable):
     op = declare(scale_rows)
     name = _registry.op_name(op)
     kernelhub.register(op, "xla", "any")(_scale_xla)
@@ -123,12 +123,12 @@ def test_forcing_listing_and_errors_work_as_for_the_built_in_ops(declare, monkey
     x, w = jnp.ones((2, 2)), jnp.ones((2,))
     assert float(op(x, w)[0, 0]) == 1.0  # interpret-only: never the default
     assert float(kernelhub.get(op, platform="pallas")(x, w)[0, 0]) == -1.0
-    monkeypatch.setenv("KERNELHUB_PLATFORM", "pallas")
+    platform_variable("pallas")
     assert float(op(x, w)[0, 0]) == -1.0
-    monkeypatch.setenv("KERNELHUB_PLATFORM", "triton")
+    platform_variable("triton")
     with pytest.raises(kernelhub.NoImplementationError, match=f"no implementation of {name}"):
         op(x, w)
-    monkeypatch.delenv("KERNELHUB_PLATFORM")
+    platform_variable(None)
     listed = subprocess_free_listing(name)
     assert "pallas" in listed and "xla" in listed
 

@@ -24,24 +24,34 @@ def test_interpret_kernels_are_never_the_default():
     assert not any(kernelhub.resolve(op).interpret_only for op in kernelhub.op_names())
 
 
-def test_environment_variable_forces_the_platform_at_call_time(monkeypatch):
+def test_environment_variable_forces_the_platform(platform_variable):
     gmm = kernelhub.get("grouped_matmul")
-    monkeypatch.setenv("KERNELHUB_PLATFORM", "xla")
+    platform_variable("xla")
     assert kernelhub.resolve("grouped_matmul").platform is Platform.XLA
     np.testing.assert_array_equal(np.asarray(gmm(LHS, RHS, SIZES)), np.full((8, 3), 4.0))
 
 
-def test_bad_environment_value_names_the_variable(monkeypatch):
-    monkeypatch.setenv("KERNELHUB_PLATFORM", "cuda")
+def test_a_variable_changed_after_kernelhub_read_it_is_an_error_not_stale(monkeypatch):
+    """Read once: a jitted function cannot keep a platform the variable no longer says."""
+    jitted = jax.jit(kernelhub.grouped_matmul)
+    np.testing.assert_array_equal(np.asarray(jitted(LHS, RHS, SIZES)), np.full((8, 3), 4.0))
+    monkeypatch.setenv("KERNELHUB_PLATFORM", "pallas")
+    with pytest.raises(ValueError, match="KERNELHUB_PLATFORM changed from '' to 'pallas' after "
+                                         "kernelhub read it"):
+        kernelhub.grouped_matmul(LHS, RHS, SIZES)
+
+
+def test_bad_environment_value_names_the_variable(platform_variable):
+    platform_variable("cuda")
     with pytest.raises(ValueError, match=r"KERNELHUB_PLATFORM='cuda' is not one of: pallas, triton, xla"):
         kernelhub.grouped_matmul(LHS, RHS, SIZES)
 
 
-def test_forced_platform_without_implementation_is_an_error_not_a_fallback(monkeypatch):
+def test_forced_platform_without_implementation_is_an_error_not_a_fallback(platform_variable):
     saved = [_registry.unregister("grouped_matmul", spec.platform, spec.backend)
              for spec in kernelhub.implementations("grouped_matmul") if spec.platform is Platform.TRITON]
     try:
-        monkeypatch.setenv("KERNELHUB_PLATFORM", "triton")
+        platform_variable("triton")
         with pytest.raises(kernelhub.NoImplementationError, match="platform=triton .from KERNELHUB_PLATFORM=triton"):
             kernelhub.grouped_matmul(LHS, RHS, SIZES)
         with pytest.raises(kernelhub.NoImplementationError, match="backend=cpu, platform=triton"):
@@ -51,8 +61,8 @@ def test_forced_platform_without_implementation_is_an_error_not_a_fallback(monke
             _registry.restore(spec)
 
 
-def test_explicit_argument_beats_environment(monkeypatch):
-    monkeypatch.setenv("KERNELHUB_PLATFORM", "pallas")
+def test_explicit_argument_beats_environment(platform_variable):
+    platform_variable("pallas")
     assert kernelhub.resolve("grouped_matmul", platform="xla").platform is Platform.XLA
 
 
@@ -106,12 +116,12 @@ def test_backend_any_is_not_a_target():
         kernelhub.resolve("grouped_matmul", backend="any")
 
 
-def test_the_environment_never_leaks_into_the_unforced_per_platform_choice(monkeypatch):
+def test_the_environment_never_leaks_into_the_unforced_per_platform_choice(platform_variable):
     """`kernelhub list` asks for the per-platform choices while KERNELHUB_PLATFORM may be set;
     a later unforced call must still see each platform's own best."""
-    monkeypatch.setenv("KERNELHUB_PLATFORM", "pallas")
+    platform_variable("pallas")
     forced = kernelhub._dispatch.per_platform("grouped_matmul", _registry.version())
-    monkeypatch.delenv("KERNELHUB_PLATFORM")
+    platform_variable(None)
     unforced = kernelhub._dispatch.choices("grouped_matmul", None, None)
     assert forced == unforced
     assert unforced.of("cpu").platform is Platform.XLA

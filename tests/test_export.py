@@ -79,13 +79,13 @@ def test_tgmm_artifact_holds_each_platforms_kernel_and_runs_on_cpu():
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])
-def test_a_forced_platform_pins_one_implementation_in_every_lowering(how, monkeypatch):
+def test_a_forced_platform_pins_one_implementation_in_every_lowering(how, platform_variable):
     args = [jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((2, 32, 16), jnp.float32),
             jax.ShapeDtypeStruct((2,), jnp.int32)]
     if how == "argument":
         gmm = kernelhub.get(GMM, platform="xla")
     else:
-        monkeypatch.setenv("KERNELHUB_PLATFORM", "xla")
+        platform_variable("xla")
         gmm = kernelhub.grouped_matmul
     # A new function each time: jax.jit keeps the trace of a function it has seen, and the
     # environment is read when a call is traced.

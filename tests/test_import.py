@@ -10,7 +10,7 @@ import textwrap
 def test_import_initialises_no_backend_and_reads_no_environment():
     code = textwrap.dedent("""
         import os, sys
-        os.environ["KERNELHUB_PLATFORM"] = "not-a-platform"  # read at call time, not import
+        os.environ["KERNELHUB_PLATFORM"] = "not-a-platform"  # read when first used, not at import
         import kernelhub
         from jax._src import xla_bridge
         assert not xla_bridge._backends, "a jax backend was initialised at import"

@@ -174,16 +174,16 @@ def test_signatures_and_result_dtypes_are_laxs():
         assert ours.dtype == theirs.dtype, (lhs_dtype, rhs_dtype, preferred)
 
 
-def test_forcing_reaches_the_kernels_of_that_platform(monkeypatch):
+def test_forcing_reaches_the_kernels_of_that_platform(platform_variable):
     lhs, rhs, sizes = jnp.ones((8, 4)), jnp.ones((2, 4, 3)), jnp.array([3, 5], jnp.int32)
     assert kernelhub.resolve("ragged_dot").platform is kernelhub.Platform.XLA
     pallas = kernelhub.get("ragged_dot", platform="pallas")
     assert pallas.resolve().interpret_only
     np.testing.assert_allclose(pallas(lhs, rhs, sizes), np.full((8, 3), 4.0))
-    monkeypatch.setenv("KERNELHUB_PLATFORM", "triton")
+    platform_variable("triton")
     assert kernelhub.resolve("ragged_dot_general").platform is kernelhub.Platform.TRITON
     # Unforced, one export holds each platform's grouped-matmul kernels.
-    monkeypatch.delenv("KERNELHUB_PLATFORM")
+    platform_variable(None)
     exported = kernelhub.export.export(lambda a, b, s: kernelhub.ragged_dot(a, b, s),
                                        lhs, rhs, sizes)
     assert kernelhub.export.kernels_by_platform(exported) == {
