@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -242,7 +244,7 @@ def _gmm_call(tiling_value, m=40, k=300, n=260, dtype=jnp.float32, transpose_rhs
 
 
 @pytest.mark.parametrize("bad, rule", [
-    ((8, 128), "three positive ints"),
+    ((8, 128), "three positive block sizes"),  # the contract's own check
     ((12, 128, 128), "tm=12 must be a multiple of 8"),
     ((8, 100, 128), "tk=100 must be a multiple of 128"),
     ((8, 128, 200), "tn=200 must be a multiple of 128"),
@@ -324,8 +326,27 @@ def _assert_compiled(result: ahead_of_time.CompileResult) -> None:
 @pytest.mark.parametrize("generation", sorted(ahead_of_time.TOPOLOGIES))
 @pytest.mark.parametrize("shape", sorted(ahead_of_time.SHAPES))
 def test_forward_and_backward_compile_for_tpu(generation, shape):
-    """Forward gmm and its VJP (gmm for d lhs, tgmm for d rhs), default tiling, bf16."""
-    _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape]))
+    """Forward gmm and its VJP (gmm for d lhs, tgmm for d rhs), default tiling, bf16; the tiles
+    they compiled with are the ones docs/tpu.md shows."""
+    result = ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape])
+    _assert_compiled(result)
+    documented = _documented_tiles()[(generation, shape)]
+    compiled = ["/".join(map(str, result.tilings[k])) for k in ("gmm", "gmm_t", "tgmm")]
+    assert compiled == documented, (
+        f"docs/tpu.md says {documented} for {generation} {shape}, the compiler got {compiled}: "
+        f"update the table from `kernelhub verify --tpu`")
+
+
+@functools.cache
+def _documented_tiles() -> dict[tuple[str, str], list[str]]:
+    """The tiles docs/tpu.md's table shows, by (generation, shape)."""
+    rows = {}
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "tpu.md").read_text()
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0] in ahead_of_time.TOPOLOGIES and cells[1] in ahead_of_time.SHAPES:
+            rows[(cells[0], cells[1])] = cells[2:5]
+    return rows
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -35,19 +36,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input (and forward output) dtype (default bfloat16)")
     parser.add_argument("--forward-only", action="store_true",
                         help="compile the forward gmm only, not its VJP")
+    parser.add_argument("--out", type=Path,
+                        help="also write the rows as docs/tpu.md's markdown table to this file")
 
 
 def run(args: argparse.Namespace) -> int:
     console = _tables.console()
     if args.tpu:
         return verify_tpu(_names(args.topologies), _names(args.shapes), args.dtype,
-                          not args.forward_only, console)
+                          not args.forward_only, console, args.out)
     console.print("kernelhub verify: choose what to verify, e.g. --tpu")
     return 2
 
 
 def verify_tpu(generations: list[str], shapes: list[str], dtype: str, backward: bool,
-               console: Console) -> int:
+               console: Console, out: Path | None = None) -> int:
     """Compiles for each generation x shape and prints a table; 0 when every one compiles."""
     # Only compiling here: keep jax off any local accelerator (and libtpu's warnings about
     # missing TPU metadata quiet), unless the user chose platforms.
@@ -78,7 +81,7 @@ def verify_tpu(generations: list[str], shapes: list[str], dtype: str, backward: 
     for column in ("TPU", "shape", "gmm", "gmm_t (d lhs)", "tgmm (d rhs)", "VMEM est.", "time",
                    "result"):
         table.add_column(column)
-    failures = 0
+    failures, rows = 0, []
     for generation in generations:
         vmem = hardware.chip_named(generation).vmem_bytes
         for name in shapes:
@@ -86,15 +89,17 @@ def verify_tpu(generations: list[str], shapes: list[str], dtype: str, backward: 
                 result = aot.compile_for(generation, aot.SHAPES[name], dtype, backward)
             failures += not result.ok
             estimates = aot.vmem_estimates(result)
-            table.add_row(
-                generation, name,
-                *(_tiles(result.tilings.get(kernel)) for kernel in ("gmm", "gmm_t", "tgmm")),
-                (f"{max(estimates.values()) / 2**20:.0f}/{vmem / 2**20:.0f} MiB"
-                 if estimates else "-"),
-                f"{result.seconds:.0f} s",
-                "[green]ok[/green]" if result.ok else f"[red]FAILED[/red] {result.error}",
-            )
+            tiles = [_tiles(result.tilings.get(kernel)) for kernel in ("gmm", "gmm_t", "tgmm")]
+            used = (f"{max(estimates.values()) / 2**20:.0f} of {vmem / 2**20:.0f} MiB"
+                    if estimates else "-")
+            rows.append([generation, name, *tiles, used, f"{result.seconds:.0f} s"])
+            table.add_row(*rows[-1],
+                          "[green]ok[/green]" if result.ok else f"[red]FAILED[/red] {result.error}")
     console.print(table)
+    if out is not None:
+        columns = ("TPU", "shape", "gmm", "gmm_t (d lhs)", "tgmm (d rhs)", "VMEM est.", "compile")
+        lines = _tables.markdown("", columns, rows).splitlines()[2:]
+        _tables.write(out, "\n".join(lines) + "\n")
     return 1 if failures else 0
 
 
