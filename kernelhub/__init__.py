@@ -9,26 +9,19 @@
 Each platform's kernel is chosen when XLA lowers the call (an exported function holds them
 all: `kernelhub.export`). Users declare ops of their own with `define_op` and add
 implementations with `register` (docs/extending.md); `kernelhub.testing` checks every
-implementation against a reference. Importing registers the implementations; it touches no
-device and reads no environment.
+implementation against a reference.
+
+`import kernelhub` itself loads nothing: jax, the ops and their implementations load on first
+use of any name here (kernelhub/_public.py), so `kernelhub --help` answers at once. Loading
+touches no device and reads no environment.
 """
 
-from kernelhub._define import define_op
-from kernelhub._dispatch import get, resolve
-from kernelhub._registry import (
-    Backend, KernelSpec, NoImplementationError, Platform, implementations, needs_device, op_names,
-    register)
-from kernelhub._runtime_checks import RuntimeCheckError, runtime_checks
-from kernelhub.ops.grouped_matmul import grouped_matmul
-from kernelhub.ops.ragged_dot import ragged_dot, ragged_dot_general
-from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
+from __future__ import annotations
 
-from kernelhub import _xla  # noqa: E402,F401  (registers the xla implementations)
-from kernelhub import _collectives  # noqa: E402,F401  (registers the token exchanges)
-from kernelhub import parallel  # noqa: E402,F401  (expert parallelism on a mesh; imports in ~5 ms)
-from kernelhub._pallas import tpu as _pallas_tpu  # noqa: E402,F401  (registers the Pallas TPU kernels)
-from kernelhub._pallas import gpu as _pallas_gpu  # noqa: E402,F401  (registers the triton kernels)
-from kernelhub import _composite  # noqa: E402,F401  (ragged_dot from each backend's grouped matmuls)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
 
 __all__ = [
     "Backend",
@@ -50,4 +43,21 @@ __all__ = [
     "transposed_grouped_matmul",
 ]
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from kernelhub._public import *  # noqa: F403
+
+
+# Submodules that `kernelhub.<name>` reaches without an import of their own, as before.
+_SUBMODULES = ("export", "ops", "parallel", "testing")
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("kernelhub._public"), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kernelhub.{name}")
+    raise AttributeError(f"module 'kernelhub' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, *_SUBMODULES, "__version__"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -188,9 +189,17 @@ def op_name(op: Any) -> str:
     return name
 
 
+def load_builtins() -> None:
+    """Declares kernelhub's own ops and registers its implementations, once (on first use, not
+    at import: see kernelhub/__init__.py)."""
+    importlib.import_module("kernelhub._public")
+
+
 def op_definition(op: Any) -> OpDefinition:
     """The definition of `op`, or a ValueError listing the known ops."""
     name = op_name(op)
+    if name not in _OPS:
+        load_builtins()
     try:
         return _OPS[name]
     except KeyError:
@@ -260,6 +269,7 @@ def implementations(op: Any) -> list[KernelSpec]:
 
 def op_names() -> list[str]:
     """The names of all defined ops."""
+    load_builtins()
     return sorted(_OPS)
 
 
