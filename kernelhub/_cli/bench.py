@@ -101,6 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the cost of an eager call beyond its kernel, at a tiny shape")
     parser.add_argument("--ragged", action="store_true",
                         help="ragged_dot_general against jax.lax's, in its three modes")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile time of grouped_matmul (forward, and with its gradient) "
+                             "against jax.lax.ragged_dot")
     parser.add_argument("--groups", type=_positive, nargs="+", metavar="G",
                         help="numbers of groups (default 8 64 256; 8 64 with --quick)")
     parser.add_argument("--dtypes", nargs="+", type=_dtype, default=["float32", "bfloat16"],
@@ -268,6 +271,10 @@ def run(args: argparse.Namespace) -> int:
         from kernelhub._cli import bench_ragged
 
         return bench_ragged.run_ragged(args)
+    if args.compile:
+        from kernelhub._cli import bench_compile
+
+        return bench_compile.run_compile(args)
     console = _tables.console()
     reps = args.reps or (3 if args.quick else 5)
     draws = args.draws or (1 if args.quick else 3)
