@@ -18,23 +18,3 @@ from kernelhub import parallel  # noqa: E402,F401  (expert parallelism on a mesh
 from kernelhub._pallas import tpu as _pallas_tpu  # noqa: E402,F401  (registers the Pallas TPU kernels)
 from kernelhub._pallas import gpu as _pallas_gpu  # noqa: E402,F401  (registers the triton kernels)
 from kernelhub import _composite  # noqa: E402,F401  (ragged_dot from each backend's grouped matmuls)
-
-__all__ = [
-    "Backend",
-    "KernelSpec",
-    "NoImplementationError",
-    "Platform",
-    "RuntimeCheckError",
-    "define_op",
-    "get",
-    "grouped_matmul",
-    "implementations",
-    "needs_device",
-    "op_names",
-    "ragged_dot",
-    "ragged_dot_general",
-    "register",
-    "resolve",
-    "runtime_checks",
-    "transposed_grouped_matmul",
-]

@@ -38,3 +38,14 @@ def write(path: Path | str, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def report(console: Console, header: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+           out: Path | str | None, notes: str = "") -> None:
+    """Prints the table (and `notes` under it); with `out`, writes it as markdown there too."""
+    console.print(table(header, columns, rows))
+    if notes:
+        console.print(notes)
+    if out:
+        write(out, markdown(f"{header}\n\n{notes}" if notes else header, columns, rows))
+        console.print(f"wrote {out}")

@@ -64,8 +64,5 @@ def run_compile(args: argparse.Namespace) -> int:
     header = (f"kernelhub bench --compile, {datetime.date.today()}, jax {jax.__version__}, "
               f"{jax.default_backend()}, {dtype}; trace + lower + compile, caches cleared, best "
               f"of {rounds}; {kernelhub.resolve('grouped_matmul').platform.value}")
-    console.print(_tables.table(header, COLUMNS, rows))
-    if args.out:
-        _tables.write(args.out, _tables.markdown(header, COLUMNS, rows))
-        console.print(f"wrote {args.out}")
+    _tables.report(console, header, COLUMNS, rows, args.out)
     return 0

@@ -76,7 +76,5 @@ def run_overhead(args: argparse.Namespace) -> int:
     header = (f"kernelhub bench --overhead, {datetime.date.today()}, jax {jax.__version__}, "
               f"{jax.default_backend()}; best of 5 rounds of the median of {reps} interleaved "
               f"eager calls")
-    console.print(_tables.table(header, COLUMNS, rows))
-    if args.out:
-        _tables.write(args.out, _tables.markdown(header, COLUMNS, rows))
+    _tables.report(console, header, COLUMNS, rows, args.out)
     return 0

@@ -128,10 +128,7 @@ def run_ragged(args: argparse.Namespace) -> int:
               f"float32 result, balanced groups; {kernelhub.resolve('ragged_dot_general').platform.value}")
     todo = cases(args.quick, args.dtypes)
     legend = "; ".join(f"mode {c.mode}: {c.shapes}" for c in todo[:3])
-    console.print(_tables.table(header, COLUMNS, rows))
-    console.print(f"{legend}. lax / ours: speed-up over jax.lax.ragged_dot_general; ours / floor: "
-                  "time over a batched matmul of the same FLOPs (lower is better).")
-    if args.out:
-        _tables.write(args.out, _tables.markdown(f"{header}\n\n{legend}", COLUMNS, rows))
-        console.print(f"wrote {args.out}")
+    notes = (f"{legend}. lax / ours: speed-up over jax.lax.ragged_dot_general; ours / floor: "
+             "time over a batched matmul of the same FLOPs (lower is better).")
+    _tables.report(console, header, COLUMNS, rows, args.out, notes)
     return 0
