@@ -60,7 +60,7 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
             name=name or contract.__name__,
             signature=inspect.signature(contract),
             prepare=_normaliser(validate),
-            typecheck=_checker(contract),
+            typecheck=_checker(contract, name or contract.__name__),
             doc=inspect.getdoc(contract) or "",
             runtime_check=runtime_check,
         ))
@@ -84,7 +84,7 @@ def _normaliser(validate: Validate | None) -> Callable[[dict[str, Any]], dict[st
     return prepare
 
 
-def _checker(contract: Callable[..., Any]) -> Callable[..., None]:
+def _checker(contract: Callable[..., Any], op: str) -> Callable[..., None]:
     """A function with the contract's annotations and no body, checked by jaxtyping + beartype.
 
     jaxtyping checks that named axes agree across arguments (m, k, the group axes); beartype
@@ -114,7 +114,7 @@ def _checker(contract: Callable[..., Any]) -> Callable[..., None]:
         try:
             full_report(*args, **kwargs)
         except TypeError as report:  # jaxtyping's and beartype's errors are TypeErrors
-            concise = _type_errors.explain(contract.__name__, signature, hints, args, kwargs)
+            concise = _type_errors.explain(op, signature, hints, args, kwargs)
             if concise is None:
                 raise
             raise concise from report

@@ -1,10 +1,11 @@
-"""The few private jax functions kernelhub's per-platform lowering needs, in one place.
+"""The few private jax functions kernelhub needs, in one place.
 
 jax has no public way to trace a function into a jaxpr for given abstract values (with the
-manual mesh axes they vary over), to drop a jaxpr's dead equations, or to lower a jaxpr inside
-a lowering rule. Everything that reaches into `jax._src` for those goes through this module, so
-a jax upgrade that moves them breaks here and nowhere else. Checked with jax 0.10.2; the
-fallbacks follow the names 0.11 uses.
+manual mesh axes they vary over), to drop a jaxpr's dead equations, to lower a jaxpr inside a
+lowering rule, to add a configuration option that jax.jit caches on, or to read a lowered
+module's operations. Everything kernelhub takes from `jax._src` for those goes through this
+module (the Triton IR capture of kernelhub/_pallas/gpu/cuda_export.py aside), so a jax upgrade
+that moves them breaks here. Checked with jax 0.10.2; the fallbacks follow the names 0.11 uses.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jax._src import api_util, config, core, effects
 from jax._src import linear_util as lu
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
+from jax._src.lib.mlir import ir
 
 
 def trace(fn: Callable[..., Sequence[Any]], avals: Sequence[core.AbstractValue]) -> core.ClosedJaxpr:
@@ -88,3 +90,23 @@ def jit_keyed_flag(name: str, help: str) -> Any:
     (`with flag(True):`); its default comes from the environment variable `name.upper()`."""
     return config.bool_state(name=name, default=False, help=help, include_in_jit_key=True,
                              include_in_trace_context=True)
+
+
+def apply_primitive(primitive: Any, *args: Any, **params: Any) -> Any:
+    """Runs `primitive` outside any trace by compiling it alone (jax's impl rule for that)."""
+    from jax._src import dispatch  # noqa: PLC0415
+
+    return dispatch.apply_primitive(primitive, *args, **params)
+
+
+@contextlib.contextmanager
+def parsed_module(text: str) -> Iterator[Any]:
+    """A StableHLO module's text as MLIR operations, to read inside the block (jax's MLIR
+    context stays open there)."""
+    with mlir.make_ir_context():
+        yield ir.Module.parse(text)
+
+
+def dense_int(attribute: Any) -> int:
+    """The first integer of a dense elements attribute (an MLIR constant's value)."""
+    return int(ir.DenseIntElementsAttr(attribute)[0])

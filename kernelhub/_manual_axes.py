@@ -14,15 +14,12 @@ from typing import Any
 
 import jax
 
+from kernelhub import _jax_internals
+
 
 def varying_axes(value: Any) -> frozenset:
     """The manual mesh axes `value` varies over (empty outside shard_map)."""
-    aval = jax.typeof(value)
-    # jax 0.10 keeps the set in aval.manual_axis_type.varying; other versions as aval.vma.
-    axes = getattr(aval, "vma", None)
-    if axes is None:
-        axes = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
-    return frozenset(axes)
+    return _jax_internals.varying_axes(jax.typeof(value))
 
 
 def varying_like(value: jax.Array, *sources: Any) -> jax.Array:

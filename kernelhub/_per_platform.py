@@ -201,9 +201,7 @@ kernelhub_call_p.multiple_results = True
 
 
 def _impl(*arrays, **params):
-    from jax._src import dispatch  # noqa: PLC0415  (eager calls compile the primitive alone)
-
-    return dispatch.apply_primitive(kernelhub_call_p, *arrays, **params)
+    return internals.apply_primitive(kernelhub_call_p, *arrays, **params)
 
 
 def _abstract_eval(*avals, op, choices, layout, pullbacks, batch):

@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from kernelhub import _jax_internals
 from kernelhub._pallas.gpu.cuda_export import triton_call_targets
 
 DEFAULT_PLATFORMS = ("cpu", "tpu", "cuda")
@@ -68,12 +69,8 @@ def custom_calls_by_platform(exported: jax.export.Exported) -> dict[str, dict[st
     Reads the StableHLO: a multi-platform module switches on the platform index with
     `stablehlo.case`, and each branch (with the functions it calls) belongs to some platforms.
     """
-    from jax._src.interpreters import mlir  # noqa: PLC0415  (jax's MLIR context and bindings)
-    from jax._src.lib.mlir import ir  # noqa: PLC0415
-
     platforms = tuple(exported.platforms)
-    with mlir.make_ir_context():
-        module = ir.Module.parse(exported.mlir_module())
+    with _jax_internals.parsed_module(exported.mlir_module()) as module:
         functions = {_symbol(op.attributes["sym_name"]): op for op in module.body.operations
                      if op.operation.name == "func.func"}
         counts = {platform: collections.Counter() for platform in platforms}
@@ -132,6 +129,4 @@ def _branch_for_platform(case: Any, platform_index: int, num_platforms: int) -> 
     constant = returned.owner
     if not hasattr(constant, "name") or constant.name != "stablehlo.constant":
         return None
-    from jax._src.lib.mlir import ir  # noqa: PLC0415
-
-    return int(ir.DenseIntElementsAttr(constant.attributes["value"])[0])
+    return _jax_internals.dense_int(constant.attributes["value"])

@@ -55,9 +55,7 @@ def float_matrix(name: str, value: Any, rank: int, layout: str) -> jax.Array:
     array = as_array(value)
     if array.ndim != rank:
         raise ValueError(f"{name} must have rank {rank} ({layout}), got shape {array.shape}")
-    if array.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {array.dtype}")
-    return array
+    return float_array(name, array)
 
 
 def element_type(value: Any) -> np.dtype:

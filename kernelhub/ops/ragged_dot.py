@@ -266,13 +266,7 @@ def ragged_dot_general(
 
 
 def _simple_prepare(arguments: dict[str, Any]) -> dict[str, Any]:
-    lhs, rhs = (_checks.as_array(arguments[name]) for name in ("lhs", "rhs"))
-    if lhs.ndim != 2:
-        raise ValueError(f"lhs must have rank 2 ([m, k]), got shape {lhs.shape}")
-    if rhs.ndim != 3:
-        raise ValueError(f"rhs must have rank 3 ([g, k, n]), got shape {rhs.shape}")
-    if np.ndim(arguments["group_sizes"]) != 1:
-        raise ValueError(f"group_sizes must have rank 1 ([g]), got shape {np.shape(arguments['group_sizes'])}")
+    # Ranks were checked against the annotations ([m, k], [g, k, n], [g]) before this runs.
     prepared = prepare({**arguments, "ragged_dot_dimension_numbers": BASIC_DIMENSION_NUMBERS},
                        SIMPLE_NAME)
     del prepared["ragged_dot_dimension_numbers"]
