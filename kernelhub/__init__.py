@@ -5,6 +5,7 @@
     gmm = kernelhub.get("grouped_matmul", platform="xla")           # or force one
     kernelhub.resolve("grouped_matmul")                             # which would run
     out = kernelhub.ragged_dot(lhs, rhs, group_sizes)              # jax.lax's API, every mode
+    w8 = kernelhub.quantize(w, jnp.int8, axis=1)                    # int8/fp8 operands
 
 Each platform's kernel is chosen when XLA lowers the call (an exported function holds them
 all: `kernelhub.export`). Users declare ops of their own with `define_op` and add
@@ -28,6 +29,7 @@ __all__ = [
     "KernelSpec",
     "NoImplementationError",
     "Platform",
+    "QuantizedArray",
     "RuntimeCheckError",
     "define_op",
     "get",
@@ -35,6 +37,7 @@ __all__ = [
     "implementations",
     "needs_device",
     "op_names",
+    "quantize",
     "ragged_dot",
     "ragged_dot_general",
     "register",
@@ -48,7 +51,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
 
 
 # Submodules that `kernelhub.<name>` reaches without an import of their own, as before.
-_SUBMODULES = ("export", "ops", "parallel", "testing")
+_SUBMODULES = ("export", "ops", "parallel", "quantization", "testing")
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from beartype import beartype
@@ -28,7 +28,8 @@ Validate = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Validate | None = None,
               name: str | None = None,
-              runtime_check: Callable[[dict[str, Any]], None] | None = None) -> Any:
+              runtime_check: Callable[[dict[str, Any]], None] | None = None,
+              features: Callable[[dict[str, Any]], Iterable[str]] | None = None) -> Any:
     """Declares an op from its contract function; use as `@define_op` or `@define_op(...)`.
 
     Args:
@@ -43,6 +44,9 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
       runtime_check: with `kernelhub.runtime_checks()` on (or KERNELHUB_RUNTIME_CHECKS=1),
         called with what `validate` returned when a call is traced, to check values that are
         not known then (say, with `jax.debug.callback`).
+      features: called with what `validate` returned; gives the names of the optional
+        features the call uses (say "quantized" for quantized operands). Only implementations
+        registered with every one of them (`register(..., features=...)`) serve the call.
 
     Returns:
       The op's entry point: a function with the contract's signature and docstring that
@@ -63,6 +67,7 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
             typecheck=_checker(contract, name or contract.__name__),
             doc=inspect.getdoc(contract) or "",
             runtime_check=runtime_check,
+            features=features,
         ))
         return _entry_point(contract, definition)
 

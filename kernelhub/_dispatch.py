@@ -83,12 +83,14 @@ def resolve(
     backend: Backend | str | None = None,
     *,
     arrays: Iterable[Any] = (),
+    features: Iterable[str] = (),
 ) -> KernelSpec:
     """The implementation a call of `op` would use now.
 
     With `backend`, the one a call lowered for that backend uses (also when this host has no
     such device); without, the one for the devices of `arrays` (committed ones), else jax's
-    default backend. See the module docstring for the order of authority.
+    default backend. With `features` (say ["quantized"]), the one for a call using them. See
+    the module docstring for the order of authority.
     """
     name = _registry.op_definition(op).name
     forced_platform = _registry.as_platform(platform) if platform is not None else None
@@ -104,12 +106,14 @@ def resolve(
     else:
         target = running_backend(arrays)
         backend_forced = False
-    return _select(name, forced_platform, target, backend_forced, source, _registry.version())
+    return _select(name, forced_platform, target, backend_forced, source, _registry.version(),
+                   frozenset(features))
 
 
 @functools.lru_cache(maxsize=256)
 def _select(op: str, forced_platform: Platform | None, target: Backend, backend_forced: bool,
-            source: str, registry_version: int) -> KernelSpec:
+            source: str, registry_version: int,
+            features: frozenset[str] = frozenset()) -> KernelSpec:
     del registry_version  # part of the cache key only
     candidates = [
         spec
@@ -118,6 +122,8 @@ def _select(op: str, forced_platform: Platform | None, target: Backend, backend_
         and (forced_platform is None or spec.platform is forced_platform)
         and (forced_platform is not None or not spec.interpret_only)
     ]
+    lacking = [spec for spec in candidates if not features <= spec.features]
+    candidates = [spec for spec in candidates if features <= spec.features]
     usable = [spec for spec in candidates if _usable(spec, backend_forced)]
     if usable:
         # A kernel written for this backend beats a portable one of the same priority.
@@ -126,6 +132,10 @@ def _select(op: str, forced_platform: Platform | None, target: Backend, backend_
     wanted = f"backend={target.value}" + ("" if forced_platform is None else
                                           f", platform={forced_platform.value} (from {source})")
     reasons = [f"{s.platform.value}/{s.backend.value}: {s.unavailable_reason()}" for s in candidates]
+    reasons += [f"{s.platform.value}/{s.backend.value} does not support "
+                f"{', '.join(sorted(features - s.features))}" for s in lacking]
+    if features:
+        wanted += f", with {', '.join(sorted(features))}"
     others = [f"{s.platform.value}/{s.backend.value}" for s in _registry.implementations(op)]
     detail = ("; ".join(reasons) if reasons else "none is registered") + (
         f". Registered for {op}: {', '.join(others) or 'none'}")
@@ -145,8 +155,8 @@ def _usable(spec: KernelSpec, backend_forced: bool) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def per_platform(op: str, registry_version: int,
-                 within: Platform | None = None) -> _per_platform.Choices:
+def per_platform(op: str, registry_version: int, within: Platform | None = None,
+                 features: frozenset[str] = frozenset()) -> _per_platform.Choices:
     """The choice for every platform XLA can lower for (a reason where there is none): the
     best of all implementations, or of those written in `within`. KERNELHUB_PLATFORM plays no
     part: a forced platform pins one implementation instead (`choices`)."""
@@ -154,7 +164,8 @@ def per_platform(op: str, registry_version: int,
     for platform in _per_platform.LOWERING_PLATFORMS:
         backend = _registry.backend_of_jax_platform(platform)
         try:
-            choice = _select(op, within, backend, True, "platform argument", registry_version)
+            choice = _select(op, within, backend, True, "platform argument", registry_version,
+                             features)
         except NoImplementationError as error:
             choice = str(error)
         entries.append((platform, choice))
@@ -162,11 +173,13 @@ def per_platform(op: str, registry_version: int,
 
 
 def choices(op: str, platform: Platform | None, backend: Backend | None,
-            arrays: Iterable[Any] = ()) -> _per_platform.Choices:
+            arrays: Iterable[Any] = (),
+            features: frozenset[str] = frozenset()) -> _per_platform.Choices:
     """What a call lowers on each platform: one pinned implementation if anything is forced."""
     if platform is None and backend is None and platform_from_environment() is None:
-        return per_platform(op, _registry.version())
-    return _per_platform.Choices.pinned(resolve(op, platform, backend, arrays=arrays))
+        return per_platform(op, _registry.version(), None, features)
+    return _per_platform.Choices.pinned(
+        resolve(op, platform, backend, arrays=arrays, features=features))
 
 
 class Dispatched:
@@ -189,8 +202,9 @@ class Dispatched:
         forced = [f"{k}={v.value}" for k, v in (("platform", self._platform), ("backend", self._backend)) if v]
         return f"kernelhub.get({self._definition.name!r}{''.join(', ' + f for f in forced)})"
 
-    def resolve(self, *arrays: Any) -> KernelSpec:
-        return resolve(self._definition.name, self._platform, self._backend, arrays=arrays)
+    def resolve(self, *arrays: Any, features: Iterable[str] = ()) -> KernelSpec:
+        return resolve(self._definition.name, self._platform, self._backend, arrays=arrays,
+                       features=features)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         definition = self._definition
@@ -201,13 +215,13 @@ class Dispatched:
         bound.apply_defaults()
         definition.typecheck(*bound.args, **bound.kwargs)
         prepared = definition.prepare(dict(bound.arguments))
-        chosen = self._choices([v for v in prepared.values() if isinstance(v, jax.Array)])
+        chosen = self._choices(jax.tree.leaves(prepared), definition.features_of(prepared))
         if definition.runtime_check is not None and _runtime_checks.enabled():
             definition.runtime_check(prepared)
         return _per_platform.call(definition.name, chosen, prepared)
 
-    def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
-        return choices(self._definition.name, self._platform, self._backend, arrays)
+    def _choices(self, arrays: list[Any], features: frozenset[str]) -> _per_platform.Choices:
+        return choices(self._definition.name, self._platform, self._backend, arrays, features)
 
 
 # Keywords users bring from other libraries, and what kernelhub does instead.
@@ -239,9 +253,9 @@ class WithinPlatform(Dispatched):
     KERNELHUB_PLATFORM says: for kernelhub's own collectives, which exist only in XLA and
     must not be made unavailable by a platform forced for the kernels."""
 
-    def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
+    def _choices(self, arrays: list[Any], features: frozenset[str]) -> _per_platform.Choices:
         del arrays
-        return per_platform(self._op, _registry.version(), self._platform)
+        return per_platform(self._op, _registry.version(), self._platform, features)
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,12 +274,17 @@ class Pinned(Dispatched):
     def __repr__(self) -> str:
         return f"kernelhub pinned to {self._spec.op} {self._spec.platform.value}/{self._spec.backend.value}"
 
-    def resolve(self, *arrays: Any) -> KernelSpec:
-        del arrays
+    def resolve(self, *arrays: Any, features: Iterable[str] = ()) -> KernelSpec:
+        del arrays, features
         return self._spec
 
-    def _choices(self, arrays: list[jax.Array]) -> _per_platform.Choices:
+    def _choices(self, arrays: list[Any], features: frozenset[str]) -> _per_platform.Choices:
         del arrays
+        missing = features - self._spec.features
+        if missing:
+            raise NoImplementationError(
+                f"{self._spec.platform.value}/{self._spec.backend.value} does not support "
+                f"{', '.join(sorted(missing))} for {self._spec.op}")
         return _per_platform.Choices.pinned(self._spec)
 
 

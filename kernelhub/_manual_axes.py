@@ -22,19 +22,23 @@ def varying_axes(value: Any) -> frozenset:
     return _jax_internals.varying_axes(jax.typeof(value))
 
 
-def varying_like(value: jax.Array, *sources: Any) -> jax.Array:
-    """`value`, marked varying over every axis that one of `sources` (None skipped) varies over."""
-    wanted = frozenset().union(*(varying_axes(s) for s in sources if s is not None))
-    missing = wanted - varying_axes(value)
-    if not missing:
-        return value
-    return jax.lax.pcast(value, tuple(sorted(missing)), to="varying")
+def varying_like(value: Any, *sources: Any) -> Any:
+    """`value` (an array or a pytree of them, such as a QuantizedArray), marked varying over
+    every axis that one of the arrays in `sources` (pytrees; None skipped) varies over."""
+    wanted = frozenset().union(*(varying_axes(s) for s in jax.tree.leaves(sources)))
+
+    def cast(leaf: jax.Array) -> jax.Array:
+        missing = wanted - varying_axes(leaf)
+        if not missing:
+            return leaf
+        return jax.lax.pcast(leaf, tuple(sorted(missing)), to="varying")
+
+    return jax.tree.map(cast, value)
 
 
 def unify_varying(*values: Any) -> tuple[Any, ...]:
     """`values` (None kept), each marked varying over the union of their axes."""
-    present = [v for v in values if v is not None]
-    return tuple(None if v is None else varying_like(v, *present) for v in values)
+    return tuple(None if v is None else varying_like(v, *values) for v in values)
 
 
 def shape_dtype_like(shape: tuple[int, ...], dtype: Any, like: jax.Array) -> jax.ShapeDtypeStruct:

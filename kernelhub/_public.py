@@ -11,6 +11,7 @@ from kernelhub._runtime_checks import RuntimeCheckError, runtime_checks
 from kernelhub.ops.grouped_matmul import grouped_matmul
 from kernelhub.ops.ragged_dot import ragged_dot, ragged_dot_general
 from kernelhub.ops.transposed_grouped_matmul import transposed_grouped_matmul
+from kernelhub.quantization import QuantizedArray, quantize
 
 from kernelhub import _xla  # noqa: E402,F401  (registers the xla implementations)
 from kernelhub import _collectives  # noqa: E402,F401  (registers the token exchanges)

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -77,6 +77,12 @@ class OpDefinition:
     # With kernelhub.runtime_checks() on: called with the prepared arguments of a traced call,
     # to attach host checks of values that are not known while tracing.
     runtime_check: Callable[[dict[str, Any]], None] | None = None
+    # The optional features a call uses (say "quantized"), from its prepared arguments: only
+    # implementations registered with all of them serve it.
+    features: Callable[[dict[str, Any]], frozenset[str]] | None = None
+
+    def features_of(self, prepared: dict[str, Any]) -> frozenset[str]:
+        return frozenset() if self.features is None else frozenset(self.features(prepared))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +93,7 @@ class KernelSpec:
     or a sentence saying why not (a missing package, no such device here).
     `interpret_only` marks implementations that emulate another backend's kernel on the CPU: they
     run only when forced, never as a default choice.
+    `features` names the optional features of the op (OpDefinition.features) it implements.
     """
 
     op: str
@@ -97,6 +104,7 @@ class KernelSpec:
     fn: Callable[..., Any] = dataclasses.field(repr=False)
     requirement: Callable[[], str | None] = dataclasses.field(repr=False, compare=False)
     interpret_only: bool = False
+    features: frozenset[str] = frozenset()
 
     def unavailable_reason(self) -> str | None:
         return self.requirement()
@@ -217,9 +225,13 @@ def register(
     *,
     requirement: Callable[[], str | None] = _always,
     interpret_only: bool = False,
+    features: Iterable[str] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator adding an implementation of `op` (its name, or the function `define_op`
     returned) for (platform, backend).
+
+    `features` names the optional features of the op this implementation supports (say
+    "quantized"); a call that uses a feature goes only to implementations that list it.
 
     The function must have the op's signature (names, order, kinds and defaults); registering
     the same (op, platform, backend) twice is an error, and so is an op nobody declared.
@@ -229,6 +241,9 @@ def register(
     backend = as_backend(backend)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+    if isinstance(features, str) or not all(isinstance(f, str) for f in features):
+        raise TypeError(f"features must be a collection of names (strings), got {features!r}")
+    features = frozenset(features)
 
     def add(fn: Callable[..., Any]) -> Callable[..., Any]:
         _check_same_signature(definition, fn)
@@ -239,8 +254,8 @@ def register(
                 f"backend={backend.value}"
             )
         table[(platform, backend)] = KernelSpec(
-            definition.name, platform, backend, priority, fn, requirement, interpret_only
-        )
+            definition.name, platform, backend, priority, fn, requirement, interpret_only,
+            features)
         _changed()
         return fn
 

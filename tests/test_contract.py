@@ -194,8 +194,8 @@ def test_tgmm_few_large_groups(spec, sizes):
     """Groups larger than the hypothesis problems draw (some kernels switch strategy there).
 
     The xla kernel's chunks: 903 rows = 512 + 391 padded to 512; 1100 = 2 x 512 + 76 padded
-    to 128; 300 padded to 384, a window that is not a power of two; 512 and 1024, whole chunks
-    with no rest.
+    to 128; 300 padded to 512, 97 to 128, 7 to 16, 3 to 16; 512 and 1024, whole chunks with no
+    rest.
     """
     rng = np.random.default_rng(11)
     k, n = 8, 8
@@ -211,7 +211,7 @@ def test_tgmm_few_large_groups(spec, sizes):
 def test_tgmm_many_groups_and_two_large_ones(spec, with_existing):
     """Many small groups (the xla kernel sums every group's first rows in one batched matmul)
     and two large ones whose rest goes on past it: 64 + 1024 rows, a rest of whole chunks, and
-    64 + 300 rows, a rest padded to 384. With existing_out, the rests add to stored sums.
+    64 + 300 rows, a rest padded to 512. With existing_out, the rests add to stored sums.
     """
     rng = np.random.default_rng(15)
     k, n = 8, 8
@@ -236,6 +236,26 @@ def test_gmm_few_large_groups(spec, dtype, sizes):
     lhs, rhs = normal(rng, (m, k), dtype), normal(rng, (3, k, n), dtype)
     out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
     assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, dtype, contraction=k)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+@pytest.mark.parametrize("sizes, spare_rows", [([592, 5, 17, 130, 0, 64, 12, 16], 3),
+                                               ([3, 70, 9], 0), ([1, 0, 6], 0)])
+def test_gmm_every_kind_of_rest(spec, sizes, spare_rows):
+    """The xla kernel's chunks after a group's full 512-row ones: 64-row chunks, the last one
+    masked; a rest of 9-16 or 1-8 rows in one masked chunk of 16 or 8; 17 rows, one masked
+    64-row chunk. With no spare rows, the last windows are clamped back from the array's end.
+    """
+    rng = np.random.default_rng(16)
+    k, n = 8, 8
+    m = sum(sizes) + spare_rows
+    sizes = np.array(sizes, np.int32)
+    lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (len(sizes), k, n), jnp.float32)
+    existing = normal(rng, (m, n), jnp.float32)
+    out = call(spec)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes),
+                     existing_out=jnp.asarray(existing))
+    want = reference.gmm(lhs, rhs, sizes, existing_out=existing)
+    assert_close(out, want, jnp.float32, jnp.float32, contraction=k)
 
 
 @pytest.mark.parametrize("spec", implementation_params(GMM))

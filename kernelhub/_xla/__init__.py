@@ -12,11 +12,12 @@ from kernelhub.ops._autodiff import differentiable
 
 _differentiable = differentiable(raw_grouped_matmul, raw_transposed_grouped_matmul)
 
-grouped_matmul = register(GROUPED_MATMUL, "xla", "any")(
+grouped_matmul = register(GROUPED_MATMUL, "xla", "any", features=("quantized",))(
     jax.jit(_differentiable.grouped_matmul,
             static_argnames=("preferred_element_type", "tiling", "transpose_rhs"))
 )
-transposed_grouped_matmul = register(TRANSPOSED_GROUPED_MATMUL, "xla", "any")(
+transposed_grouped_matmul = register(TRANSPOSED_GROUPED_MATMUL, "xla", "any",
+                                     features=("quantized",))(
     jax.jit(_differentiable.transposed_grouped_matmul,
             static_argnames=("preferred_element_type", "tiling", "num_actual_groups"))
 )

@@ -2,19 +2,18 @@
 
 Two ways, by what a matmul call costs beyond its rows:
 - `visit_rows` (gmm, whose output is the chunk's rows): as many chunks of the largest size as
-  fit, then at most one chunk each of the rest's binary digits down to SMALLEST_DIGIT rows, then
-  one chunk of the smallest power of two (at least 8) that holds what is left: at most three
-  calls beyond the full chunks and fewer than SMALLEST_DIGIT rows of wasted work.
+  fit, then chunks of MIDDLE_CHUNK rows, then at most one small chunk (SMALL_CHUNKS) for a rest
+  that small. Four chunk sizes in all, each a separate piece of compiled code.
 - `sum_over_rows` (tgmm, whose every call makes a whole [k, n] sum): full chunks, then one last
-  chunk padded to a multiple of LAST_CHUNK_STEP rows, so a group below the largest size costs
-  one call.
+  chunk padded to one of a few sizes (LAST_CHUNK_SIZES), so a group below the largest size
+  costs one call.
 Either way an empty group costs nothing, and neither many small groups nor one huge group wastes
 much, which a single fixed tile would.
 
-Full and binary-digit chunks lie inside the group, so they are neither clamped nor masked. The
-last chunk reads a window that is clamped to the array, so no chunk reads or writes out of
-bounds; the rows of that window that are not the chunk's own are masked with a select (never a
-multiply, so a NaN elsewhere cannot leak in).
+Full chunks lie inside the group, so they are neither clamped nor masked. The other chunks read
+a window that is clamped to the array, so no chunk reads or writes out of bounds; the rows of
+that window that are not the chunk's own are masked with a select (never a multiply, so a NaN
+elsewhere cannot leak in).
 """
 
 from __future__ import annotations
@@ -26,30 +25,34 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-SMALLEST_CHUNK = 8
 DEFAULT_LARGEST_CHUNK = 512
-# Rests of at least this many rows are cut at their binary digits rather than padded.
-SMALLEST_DIGIT = 128
+# What is left of a group after its full chunks goes in chunks of this many rows, but for a
+# rest of at most max(SMALL_CHUNKS) rows, which takes one chunk of the smallest size that holds
+# it. Every chunk size is compiled code of its own (a dynamic slice, a matmul and a masked
+# update, about 50 ms of XLA:CPU compile time each), so the sizes are few; these four ran as
+# fast as eight (powers of two from 8 to 512) at 8, 64 and 256 groups in the CPU benchmark.
+MIDDLE_CHUNK = 64
+SMALL_CHUNKS = (8, 16)
 
 # step(carry, window_start, window_rows, row_is_valid[window_rows] or None) -> carry; None
 # means every row of the window is the chunk's own, so the step needs no mask.
 ChunkStep = Callable[[Any, jax.Array, int, jax.Array | None], Any]
 
 
-def chunk_sizes(rows: int, largest: int = DEFAULT_LARGEST_CHUNK) -> tuple[int, ...]:
-    """The chunk sizes used for an array of `rows` rows, largest first (powers of two)."""
+def top_chunk(rows: int, largest: int = DEFAULT_LARGEST_CHUNK) -> int:
+    """The largest chunk for an array of `rows` rows: the largest power of two <= both."""
     top = 1
     while top * 2 <= min(largest, rows):
         top *= 2
-    sizes = [top]
-    while sizes[-1] > SMALLEST_CHUNK:
-        sizes.append(sizes[-1] // 2)
-    return tuple(sizes)
+    return top
 
 
-def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ...],
+def visit_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
                step: ChunkStep, carry: Any) -> Any:
     """Folds `step` over chunks covering rows [start, end) of an array with `rows` rows."""
+    top = top_chunk(rows, largest)
+    middle = min(MIDDLE_CHUNK, top)
+    small = tuple(size for size in SMALL_CHUNKS if size < middle)
 
     def run(size: int, state: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
         carry, logical_start = state
@@ -61,25 +64,18 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, sizes: tuple[int, ..
         carry, logical_start = state
         return step(carry, logical_start, size, None), logical_start + size
 
-    top = sizes[0]
     full_chunks = jnp.maximum(end - start, 0) // top
     state = lax.fori_loop(0, full_chunks, lambda _, s: run_whole(top, s), (carry, start))
-    # The rest: its binary digits down to SMALLEST_DIGIT rows, at most one chunk each, then one
-    # chunk, the smallest size that holds what is left. Each matmul call has a fixed cost
-    # (for gmm, packing the [k, n] weights) that a chunk per binary digit would pay up to seven
-    # times, while one chunk for the whole rest would waste up to half of a large rest's rows
-    # and need the masked read and select of its output rows.
-    for size in sizes[1:]:
-        if size >= SMALLEST_DIGIT:
-            state = lax.cond(end - state[1] >= size, lambda s, size=size: run_whole(size, s),
-                             lambda s: s, state)
+    rest = jnp.maximum(end - state[1], 0)
+    # Middle chunks are all masked, even those inside the group: an unmasked variant would be
+    # one more size to compile, and the select costs little next to the matmul.
+    middle_chunks = rest // middle + (rest % middle > (small[-1] if small else 0))
+    state = lax.fori_loop(0, middle_chunks, lambda _, s: run(middle, s), state)
     # A chain of two-way conds rather than lax.switch: XLA updates a cond's carry in place,
     # but copies it in every branch of a many-way conditional.
     rest = end - state[1]
     smaller = 0
-    for size in sizes[::-1]:
-        if size > SMALLEST_DIGIT:
-            break
+    for size in small:
         fits = (rest > smaller) & (rest <= size)
         state = lax.cond(fits, lambda s, size=size: run(size, s), lambda s: s, state)
         smaller = size
@@ -99,24 +95,18 @@ def _padded_window(start: jax.Array, end: jax.Array, rows: int,
 ChunkProduct = Callable[[jax.Array, int, jax.Array | None], Any]
 
 
-# sum_over_rows pads a group's last chunk to a multiple of this many rows (powers of two
-# below it). Measured on XLA:CPU for tgmm: 128 saves the most [k, n] passes in bf16, whose
-# matmuls are cheap next to those passes, and costs nothing measurable in float32.
-LAST_CHUNK_STEP = 128
+# sum_over_rows pads a group's last chunk to the smallest of these sizes (and `largest`) that
+# holds it. Every size is compiled code of its own (two dynamic slices, masks and a matmul); on
+# XLA:CPU these five ran as fast for tgmm as nine (powers of two from 8 to 128, then multiples
+# of 128), within 3% with skewed sizes at 8, 64 and 256 groups: in bf16 the matmuls are cheap
+# next to the pass over the [k, n] sum that every extra chunk costs.
+LAST_CHUNK_SIZES = (16, 64, 128, 256)
 
 
 def last_chunk_sizes(largest: int) -> tuple[int, ...]:
-    """Window sizes for the last chunk of `sum_over_rows`, smallest first: powers of two from
-    SMALLEST_CHUNK below LAST_CHUNK_STEP, then multiples of it up to `largest`."""
-    sizes = []
-    size = SMALLEST_CHUNK
-    while size < min(LAST_CHUNK_STEP, largest):
-        sizes.append(size)
-        size *= 2
-    sizes += range(LAST_CHUNK_STEP, largest + 1, LAST_CHUNK_STEP)
-    if not sizes or sizes[-1] != largest:
-        sizes.append(largest)
-    return tuple(sizes)
+    """Window sizes for the last chunk of `sum_over_rows`, smallest first: those of
+    LAST_CHUNK_SIZES below `largest`, a power of two, then `largest`."""
+    return tuple(size for size in LAST_CHUNK_SIZES if size < largest) + (largest,)
 
 
 def sum_over_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
@@ -126,8 +116,8 @@ def sum_over_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
     For products whose result does not shrink with the chunk (tgmm's [k, n] sums), where every
     chunk beyond the first costs a pass over that result. The rows are cut into full chunks of
     `largest` rows and the rest, which is padded to the smallest of `last_chunk_sizes(largest)`
-    that holds it: fewer than LAST_CHUNK_STEP rows of extra work buy up to three fewer passes
-    than cutting the rest at its binary digits as `visit_rows` does. The rest's product (or,
+    that holds it: padding buys fewer passes than cutting the rest into chunks as `visit_rows`
+    does. The rest's product (or,
     when there is none, the last full chunk's) is the initial sum, so there is no zero to add
     to; its lax.switch takes no carry, so none is copied into each branch.
     """
@@ -154,31 +144,40 @@ def sum_over_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
                          total)
 
 
+def _bits_dtype(dtype: Any) -> Any:
+    """uint8 or uint16 for 8- and 16-bit floats, which XLA:CPU slices by upcasting; else None."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize in (1, 2):
+        return jnp.uint8 if dtype.itemsize == 1 else jnp.uint16
+    return None
+
+
 def as_bits(array: jax.Array) -> jax.Array:
-    """16-bit floats as uint16 so XLA:CPU slices them without upcasting the whole array."""
-    if array.dtype.itemsize == 2:
-        return lax.bitcast_convert_type(array, jnp.uint16)
-    return array
+    """8- and 16-bit floats as unsigned ints so XLA:CPU slices them without upcasting the whole
+    array."""
+    bits = _bits_dtype(array.dtype)
+    return array if bits is None else lax.bitcast_convert_type(array, bits)
 
 
 def pinned_bits(array: jax.Array, loop_index: jax.Array) -> jax.Array:
     """`as_bits(array)` made inside a loop body, where it fuses into the slices taken of it.
 
-    Made once outside the loop, the uint16 view is a real copy: one extra pass over the array per
-    call, which for a [G, k, n] rhs costs as much as the matmuls. Tying the array to the loop
+    Made once outside the loop, the unsigned view is a real copy: one extra pass over the array
+    per call, which for a [G, k, n] rhs costs as much as the matmuls. Tying the array to the loop
     index through an optimization barrier keeps XLA from hoisting the bitcast out of the loop,
     so it fuses into each dynamic slice and only the sliced rows are read. Pin in the same
     computation (loop or branch body) as the slice: across a nested body the view is
     materialised again, once per visit.
     """
-    if array.dtype.itemsize != 2:
+    if _bits_dtype(array.dtype) is None:
         return array
     array, _ = lax.optimization_barrier((array, loop_index))
     return as_bits(array)
 
 
 def from_bits(array: jax.Array, dtype: Any) -> jax.Array:
-    if array.dtype == jnp.uint16:
+    """The inverse of `as_bits` for an array that was `dtype`."""
+    if jnp.dtype(array.dtype) != jnp.dtype(dtype):
         return lax.bitcast_convert_type(array, dtype)
     return array
 

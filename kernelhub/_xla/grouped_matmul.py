@@ -2,6 +2,8 @@
 
 One loop over the local groups; each group's rows are covered by `_row_chunks`, so the work
 is about m*k*n whatever the number or sizes of groups, with no [G, m, ...] intermediate.
+Quantized operands are dequantized a group's weights and a chunk's rows at a time
+(`_operands`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._manual_axes import varying_like
-from kernelhub._xla import _row_chunks
+from kernelhub._xla import _operands, _row_chunks
 from kernelhub.ops._groups import local_bounds
 
 
@@ -26,19 +28,16 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     out = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
     if m == 0 or n == 0:
         return out
-    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
-    sizes = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))
+    compute_dtype = _operands.compute_dtype(lhs, rhs)
+    largest = _row_chunks.largest_chunk(tiling, m, k, n)
     starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
     contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
 
     def one_group(j, out_bits):
-        weights = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(rhs, j), j, 0, keepdims=False)
-        weights = _row_chunks.from_bits(weights, rhs.dtype).astype(compute_dtype)
+        weights = _operands.indexed(rhs, j, compute_dtype)
 
         def step(out_bits, window_start, window_rows, valid):
-            lhs_bits = _row_chunks.pinned_bits(lhs, window_start)
-            rows = lax.dynamic_slice_in_dim(lhs_bits, window_start, window_rows, 0)
-            rows = _row_chunks.from_bits(rows, lhs.dtype).astype(compute_dtype)
+            rows = _operands.sliced(lhs, 0, window_start, window_rows, window_start, compute_dtype)
             product = lax.dot_general(rows, weights, (contract, ((), ())),
                                       preferred_element_type=jnp.float32).astype(out_dtype)
             new = _row_chunks.as_bits(product)
@@ -47,7 +46,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
                 new = jnp.where(valid[:, None], new, old)
             return lax.dynamic_update_slice_in_dim(out_bits, new, window_start, 0)
 
-        return _row_chunks.visit_rows(starts[j], ends[j], m, sizes, step, out_bits)
+        return _row_chunks.visit_rows(starts[j], ends[j], m, largest, step, out_bits)
 
     out = varying_like(out, lhs, rhs, group_sizes, group_offset)
     # An empty group skips its body: the slice of its weights and its chunk conditionals.

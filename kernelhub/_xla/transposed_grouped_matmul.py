@@ -1,7 +1,8 @@
 """transposed_grouped_matmul in plain XLA (contract: kernelhub/ops/transposed_grouped_matmul.py).
 
 One loop over the computed groups; each accumulates its rows' outer products in float32 over
-the chunks of `_row_chunks`, so the work is about k*m*n whatever the groups.
+the chunks of `_row_chunks`, so the work is about k*m*n whatever the groups. Quantized operands
+are dequantized a chunk at a time (`_operands`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._manual_axes import varying_like
-from kernelhub._xla import _row_chunks
+from kernelhub._xla import _operands, _row_chunks
 from kernelhub._xla._row_chunks import head_capacity
 from kernelhub.ops._groups import local_bounds
 
@@ -28,14 +29,13 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     out = existing_out if existing_out is not None else jnp.zeros((actual, k, n), out_dtype)
     if m == 0 or k == 0 or n == 0 or actual == 0:
         return out
-    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
-    largest = _row_chunks.chunk_sizes(m, _row_chunks.largest_chunk(tiling, m, k, n))[0]
+    compute_dtype = _operands.compute_dtype(lhs, rhs)
+    largest = _row_chunks.top_chunk(m, _row_chunks.largest_chunk(tiling, m, k, n))
     starts, ends = local_bounds(group_sizes, group_offset, actual, m)
 
     def window(array, window_start, window_rows, valid, axis):
-        part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(array, window_start), window_start,
-                                        window_rows, axis)
-        part = _row_chunks.from_bits(part, array.dtype).astype(compute_dtype)
+        part = _operands.sliced(array, axis, window_start, window_rows, window_start,
+                                compute_dtype)
         if valid is None:
             return part
         mask = valid[None, :] if axis == 1 else valid[:, None]
@@ -50,8 +50,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
 
     capacity = head_capacity(m, group_sizes.shape[0])
     if capacity:
-        sums = _head_sums(_row_chunks.as_bits(lhs), _row_chunks.as_bits(rhs), lhs.dtype, rhs.dtype,
-                          compute_dtype, starts, ends, capacity, m)
+        sums = _head_sums(lhs, rhs, compute_dtype, starts, ends, capacity, m)
         rest = jnp.minimum(starts + capacity, jnp.maximum(ends, starts))
     else:
         sums, rest = jnp.zeros((actual, k, n), jnp.float32), starts
@@ -73,14 +72,13 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     return sums.astype(out_dtype)
 
 
-def _head_sums(lhs_bits, rhs_bits, lhs_dtype, rhs_dtype, compute_dtype, starts, ends,
-               capacity: int, rows: int) -> jax.Array:
+def _head_sums(lhs, rhs, compute_dtype, starts, ends, capacity: int, rows: int) -> jax.Array:
     """float32 [A, k, n]: each group's sum over its first `capacity` rows."""
     index = starts[:, None] + jnp.arange(capacity, dtype=jnp.int32)[None, :]
     valid = index < ends[:, None]
     index = jnp.minimum(index, rows - 1)
-    left = _row_chunks.from_bits(jnp.take(lhs_bits, index, axis=1), lhs_dtype)  # [k, A, capacity]
-    right = _row_chunks.from_bits(jnp.take(rhs_bits, index, axis=0), rhs_dtype)  # [A, capacity, n]
+    left = _operands.taken(lhs, 1, index)  # [k, A, capacity]
+    right = _operands.taken(rhs, 0, index)  # [A, capacity, n]
     # [A, k, capacity] @ [A, capacity, n]: the layout XLA:CPU has a fast (and, for bf16, any)
     # batched GEMM for. The barrier keeps XLA from folding the transpose back into the dot,
     # which sends bf16 to a fallback that rejects it ("Unsupported element type for DotThunk").

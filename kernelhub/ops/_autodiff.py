@@ -12,6 +12,9 @@ needs nothing but the two ops themselves:
         d lhs         = gmm(rhs, d out, transpose_rhs=True)^T
         d rhs         = gmm(lhs^T, d out)
         d existing_out = d out
+
+A quantized operand stands for its dequantized value in these products (the raw kernels take
+QuantizedArrays quantized along any axis), and its gradient goes to its float source.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernelhub._manual_axes import unify_varying
+from kernelhub.quantization import QuantizedArray
 from kernelhub.ops._groups import computed_rows
 
 RawKernel = Callable[..., jax.Array]
@@ -37,6 +42,38 @@ class Differentiable(NamedTuple):
 def _zero_cotangent(value: Any) -> Any:
     del value  # integer inputs take no cotangent
     return None
+
+
+def gradient_dtype(operand: Any) -> Any:
+    """The dtype of `operand`'s gradient, or None when it takes none: a quantized operand's
+    gradient is its float source's (straight-through, kernelhub/quantization.py), and one
+    without a source has nothing to pass it to."""
+    if not isinstance(operand, QuantizedArray):
+        return operand.dtype
+    return None if operand.source is None else operand.source.dtype
+
+
+def cotangent(operand: Any, gradient: jax.Array | None) -> Any:
+    """`gradient` shaped as `operand`'s cotangent: a quantized operand's goes to its source;
+    its values and scale take none."""
+    if not isinstance(operand, QuantizedArray):
+        return gradient
+    if jnp.issubdtype(operand.values.dtype, jnp.floating):
+        d_values = jnp.zeros(operand.shape, operand.values.dtype)
+    else:
+        d_values = np.zeros(operand.shape, jax.dtypes.float0)
+    return QuantizedArray._unchecked(d_values, jnp.zeros_like(operand.scale), operand.axis,
+                                     operand.block_size,
+                                     None if operand.source is None else gradient)
+
+
+def transpose(operand: Any) -> Any:
+    """The transpose of a matrix, float or quantized (its scales and source with it)."""
+    if not isinstance(operand, QuantizedArray):
+        return operand.T
+    return QuantizedArray._unchecked(
+        operand.values.T, operand.scale.T, 1 - operand.axis, operand.block_size,
+        None if operand.source is None else operand.source.T)
 
 
 def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
@@ -58,19 +95,22 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
         lhs, rhs, group_sizes, group_offset, existing_out = residuals
         local_groups = rhs.shape[0]
         # The kernels accumulate in float32 and round once into the primal's dtype.
-        d_lhs = raw_gmm(d_out, rhs, group_sizes, lhs.dtype, tiling, group_offset, None,
-                        not transpose_rhs)
-        if transpose_rhs:
-            d_rhs = raw_tgmm(d_out.T, lhs, group_sizes, rhs.dtype, tiling, group_offset,
-                             local_groups, None)
-        else:
-            d_rhs = raw_tgmm(lhs.T, d_out, group_sizes, rhs.dtype, tiling, group_offset,
-                             local_groups, None)
+        d_lhs = d_rhs = None
+        if gradient_dtype(lhs) is not None:
+            d_lhs = raw_gmm(d_out, rhs, group_sizes, gradient_dtype(lhs), tiling, group_offset,
+                            None, not transpose_rhs)
+        if gradient_dtype(rhs) is not None:
+            if transpose_rhs:
+                d_rhs = raw_tgmm(d_out.T, lhs, group_sizes, gradient_dtype(rhs), tiling,
+                                 group_offset, local_groups, None)
+            else:
+                d_rhs = raw_tgmm(transpose(lhs), d_out, group_sizes, gradient_dtype(rhs), tiling,
+                                 group_offset, local_groups, None)
         d_existing = None
         if existing_out is not None:
             computed = computed_rows(group_sizes, group_offset, local_groups, lhs.shape[0])
             d_existing = jnp.where(computed[:, None], jnp.zeros_like(d_out), d_out)
-        return (d_lhs, d_rhs, _zero_cotangent(group_sizes),
+        return (cotangent(lhs, d_lhs), cotangent(rhs, d_rhs), _zero_cotangent(group_sizes),
                 _zero_cotangent(group_offset), d_existing)
 
     gmm.defvjp(gmm_forward, gmm_backward)
@@ -89,9 +129,14 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
 
     def tgmm_backward(preferred_element_type, tiling, num_actual_groups, residuals, d_out):
         lhs, rhs, group_sizes, group_offset, has_existing = residuals
-        d_lhs = raw_gmm(rhs, d_out, group_sizes, lhs.dtype, tiling, group_offset, None, True)
-        d_rhs = raw_gmm(lhs.T, d_out, group_sizes, rhs.dtype, tiling, group_offset, None, False)
-        return (d_lhs.T, d_rhs, _zero_cotangent(group_sizes),
+        d_lhs = d_rhs = None
+        if gradient_dtype(lhs) is not None:
+            d_lhs = raw_gmm(rhs, d_out, group_sizes, gradient_dtype(lhs), tiling, group_offset,
+                            None, True).T
+        if gradient_dtype(rhs) is not None:
+            d_rhs = raw_gmm(transpose(lhs), d_out, group_sizes, gradient_dtype(rhs), tiling,
+                            group_offset, None, False)
+        return (cotangent(lhs, d_lhs), cotangent(rhs, d_rhs), _zero_cotangent(group_sizes),
                 _zero_cotangent(group_offset), d_out if has_existing else None)
 
     tgmm.defvjp(tgmm_forward, tgmm_backward)

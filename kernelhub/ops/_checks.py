@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub._runtime_checks import validate_values
+from kernelhub.quantization import QuantizedArray
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _FLOAT_NAMES = "float32, bfloat16 or float16"
@@ -56,6 +57,29 @@ def float_matrix(name: str, value: Any, rank: int, layout: str) -> jax.Array:
     if array.ndim != rank:
         raise ValueError(f"{name} must have rank {rank} ({layout}), got shape {array.shape}")
     return float_array(name, array)
+
+
+def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int) -> Any:
+    """A float array of `rank`, or a QuantizedArray quantized along `contraction_axis` (the axis
+    the product sums over, where its scales can be applied to each block's partial sums)."""
+    if not isinstance(value, QuantizedArray):
+        return float_matrix(name, value, rank, layout)
+    if value.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank} ({layout}), got a QuantizedArray of shape "
+                         f"{value.shape}")
+    if value.axis != contraction_axis:
+        axis_names = layout.strip("[]").split(", ")
+        raise ValueError(
+            f"{name} is quantized along axis {value.axis} ({axis_names[value.axis]}) but must be "
+            f"quantized along its contraction axis {contraction_axis} "
+            f"({axis_names[contraction_axis]}): quantize it with axis={contraction_axis}")
+    return value
+
+
+def features(arguments: dict[str, Any]) -> frozenset[str]:
+    """The optional features a grouped-matmul call uses: "quantized" for quantized operands."""
+    quantized = any(isinstance(arguments.get(name), QuantizedArray) for name in ("lhs", "rhs"))
+    return frozenset({"quantized"}) if quantized else frozenset()
 
 
 def element_type(value: Any) -> np.dtype:

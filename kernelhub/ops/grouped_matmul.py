@@ -12,6 +12,7 @@ from jaxtyping import Float, Integer
 from kernelhub import _runtime_checks
 from kernelhub._define import define_op
 from kernelhub.ops import _checks
+from kernelhub.quantization import QuantizedArray
 
 NAME = "grouped_matmul"
 
@@ -20,9 +21,9 @@ ArrayIn = jax.Array | np.ndarray
 
 def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
     transpose_rhs = _checks.flag("transpose_rhs", arguments["transpose_rhs"])
-    lhs = _checks.float_matrix("lhs", arguments["lhs"], 2, "[m, k]")
+    lhs = _checks.operand("lhs", arguments["lhs"], 2, "[m, k]", 1)
     rhs_layout = "[local_groups, n, k]" if transpose_rhs else "[local_groups, k, n]"
-    rhs = _checks.float_matrix("rhs", arguments["rhs"], 3, rhs_layout)
+    rhs = _checks.operand("rhs", arguments["rhs"], 3, rhs_layout, 2 if transpose_rhs else 1)
     m, k = lhs.shape
     local_groups = rhs.shape[0]
     rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
@@ -58,10 +59,10 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
     _runtime_checks.host_check(check, arguments["group_sizes"], arguments["group_offset"])
 
 
-@define_op(validate=_prepare, runtime_check=_runtime_check)
+@define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features)
 def grouped_matmul(
-    lhs: Float[ArrayIn, "m k"],
-    rhs: Float[ArrayIn, "local_groups _ _"],
+    lhs: Float[ArrayIn, "m k"] | QuantizedArray,
+    rhs: Float[ArrayIn, "local_groups _ _"] | QuantizedArray,
     group_sizes: Integer[ArrayIn, "num_groups"],
     preferred_element_type: Any = jnp.float32,
     tiling: _checks.Tiling = None,
@@ -73,9 +74,11 @@ def grouped_matmul(
 
     Args:
       lhs: [m, k] rows sorted by group. Group g owns rows
-        [sum(group_sizes[:g]), sum(group_sizes[:g + 1])).
+        [sum(group_sizes[:g]), sum(group_sizes[:g + 1])). Float, or a QuantizedArray quantized
+        along k (kernelhub.quantize(x, dtype, axis=1, block_size=...)).
       rhs: [local_groups, k, n], or [local_groups, n, k] with `transpose_rhs`. rhs[j] belongs to
-        group `group_offset + j`.
+        group `group_offset + j`. Float, or a QuantizedArray quantized along k (axis 1, or 2
+        with `transpose_rhs`).
       group_sizes: [num_groups] integers >= 0 with sum <= m (rows past the sum belong to no
         group). num_groups >= local_groups.
       preferred_element_type: dtype of the output (float32, bfloat16 or float16). Products are
@@ -90,11 +93,15 @@ def grouped_matmul(
 
     Returns:
       [m, n] of preferred_element_type. A row of local group g = group_offset + j is
-      lhs[row] @ rhs[j] (or rhs[j].T). Every other row (other groups' rows, rows past
+      lhs[row] @ rhs[j] (or rhs[j].T). A quantized operand counts as its dequantized float32
+      values (QuantizedArray.dequantize()); the product is accumulated in float32 and cast
+      once (docs/quantization.md). Every other row (other groups' rows, rows past
       sum(group_sizes)) is exactly 0, or exactly existing_out's row. A NaN or Inf in lhs reaches
       only the output rows it belongs to.
 
-    Gradients: exact VJPs for lhs, rhs and existing_out. existing_out's cotangent is the output
+    Gradients: exact VJPs for lhs, rhs and existing_out. A QuantizedArray made by
+    kernelhub.quantize passes the gradient of its dequantized value straight to what was
+    quantized; its values and scale get none. existing_out's cotangent is the output
     cotangent on the rows not computed and 0 on the rows computed.
 
     Raises:

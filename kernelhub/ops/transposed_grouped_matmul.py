@@ -12,6 +12,7 @@ from jaxtyping import Float, Integer
 from kernelhub import _runtime_checks
 from kernelhub._define import define_op
 from kernelhub.ops import _checks
+from kernelhub.quantization import QuantizedArray
 
 NAME = "transposed_grouped_matmul"
 
@@ -19,8 +20,8 @@ ArrayIn = jax.Array | np.ndarray
 
 
 def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
-    lhs = _checks.float_matrix("lhs", arguments["lhs"], 2, "[k, m]")
-    rhs = _checks.float_matrix("rhs", arguments["rhs"], 2, "[m, n]")
+    lhs = _checks.operand("lhs", arguments["lhs"], 2, "[k, m]", 1)
+    rhs = _checks.operand("rhs", arguments["rhs"], 2, "[m, n]", 0)
     k, m = lhs.shape
     if rhs.shape[0] != m:
         raise ValueError(
@@ -64,10 +65,10 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
     _runtime_checks.host_check(check, arguments["group_sizes"], arguments["group_offset"])
 
 
-@define_op(validate=_prepare, runtime_check=_runtime_check)
+@define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features)
 def transposed_grouped_matmul(
-    lhs: Float[ArrayIn, "k m"],
-    rhs: Float[ArrayIn, "m n"],
+    lhs: Float[ArrayIn, "k m"] | QuantizedArray,
+    rhs: Float[ArrayIn, "m n"] | QuantizedArray,
     group_sizes: Integer[ArrayIn, "num_groups"],
     preferred_element_type: Any = jnp.float32,
     tiling: _checks.Tiling = None,
@@ -80,7 +81,9 @@ def transposed_grouped_matmul(
     Args:
       lhs: [k, m], columns sorted by group (group g owns columns
         [sum(group_sizes[:g]), sum(group_sizes[:g + 1]))); typically the transposed gmm input.
-      rhs: [m, n], rows sorted the same way; typically gmm's output cotangent.
+        Float, or a QuantizedArray quantized along m (axis 1).
+      rhs: [m, n], rows sorted the same way; typically gmm's output cotangent. Float, or a
+        QuantizedArray quantized along m (axis 0).
       group_sizes: [num_groups] integers >= 0 with sum <= m.
       preferred_element_type: dtype of the output (float32, bfloat16 or float16); products are
         accumulated in float32 and cast once.
@@ -93,11 +96,13 @@ def transposed_grouped_matmul(
 
     Returns:
       [num_actual_groups, k, n] of preferred_element_type with
-      out[j] = lhs[:, rows(g)] @ rhs[rows(g), :] (+ existing_out[j]) for g = group_offset + j;
+      out[j] = lhs[:, rows(g)] @ rhs[rows(g), :] (+ existing_out[j]) for g = group_offset + j,
+      quantized operands counting as their dequantized values (as for grouped_matmul);
       an empty group gives exactly 0 (or existing_out[j]). Rows past sum(group_sizes) are read
       by no group, so a NaN there reaches no output.
 
-    Gradients: exact VJPs for lhs, rhs and existing_out (whose cotangent is the output's).
+    Gradients: exact VJPs for lhs, rhs and existing_out (whose cotangent is the output's);
+    quantized operands as for grouped_matmul.
 
     Raises:
       TypeError or ValueError naming the argument, as for grouped_matmul, and for

@@ -1,0 +1,88 @@
+"""Reading parts of an operand, float or quantized, in the dtype the XLA loops compute in.
+
+Float operands are sliced through their bits (`_row_chunks.pinned_bits`: XLA:CPU has no bf16
+dynamic slice). A QuantizedArray (kernelhub/quantization.py) is read as its values and the
+scales of the same elements, and dequantized part by part: no float copy of a whole quantized
+operand is made. Quantized operands compute in float32, the contract's "float32 product of the
+dequantized operands".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernelhub._xla import _row_chunks
+from kernelhub.quantization import QuantizedArray, expand_scale
+
+
+def compute_dtype(*operands: Any) -> Any:
+    """The dtype the products run in: float32 with any quantized operand, else the promotion."""
+    if any(isinstance(operand, QuantizedArray) for operand in operands):
+        return jnp.dtype(jnp.float32)
+    return jnp.result_type(*(operand.dtype for operand in operands))
+
+
+def sliced(operand: Any, axis: int, start: jax.Array, size: int, loop_index: jax.Array,
+           dtype: Any) -> jax.Array:
+    """operand[..., start:start + size, ...] along `axis`, in `dtype`.
+
+    `loop_index` is the index of the loop whose body this is (see `_row_chunks.pinned_bits`).
+    """
+    if not isinstance(operand, QuantizedArray):
+        part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(operand, loop_index), start,
+                                        size, axis)
+        return _row_chunks.from_bits(part, operand.dtype).astype(dtype)
+    values = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(operand.values, loop_index), start,
+                                      size, axis)
+    values = _row_chunks.from_bits(values, operand.values.dtype)
+    if axis == operand.axis:
+        blocks = _block_of(operand, start + jnp.arange(size, dtype=jnp.int32))
+        scale = jnp.take(operand.scale, blocks, axis=axis)
+    else:
+        scale = lax.dynamic_slice_in_dim(operand.scale, start, size, axis)
+        scale = expand_scale(scale, operand.axis, operand.block_size, operand.shape[operand.axis])
+    return (values.astype(jnp.float32) * scale).astype(dtype)
+
+
+def indexed(operand: Any, index: jax.Array, dtype: Any) -> jax.Array:
+    """operand[index] (along the leading axis, dropped), in `dtype`."""
+    if not isinstance(operand, QuantizedArray):
+        part = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(operand, index), index, 0,
+                                        keepdims=False)
+        return _row_chunks.from_bits(part, operand.dtype).astype(dtype)
+    if operand.axis == 0:
+        raise ValueError("a QuantizedArray cannot be indexed along the axis it is quantized along")
+    values = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(operand.values, index), index, 0,
+                                      keepdims=False)
+    values = _row_chunks.from_bits(values, operand.values.dtype)
+    scale = lax.dynamic_index_in_dim(operand.scale, index, 0, keepdims=False)
+    scale = expand_scale(scale, operand.axis - 1, operand.block_size, operand.shape[operand.axis])
+    return (values.astype(jnp.float32) * scale).astype(dtype)
+
+
+def taken(operand: Any, axis: int, index: jax.Array) -> jax.Array:
+    """jnp.take(operand, index, axis) (index in bounds): float operands in their own dtype,
+    quantized ones dequantized to float32."""
+    if not isinstance(operand, QuantizedArray):
+        return _row_chunks.from_bits(jnp.take(_row_chunks.as_bits(operand), index, axis=axis),
+                                     operand.dtype)
+    values = jnp.take(operand.values, index, axis=axis).astype(jnp.float32)
+    if axis == operand.axis:
+        scale = jnp.take(operand.scale, _block_of(operand, index), axis=axis)
+    else:
+        scale = jnp.take(operand.scale, index, axis=axis)
+        # take put index's axes where `axis` was, moving the quantized axis if it came after.
+        moved = operand.axis + index.ndim - 1 if operand.axis > axis else operand.axis
+        scale = expand_scale(scale, moved, operand.block_size, operand.shape[operand.axis])
+    return values * scale
+
+
+def _block_of(operand: QuantizedArray, position: jax.Array) -> jax.Array:
+    """The scale block of each `position` along the operand's quantized axis."""
+    if operand.block_size is None:
+        return jnp.zeros_like(position)
+    return position // operand.block_size

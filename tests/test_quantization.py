@@ -1,0 +1,285 @@
+"""Quantized operands: kernelhub.quantize and the grouped matmuls on QuantizedArrays.
+
+The reference dequantizes in numpy float64 from the stored values and scales (its own
+repetition of scales over blocks, not kernelhub's) and runs the float64 reference products.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernelhub
+import reference
+from conftest import assert_close, implementation_params
+from kernelhub import QuantizedArray, quantize
+from strategies import normal
+
+GMM = "grouped_matmul"
+TGMM = "transposed_grouped_matmul"
+QUANTIZED = [jnp.int8, jnp.float8_e4m3fn, jnp.float8_e5m2]
+LARGEST = {jnp.dtype(jnp.int8): 127.0, jnp.dtype(jnp.float8_e4m3fn): 448.0,
+           jnp.dtype(jnp.float8_e5m2): 57344.0}
+
+
+def dequantized(q: QuantizedArray) -> np.ndarray:
+    """float64 values * scale, each scale repeated over its block by numpy."""
+    values = np.asarray(jnp.asarray(q.values, jnp.float32), np.float64)
+    scale = np.asarray(q.scale, np.float64)
+    size = values.shape[q.axis]
+    block = size if q.block_size is None else q.block_size
+    return values * np.repeat(scale, block, axis=q.axis).take(np.arange(size), axis=q.axis)
+
+
+def quantized_implementations(op: str) -> list:
+    return [p for p in implementation_params(op) if "quantized" in p.values[0].features]
+
+
+# quantize
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED)
+@pytest.mark.parametrize("axis, block_size", [(1, None), (1, 16), (0, 8), (-1, 7)])
+def test_quantize_scales_each_block_by_its_absolute_maximum(dtype, axis, block_size):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((20, 40)).astype(np.float32) * np.linspace(0.1, 10, 40, dtype=np.float32)
+    q = quantize(jnp.asarray(x), dtype, axis=axis, block_size=block_size)
+    axis = axis % 2
+    size = x.shape[axis]
+    block = size if block_size is None else block_size
+    blocks = math.ceil(size / block)
+    assert q.values.dtype == jnp.dtype(dtype) and q.scale.dtype == jnp.float32
+    assert q.scale.shape[axis] == blocks and q.scale.shape[1 - axis] == x.shape[1 - axis]
+    largest = LARGEST[jnp.dtype(dtype)]
+    for b in range(blocks):
+        part = np.take(x, np.arange(b * block, min((b + 1) * block, size)), axis=axis)
+        amax = np.max(np.abs(part), axis=axis)
+        np.testing.assert_allclose(np.take(np.asarray(q.scale), b, axis=axis), amax / largest,
+                                   rtol=1e-6)
+    error = np.abs(dequantized(q) - x)
+    scale = np.abs(dequantized(QuantizedArray(jnp.ones_like(q.values), q.scale, axis=q.axis,
+                                              block_size=q.block_size)))
+    if dtype == jnp.int8:
+        assert np.all(error <= scale * 0.5 + 1e-6 * np.abs(x))  # rounding to the nearest step
+    else:
+        # Rounding to nearest: half a unit in the last place, or half the subnormal step.
+        mantissa, subnormal = (3, 2.0 ** -9) if dtype == jnp.float8_e4m3fn else (2, 2.0 ** -16)
+        bound = np.abs(x) * 2.0 ** -(mantissa + 1) + scale * subnormal / 2
+        assert np.all(error <= bound * 1.0001 + 1e-7)
+    np.testing.assert_allclose(np.asarray(q.dequantize()), dequantized(q), rtol=1e-6)
+
+
+def test_quantize_a_block_of_zeros_gives_scale_one_and_zeros():
+    x = jnp.zeros((4, 10)).at[0, :].set(3.0)
+    q = quantize(x, jnp.int8, axis=1, block_size=4)
+    assert np.all(np.isfinite(np.asarray(q.scale)))
+    np.testing.assert_array_equal(np.asarray(q.scale)[1:], 1.0)
+    np.testing.assert_array_equal(np.asarray(q.dequantize()), np.asarray(x))
+
+
+def test_quantize_puts_nan_in_its_block_only():
+    x = jnp.ones((2, 8)).at[0, 1].set(jnp.nan)
+    q = quantize(x, jnp.float8_e4m3fn, axis=1, block_size=4)
+    dq = np.asarray(q.dequantize())
+    assert np.isnan(dq[0, :4]).any() and np.isfinite(dq[0, 4:]).all() and np.isfinite(dq[1]).all()
+
+
+def test_quantized_array_is_a_pytree_for_jit_and_vmap():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((3, 6, 10)), jnp.float32)
+    q = quantize(x, jnp.int8, axis=2, block_size=4)
+    assert q.source is None  # made eagerly: no float copy kept
+    leaves, treedef = jax.tree.flatten(q)
+    assert len(leaves) == 2 and jax.tree.unflatten(treedef, leaves).axis == 2
+    doubled = jax.jit(lambda q: QuantizedArray(q.values, q.scale * 2, axis=q.axis,
+                                               block_size=q.block_size))(q)
+    np.testing.assert_array_equal(np.asarray(doubled.dequantize()), 2 * np.asarray(q.dequantize()))
+    per_slice = jax.vmap(lambda x: quantize(x, jnp.int8, axis=1, block_size=4).dequantize())(x)
+    np.testing.assert_array_equal(np.asarray(per_slice), np.asarray(q.dequantize()))
+
+
+def test_quantize_is_straight_through_under_grad():
+    x = jnp.linspace(-2.0, 3.0, 24).reshape(4, 6)
+    weights = jnp.arange(24.0).reshape(4, 6)
+    grad = jax.grad(lambda x: jnp.sum(quantize(x, jnp.int8, axis=1).dequantize() * weights))(x)
+    np.testing.assert_array_equal(np.asarray(grad), np.asarray(weights))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: quantize(jnp.ones((2, 3)), jnp.float16, axis=1), TypeError, "dtype must be int8"),
+    (lambda: quantize(jnp.ones((2, 3)), "int4", axis=1), TypeError, "dtype must be int8"),
+    (lambda: quantize(jnp.ones((2, 3), jnp.int32), jnp.int8, axis=1), TypeError, "x must have"),
+    (lambda: quantize(jnp.ones((2, 3)), jnp.int8, axis=2), ValueError, "axis=2 is out of range"),
+    (lambda: quantize(jnp.ones((2, 3)), jnp.int8, axis=1, block_size=0), ValueError, "block_size"),
+    (lambda: quantize(jnp.ones((2, 3)), jnp.int8, axis=1, block_size=2.5), TypeError, "block_size"),
+    (lambda: QuantizedArray(jnp.ones((2, 3), jnp.int8), jnp.ones((2, 2)), axis=1), ValueError,
+     "scale must have shape (2, 1)"),
+    (lambda: QuantizedArray(jnp.ones((2, 3), jnp.int8), jnp.ones((2, 1), jnp.bfloat16), axis=1),
+     TypeError, "scale must have dtype float32"),
+    (lambda: QuantizedArray(jnp.ones((2, 3)), jnp.ones((2, 1)), axis=1), TypeError,
+     "values must have dtype"),
+])
+def test_bad_quantization_input_names_the_argument(call, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call()
+
+
+# the ops
+
+
+def gmm_arrays(rng, m, k, n, groups, transpose_rhs=False):
+    lhs = normal(rng, (m, k), jnp.float32)
+    rhs = normal(rng, (groups, n, k) if transpose_rhs else (groups, k, n), jnp.float32)
+    return jnp.asarray(lhs), jnp.asarray(rhs)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(GMM))
+@pytest.mark.parametrize("dtype", QUANTIZED)
+@pytest.mark.parametrize("block_size", [None, 16])
+@pytest.mark.parametrize("quantized", ["both", "rhs", "lhs"])
+def test_gmm_of_quantized_operands_is_the_product_of_their_dequantized_values(
+        spec, dtype, block_size, quantized):
+    rng = np.random.default_rng(3)
+    m, k, n = 70, 40, 24  # k = 2 blocks of 16 and a partial one of 8
+    sizes = np.array([9, 0, 30, 20], np.int32)  # sums to 59 < m: 11 rows in no group
+    lhs, rhs = gmm_arrays(rng, m, k, n, 4)
+    if quantized != "rhs":
+        lhs = quantize(lhs, dtype, axis=1, block_size=block_size)
+    if quantized != "lhs":
+        rhs = quantize(rhs, dtype, axis=1, block_size=block_size)
+    else:
+        rhs = rhs.astype(jnp.bfloat16)  # weight-only serving's mirror: bf16 weights
+    out = kernelhub.get(GMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes))
+    want = reference.gmm(dequantized(lhs) if quantized != "rhs" else lhs,
+                         dequantized(rhs) if quantized != "lhs" else rhs, sizes)
+    assert out.dtype == jnp.float32
+    assert_close(out, want, jnp.float32, contraction=k)
+    np.testing.assert_array_equal(np.asarray(out)[59:], 0.0)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(GMM))
+def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec):
+    rng = np.random.default_rng(4)
+    m, k, n = 50, 36, 20
+    sizes = np.array([5, 17, 0, 21], np.int32)
+    lhs, rhs = gmm_arrays(rng, m, k, n, 2, transpose_rhs=True)
+    q_lhs = quantize(lhs.astype(jnp.bfloat16), jnp.float8_e4m3fn, axis=1, block_size=32)
+    q_rhs = quantize(rhs, jnp.int8, axis=2, block_size=32)
+    existing = jnp.asarray(normal(rng, (m, n), jnp.bfloat16))
+    out = kernelhub.get(GMM, platform=spec.platform)(
+        q_lhs, q_rhs, jnp.asarray(sizes), preferred_element_type=jnp.bfloat16, group_offset=1,
+        existing_out=existing, transpose_rhs=True)
+    want = reference.gmm(dequantized(q_lhs), dequantized(q_rhs), sizes, group_offset=1,
+                         existing_out=existing, transpose_rhs=True)
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, want, jnp.bfloat16, contraction=k)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(TGMM))
+@pytest.mark.parametrize("dtype", QUANTIZED)
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_tgmm_of_quantized_operands(spec, dtype, block_size):
+    rng = np.random.default_rng(5)
+    k, m, n = 24, 300, 16  # many small groups (the batched head) and a large one past it
+    sizes = np.array([6] * 10 + [0, 200, 3], np.int32)
+    lhs = quantize(jnp.asarray(normal(rng, (k, m), jnp.float32)), dtype, axis=1,
+                   block_size=block_size)
+    rhs = quantize(jnp.asarray(normal(rng, (m, n), jnp.float32)), dtype, axis=0,
+                   block_size=block_size)
+    out = kernelhub.get(TGMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes),
+                                                       group_offset=2, num_actual_groups=10)
+    want = reference.tgmm(dequantized(lhs), dequantized(rhs), sizes, group_offset=2,
+                          num_actual_groups=10)
+    assert_close(out, want, jnp.float32, contraction=m)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(GMM))
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs):
+    """jax.grad through quantize and gmm: the gradients of the product of the dequantized
+    operands, reaching the float inputs unchanged."""
+    rng = np.random.default_rng(6)
+    m, k, n = 40, 40, 12
+    sizes = np.array([12, 0, 20], np.int32)
+    lhs, rhs = gmm_arrays(rng, m, k, n, 3, transpose_rhs)
+    d_out = jnp.asarray(normal(rng, (m, n), jnp.float32))
+    gmm = kernelhub.get(GMM, platform=spec.platform)
+    rhs_axis = 2 if transpose_rhs else 1
+
+    def loss(lhs, rhs):
+        q_lhs = quantize(lhs, jnp.int8, axis=1, block_size=16)
+        q_rhs = quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis)
+        return jnp.sum(gmm(q_lhs, q_rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs) * d_out)
+
+    d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+    q_lhs = dequantized(quantize(lhs, jnp.int8, axis=1, block_size=16))
+    q_rhs = dequantized(quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis))
+    want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out,
+                                              transpose_rhs=transpose_rhs)
+    assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
+    assert_close(d_rhs, want_rhs, jnp.float32, contraction=m)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(TGMM))
+def test_tgmm_gradients_pass_straight_through_quantize(spec):
+    rng = np.random.default_rng(7)
+    k, m, n = 8, 60, 10
+    sizes = np.array([25, 0, 30], np.int32)
+    lhs = jnp.asarray(normal(rng, (k, m), jnp.float32))
+    rhs = jnp.asarray(normal(rng, (m, n), jnp.float32))
+    d_out = jnp.asarray(normal(rng, (3, k, n), jnp.float32))
+    tgmm = kernelhub.get(TGMM, platform=spec.platform)
+
+    def loss(lhs, rhs):
+        q_lhs = quantize(lhs, jnp.float8_e5m2, axis=1, block_size=32)
+        q_rhs = quantize(rhs, jnp.int8, axis=0, block_size=32)
+        return jnp.sum(tgmm(q_lhs, q_rhs, jnp.asarray(sizes)) * d_out)
+
+    d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+    q_lhs = dequantized(quantize(lhs, jnp.float8_e5m2, axis=1, block_size=32))
+    q_rhs = dequantized(quantize(rhs, jnp.int8, axis=0, block_size=32))
+    want_lhs, want_rhs, _ = reference.tgmm_vjp(q_lhs, q_rhs, sizes, d_out)
+    assert_close(d_lhs, want_lhs, jnp.float32, contraction=n * 3)
+    assert_close(d_rhs, want_rhs, jnp.float32, contraction=k * 3)
+
+
+def test_pre_quantized_weights_take_no_gradient_and_activations_do():
+    """Serving-style weights quantized once, eagerly: the gradient goes to the float lhs only."""
+    rng = np.random.default_rng(8)
+    lhs, rhs = gmm_arrays(rng, 16, 8, 4, 2)
+    q_rhs = quantize(rhs, jnp.int8, axis=1)
+    sizes = jnp.asarray([10, 6], jnp.int32)
+    d_lhs = jax.grad(lambda x: jnp.sum(kernelhub.grouped_matmul(x, q_rhs, sizes)))(lhs)
+    want, _, _ = reference.gmm_vjp(lhs, dequantized(q_rhs), np.asarray(sizes), np.ones((16, 4)))
+    assert_close(d_lhs, want, jnp.float32, contraction=4)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda l, r, s: kernelhub.grouped_matmul(quantize(l, jnp.int8, axis=0), r, s), ValueError,
+     r"lhs is quantized along axis 0 \(m\) but must be quantized along its contraction axis 1"),
+    (lambda l, r, s: kernelhub.grouped_matmul(l, quantize(r, jnp.int8, axis=2), s), ValueError,
+     r"rhs is quantized along axis 2 \(n\)"),
+    (lambda l, r, s: kernelhub.transposed_grouped_matmul(quantize(l.T, jnp.int8, axis=0), l, s),
+     ValueError, r"lhs is quantized along axis 0 \(k\)"),
+    (lambda l, r, s: kernelhub.grouped_matmul(quantize(l[None], jnp.int8, axis=2), r, s),
+     ValueError, "lhs must have rank 2"),
+])
+def test_quantized_operand_on_a_wrong_axis_names_the_argument(call, error, message):
+    rng = np.random.default_rng(9)
+    lhs, rhs = gmm_arrays(rng, 16, 8, 4, 2)
+    with pytest.raises(error, match=message):
+        call(lhs, rhs, jnp.asarray([10, 6], jnp.int32))
+
+
+def test_forcing_a_platform_without_quantized_kernels_is_an_error():
+    rng = np.random.default_rng(10)
+    lhs, rhs = gmm_arrays(rng, 16, 8, 4, 2)
+    gmm = kernelhub.get(GMM, platform="pallas")
+    with pytest.raises(kernelhub.NoImplementationError, match="does not support quantized"):
+        gmm(quantize(lhs, jnp.int8, axis=1), rhs, jnp.asarray([10, 6], jnp.int32))
+    # Unforced, a quantized call goes to an implementation that has the feature.
+    assert "quantized" in kernelhub.resolve(GMM, features=["quantized"]).features
