@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernelhub._dtypes import dtype_among
+
 # The largest magnitude of each quantized dtype: a block's absolute maximum maps onto it.
 _LARGEST = {
     jnp.dtype(jnp.int8): 127.0,
@@ -183,12 +185,7 @@ def quantize(x: Any, dtype: Any, *, axis: int, block_size: int | None = None) ->
     x = _as_array(x)
     if x.dtype not in _SOURCE_DTYPES:
         raise TypeError(f"x must have dtype float32, bfloat16 or float16, got {x.dtype}")
-    try:
-        target = jnp.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be {_DTYPE_NAMES}, got {dtype!r}") from None
-    if target not in _LARGEST:
-        raise TypeError(f"dtype must be {_DTYPE_NAMES}, got {target}")
+    target = dtype_among("dtype", dtype, _LARGEST, _DTYPE_NAMES)
     if x.ndim == 0:
         raise ValueError("x must have at least one axis to quantize along, got a scalar")
     axis = _axis(axis, x.ndim)

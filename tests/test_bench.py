@@ -33,3 +33,14 @@ def test_table_cells_give_both_ragged_dot_ratios():
     assert no_peer[-3:] == ["-", "-", "-"]
     table = bench.markdown([_result(8, "balanced", 0.02, 0.01)], "header")
     assert table.splitlines()[2] == "| " + " | ".join(bench.COLUMNS) + " |"
+
+
+def test_quantized_bench_gives_a_row_per_format(monkeypatch):
+    from kernelhub._cli import bench_quantized
+
+    monkeypatch.setattr(bench_quantized, "M", 64)
+    monkeypatch.setattr(bench_quantized, "K", 256)
+    monkeypatch.setattr(bench_quantized, "N", 32)
+    rows = bench_quantized.measure(groups=2, reps=1, platform=None)
+    assert [row[0] for row in rows] == list(bench_quantized.FORMATS)
+    assert all(len(row) == len(bench_quantized.COLUMNS) and float(row[2]) > 0 for row in rows)

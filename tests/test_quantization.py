@@ -162,13 +162,14 @@ def test_gmm_of_quantized_operands_is_the_product_of_their_dequantized_values(
 
 
 @pytest.mark.parametrize("spec", quantized_implementations(GMM))
-def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec):
+@pytest.mark.parametrize("block_size", [None, 32])
+def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec, block_size):
     rng = np.random.default_rng(4)
     m, k, n = 50, 36, 20
     sizes = np.array([5, 17, 0, 21], np.int32)
     lhs, rhs = gmm_arrays(rng, m, k, n, 2, transpose_rhs=True)
-    q_lhs = quantize(lhs.astype(jnp.bfloat16), jnp.float8_e4m3fn, axis=1, block_size=32)
-    q_rhs = quantize(rhs, jnp.int8, axis=2, block_size=32)
+    q_lhs = quantize(lhs.astype(jnp.bfloat16), jnp.float8_e4m3fn, axis=1, block_size=block_size)
+    q_rhs = quantize(rhs, jnp.int8, axis=2, block_size=block_size)
     existing = jnp.asarray(normal(rng, (m, n), jnp.bfloat16))
     out = kernelhub.get(GMM, platform=spec.platform)(
         q_lhs, q_rhs, jnp.asarray(sizes), preferred_element_type=jnp.bfloat16, group_offset=1,
@@ -177,6 +178,23 @@ def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec):
                          existing_out=existing, transpose_rhs=True)
     assert out.dtype == jnp.bfloat16
     assert_close(out, want, jnp.bfloat16, contraction=k)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(GMM))
+def test_gmm_int8_sums_are_exact_over_a_long_contraction(spec):
+    """int8 x int8 with one scale per row and column: the sums of integer products are exact
+    (int32), so the result is the exact product rounded once to float32, scales included."""
+    rng = np.random.default_rng(11)
+    m, k, n = 8, 4096, 8
+    values_l = rng.integers(-127, 128, (m, k)).astype(np.int8)
+    values_r = rng.integers(-127, 128, (1, k, n)).astype(np.int8)
+    scale_l = np.full((m, 1), 0.5, np.float32)
+    scale_r = np.full((1, 1, n), 0.25, np.float32)
+    lhs = QuantizedArray(jnp.asarray(values_l), jnp.asarray(scale_l), axis=1)
+    rhs = QuantizedArray(jnp.asarray(values_r), jnp.asarray(scale_r), axis=1)
+    out = kernelhub.get(GMM, platform=spec.platform)(lhs, rhs, jnp.asarray([m], jnp.int32))
+    exact = values_l.astype(np.int64) @ values_r[0].astype(np.int64) * 0.125
+    np.testing.assert_array_equal(np.asarray(out, np.float64), exact.astype(np.float32))
 
 
 @pytest.mark.parametrize("spec", quantized_implementations(TGMM))

@@ -104,6 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="compile time of grouped_matmul (forward, and with its gradient) "
                              "against jax.lax.ragged_dot")
+    parser.add_argument("--quantized", action="store_true",
+                        help="grouped_matmul on int8 and fp8 operands against bfloat16")
     parser.add_argument("--groups", type=_positive, nargs="+", metavar="G",
                         help="numbers of groups (default 8 64 256; 8 64 with --quick)")
     parser.add_argument("--dtypes", nargs="+", type=_dtype, default=["float32", "bfloat16"],
@@ -275,6 +277,10 @@ def run(args: argparse.Namespace) -> int:
         from kernelhub._cli import bench_compile
 
         return bench_compile.run_compile(args)
+    if args.quantized:
+        from kernelhub._cli import bench_quantized
+
+        return bench_quantized.run_quantized(args)
     console = _tables.console()
     reps = args.reps or (3 if args.quick else 5)
     draws = args.draws or (1 if args.quick else 3)

@@ -86,3 +86,55 @@ def _block_of(operand: QuantizedArray, position: jax.Array) -> jax.Array:
     if operand.block_size is None:
         return jnp.zeros_like(position)
     return position // operand.block_size
+
+
+# Products whose scales factor out of the sum: when no quantized operand has more than one
+# scale block along the contraction, out = (values @ values) * row scales * column scales, and
+# the values can be multiplied in a narrow dtype that holds them exactly (int8 x int8 with int32
+# sums; otherwise bfloat16, which holds every int8 and fp8 value, with float32 sums), at the
+# speed of that dtype's matmul rather than float32's.
+
+
+def scales_factor_out(*operands: tuple[Any, int]) -> bool:
+    """Whether every quantized one of the (operand, contraction axis) pairs is quantized along
+    its contraction axis with one scale block there."""
+    return all(operand.axis == axis and operand.num_blocks == 1
+               for operand, axis in operands if isinstance(operand, QuantizedArray))
+
+
+def carrier_dtype(*operands: Any) -> tuple[Any, Any]:
+    """(the dtype the values are multiplied in, the dtype their products are summed in)."""
+    if not any(isinstance(operand, QuantizedArray) for operand in operands):
+        return compute_dtype(*operands), jnp.dtype(jnp.float32)
+    dtypes = {jnp.dtype(operand.dtype) for operand in operands}
+    if dtypes == {jnp.dtype(jnp.int8)}:
+        return jnp.dtype(jnp.int8), jnp.dtype(jnp.int32)
+    exact_in_bf16 = all(isinstance(operand, QuantizedArray) or operand.dtype == jnp.bfloat16
+                        for operand in operands)
+    return jnp.dtype(jnp.bfloat16 if exact_in_bf16 else jnp.float32), jnp.dtype(jnp.float32)
+
+
+def sliced_values(operand: Any, axis: int, start: jax.Array, size: int, loop_index: jax.Array,
+                  dtype: Any) -> tuple[jax.Array, jax.Array | None]:
+    """(the slice's values in `dtype`, its scales with the contraction axis dropped, or None
+    for a float operand), for an operand whose scales factor out (`scales_factor_out`)."""
+    array = operand.values if isinstance(operand, QuantizedArray) else operand
+    part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(array, loop_index), start, size, axis)
+    part = _row_chunks.from_bits(part, array.dtype).astype(dtype)
+    if not isinstance(operand, QuantizedArray):
+        return part, None
+    scale = lax.dynamic_slice_in_dim(operand.scale, start, size, axis)
+    return part, jnp.squeeze(scale, operand.axis)
+
+
+def indexed_values(operand: Any, index: jax.Array,
+                   dtype: Any) -> tuple[jax.Array, jax.Array | None]:
+    """`sliced_values` for operand[index] along the leading axis (dropped)."""
+    array = operand.values if isinstance(operand, QuantizedArray) else operand
+    part = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(array, index), index, 0,
+                                    keepdims=False)
+    part = _row_chunks.from_bits(part, array.dtype).astype(dtype)
+    if not isinstance(operand, QuantizedArray):
+        return part, None
+    scale = lax.dynamic_index_in_dim(operand.scale, index, 0, keepdims=False)
+    return part, jnp.squeeze(scale, operand.axis - 1)

@@ -28,19 +28,38 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     out = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
     if m == 0 or n == 0:
         return out
-    compute_dtype = _operands.compute_dtype(lhs, rhs)
     largest = _row_chunks.largest_chunk(tiling, m, k, n)
     starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
     contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
+    # Quantized operands with one scale along k: their values are multiplied as they are and
+    # the scales applied to the sums; otherwise each part is dequantized first.
+    factored = _operands.scales_factor_out((lhs, 1), (rhs, 2 if transpose_rhs else 1))
+    if factored:
+        compute_dtype, sum_dtype = _operands.carrier_dtype(lhs, rhs)
+    else:
+        compute_dtype, sum_dtype = _operands.compute_dtype(lhs, rhs), jnp.float32
 
     def one_group(j, out_bits):
-        weights = _operands.indexed(rhs, j, compute_dtype)
+        if factored:
+            weights, column_scale = _operands.indexed_values(rhs, j, compute_dtype)
+        else:
+            weights, column_scale = _operands.indexed(rhs, j, compute_dtype), None
 
         def step(out_bits, window_start, window_rows, valid):
-            rows = _operands.sliced(lhs, 0, window_start, window_rows, window_start, compute_dtype)
+            if factored:
+                rows, row_scale = _operands.sliced_values(lhs, 0, window_start, window_rows,
+                                                          window_start, compute_dtype)
+            else:
+                rows = _operands.sliced(lhs, 0, window_start, window_rows, window_start,
+                                        compute_dtype)
+                row_scale = None
             product = lax.dot_general(rows, weights, (contract, ((), ())),
-                                      preferred_element_type=jnp.float32).astype(out_dtype)
-            new = _row_chunks.as_bits(product)
+                                      preferred_element_type=sum_dtype).astype(jnp.float32)
+            if row_scale is not None:
+                product = product * row_scale[:, None]
+            if column_scale is not None:
+                product = product * column_scale[None, :]
+            new = _row_chunks.as_bits(product.astype(out_dtype))
             if valid is not None:
                 old = lax.dynamic_slice_in_dim(out_bits, window_start, window_rows, 0)
                 new = jnp.where(valid[:, None], new, old)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernelhub._dtypes import dtype_among
 from kernelhub._runtime_checks import validate_values
 from kernelhub.quantization import QuantizedArray
 
@@ -83,13 +84,7 @@ def features(arguments: dict[str, Any]) -> frozenset[str]:
 
 
 def element_type(value: Any) -> np.dtype:
-    try:
-        dtype = jnp.dtype(value)
-    except TypeError:
-        raise TypeError(f"preferred_element_type must be a dtype ({_FLOAT_NAMES}), got {value!r}") from None
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"preferred_element_type must be {_FLOAT_NAMES}, got {dtype}")
-    return dtype
+    return dtype_among("preferred_element_type", value, FLOAT_DTYPES, _FLOAT_NAMES)
 
 
 def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
