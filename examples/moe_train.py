@@ -2,12 +2,17 @@
 
     python examples/moe_train.py                  # CPU, or whatever jax's default backend is
     python examples/moe_train.py --steps 50
+    python examples/moe_train.py --quantize fp8   # expert matmuls on fp8 (or int8) operands
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/moe_train.py  # a mesh
 
 The block: a router picks top_k experts per token, the token choices are sorted by expert, each
 expert is a SwiGLU feed-forward (grouped matmuls for gate and up, silu, a grouped matmul down),
 and the answers are unsorted and combined with the router's weights. The student block learns
 to imitate a fixed random teacher network on random inputs, so the loss must fall.
+
+With --quantize, each expert matmul quantizes its rows and weights first (per row and per
+output column, kernelhub.quantize): float8_e4m3fn for fp8, int8 for int8. The gradients pass
+straight through the quantization to the float weights, which the optimizer keeps.
 
 With one device the block runs as is; with several, the experts are sharded over a mesh axis
 with one of kernelhub.parallel's layouts. The matmuls come from kernelhub.get, so the same file
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,7 +50,11 @@ class Config:
     learning_rate: float = 3e-3
     layout: str = "auto"  # auto, local, replicated or routed
     capacity_factor: float | None = None  # None: a capacity that never drops a token
+    quantize: str = "none"  # none, int8 or fp8: the expert matmuls' operands
     seed: int = 0
+
+
+QUANTIZED_DTYPES = {"none": None, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
 
 
 def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
@@ -60,13 +70,21 @@ def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
     }
 
 
-def swiglu_experts(rows, group_sizes, experts, group_offset):
+def swiglu_experts(rows, group_sizes, experts, group_offset, quantize="none"):
     """A kernelhub.parallel.ExpertFn: each expert's SwiGLU feed-forward on its rows."""
     gmm = kernelhub.get("grouped_matmul")
-    gate = gmm(rows, experts["gate"], group_sizes, group_offset=group_offset)
-    up = gmm(rows, experts["up"], group_sizes, group_offset=group_offset)
+    dtype = QUANTIZED_DTYPES[quantize]
+
+    def matmul(lhs, weights):
+        if dtype is not None:  # along k, the axis each product sums over
+            lhs = kernelhub.quantize(lhs, dtype, axis=1)
+            weights = kernelhub.quantize(weights, dtype, axis=1)
+        return gmm(lhs, weights, group_sizes, group_offset=group_offset)
+
+    gate = matmul(rows, experts["gate"])
+    up = matmul(rows, experts["up"])
     hidden = (jax.nn.silu(gate) * up).astype(rows.dtype)
-    return gmm(hidden, experts["down"], group_sizes, group_offset=group_offset)
+    return matmul(hidden, experts["down"])
 
 
 def router_choices(router: jax.Array, tokens: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
@@ -91,17 +109,19 @@ class Layout:
     mesh: Mesh | None = None
     axis: str = "expert"
     capacity: int = 0
+    quantize: str = "none"
 
     def __call__(self, tokens, expert_ids, weights, experts):
         no_drops = jnp.zeros((), jnp.int32)
+        experts_fn = functools.partial(swiglu_experts, quantize=self.quantize)
         if self.name == "local":
-            out = parallel.apply_experts(swiglu_experts, tokens, expert_ids, weights, experts)
+            out = parallel.apply_experts(experts_fn, tokens, expert_ids, weights, experts)
             return out, no_drops
         if self.name == "replicated":
-            out = parallel.replicated_tokens(swiglu_experts, tokens, expert_ids, weights, experts,
+            out = parallel.replicated_tokens(experts_fn, tokens, expert_ids, weights, experts,
                                              mesh=self.mesh, axis_name=self.axis)
             return out, no_drops
-        return parallel.routed_tokens(swiglu_experts, tokens, expert_ids, weights, experts,
+        return parallel.routed_tokens(experts_fn, tokens, expert_ids, weights, experts,
                                       mesh=self.mesh, axis_name=self.axis, capacity=self.capacity)
 
     def place_tokens(self, batch: jax.Array) -> jax.Array:
@@ -128,7 +148,7 @@ def choose_layout(config: Config) -> Layout:
     if name == "auto":
         name = "local" if size == 1 else "routed"
     if name == "local":
-        return Layout("local", config.top_k)
+        return Layout("local", config.top_k, quantize=config.quantize)
     if name not in ("replicated", "routed"):
         raise ValueError(f"layout must be auto, local, replicated or routed, got {name!r}")
     mesh = jax.make_mesh((size,), ("expert",), devices=devices[:size])
@@ -138,7 +158,7 @@ def choose_layout(config: Config) -> Layout:
     else:
         capacity = parallel.balanced_capacity(tokens_here, config.top_k, size, experts_here,
                                               config.capacity_factor)
-    return Layout(name, config.top_k, mesh, capacity=capacity)
+    return Layout(name, config.top_k, mesh, capacity=capacity, quantize=config.quantize)
 
 
 def teacher(key: jax.Array, hidden: int) -> Callable[[jax.Array], jax.Array]:
@@ -177,9 +197,11 @@ def _train(config: Config, layout: Layout, log: Callable[[str], None]) -> dict[s
         return optax.apply_updates(params, updates), state, loss, dropped
 
     mesh_text = "one device" if layout.mesh is None else f"mesh {dict(layout.mesh.shape)}"
-    kernel = kernelhub.resolve("grouped_matmul").platform.value
+    features = () if config.quantize == "none" else ("quantized",)
+    kernel = kernelhub.resolve("grouped_matmul", features=features).platform.value
     log(f"layout={layout.name} on {mesh_text} ({jax.default_backend()}), "
-        f"grouped_matmul={kernel}, steps={config.steps}")
+        f"grouped_matmul={kernel}, expert matmuls quantized: {config.quantize}, "
+        f"steps={config.steps}")
     losses, dropped_total = [], 0
     batches = jax.random.split(data_key, config.steps)
     started = None
@@ -213,10 +235,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--capacity-factor", type=float, default=None,
                         help="routed layout: exchange capacity as a multiple of even routing "
                              "(default: a capacity that never drops)")
+    parser.add_argument("--quantize", default=defaults.quantize, choices=tuple(QUANTIZED_DTYPES),
+                        help="run the expert matmuls on int8 or fp8 (e4m3) operands")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)
     config = Config(steps=args.steps, tokens=args.tokens, experts=args.experts, top_k=args.top_k,
-                    layout=args.layout, capacity_factor=args.capacity_factor, seed=args.seed)
+                    layout=args.layout, capacity_factor=args.capacity_factor,
+                    quantize=args.quantize, seed=args.seed)
     return train(config)
 
 

@@ -60,6 +60,8 @@ def _expected(hint: Any) -> str:
             kind = member.__name__.split("[")[0].lower()
             kind = "an array" if kind == "shaped" else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} array"
             text = kind if member.dim_str.strip() == "..." else f"{kind} of shape {_shape_of(member)}"
+        elif isinstance(member, type) and hasattr(member, "described"):
+            text = member.described
         elif isinstance(member, type) and member.__module__.startswith("kernelhub"):
             text = f"a kernelhub.{member.__name__}"
         elif isinstance(member, type):

@@ -133,3 +133,14 @@ def test_example_trains_and_loss_falls():
     assert result["layout"] == "local" and len(losses) == 40
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
     assert result["steps_per_second"] > 0
+
+
+@pytest.mark.parametrize("quantize", ["int8", "fp8"])
+def test_example_trains_with_quantized_expert_matmuls(quantize):
+    """Straight-through gradients train the float weights about as well as float matmuls."""
+    example = load_example()
+    quantized = example.main(["--steps", "40", "--layout", "local", "--quantize", quantize])
+    plain = example.main(["--steps", "40", "--layout", "local"])
+    losses = quantized["losses"]
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
+    assert abs(np.mean(losses[-5:]) - np.mean(plain["losses"][-5:])) < 0.1 * np.mean(losses[-5:])

@@ -122,7 +122,8 @@ def test_unknown_argument_is_a_type_error(spec):
 
 @pytest.mark.parametrize("changes,message", [
     (dict(lhs=jnp.ones((2, M, K))), "^lhs must be a float array of shape \\[m, k\\] or a "
-                                    "kernelhub.QuantizedArray, got float32 array of shape "
+                                    "kernelhub.QuantizedArray or a qwix.QArray, got float32 "
+                                    "array of shape "
                                     "\\(2, 12, 8\\); reshape it to \\[m, k\\]"),
     (dict(group_sizes=[4, 4, 4]), "^group_sizes must be an integer array .*got list .*jnp.asarray"),
     (dict(lhs=LHS.astype(jnp.int32)), "^lhs must be a float array .*got int32 .*astype"),

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernelhub import _qwix
 from kernelhub._dtypes import dtype_among
 from kernelhub._runtime_checks import validate_values
 from kernelhub.quantization import QuantizedArray
@@ -62,7 +63,13 @@ def float_matrix(name: str, value: Any, rank: int, layout: str) -> jax.Array:
 
 def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int) -> Any:
     """A float array of `rank`, or a QuantizedArray quantized along `contraction_axis` (the axis
-    the product sums over, where its scales can be applied to each block's partial sums)."""
+    the product sums over, where its scales can be applied to each block's partial sums). A
+    qwix QArray becomes one of the two (kernelhub/_qwix.py)."""
+    if _qwix.is_qarray(value):
+        if len(value.shape) != rank:
+            raise ValueError(f"{name} must have rank {rank} ({layout}), got a qwix QArray of "
+                             f"shape {tuple(value.shape)}")
+        value = _qwix.converted(value, contraction_axis)
     if not isinstance(value, QuantizedArray):
         return float_matrix(name, value, rank, layout)
     if value.ndim != rank:

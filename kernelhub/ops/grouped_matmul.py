@@ -12,6 +12,7 @@ from jaxtyping import Float, Integer
 from kernelhub import _runtime_checks
 from kernelhub._define import define_op
 from kernelhub.ops import _checks
+from kernelhub._qwix import QwixQArray
 from kernelhub.quantization import QuantizedArray
 
 NAME = "grouped_matmul"
@@ -61,8 +62,8 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
 
 @define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features)
 def grouped_matmul(
-    lhs: Float[ArrayIn, "m k"] | QuantizedArray,
-    rhs: Float[ArrayIn, "local_groups _ _"] | QuantizedArray,
+    lhs: Float[ArrayIn, "m k"] | QuantizedArray | QwixQArray,
+    rhs: Float[ArrayIn, "local_groups _ _"] | QuantizedArray | QwixQArray,
     group_sizes: Integer[ArrayIn, "num_groups"],
     preferred_element_type: Any = jnp.float32,
     tiling: _checks.Tiling = None,

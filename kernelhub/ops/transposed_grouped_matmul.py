@@ -12,6 +12,7 @@ from jaxtyping import Float, Integer
 from kernelhub import _runtime_checks
 from kernelhub._define import define_op
 from kernelhub.ops import _checks
+from kernelhub._qwix import QwixQArray
 from kernelhub.quantization import QuantizedArray
 
 NAME = "transposed_grouped_matmul"
@@ -67,8 +68,8 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
 
 @define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features)
 def transposed_grouped_matmul(
-    lhs: Float[ArrayIn, "k m"] | QuantizedArray,
-    rhs: Float[ArrayIn, "m n"] | QuantizedArray,
+    lhs: Float[ArrayIn, "k m"] | QuantizedArray | QwixQArray,
+    rhs: Float[ArrayIn, "m n"] | QuantizedArray | QwixQArray,
     group_sizes: Integer[ArrayIn, "num_groups"],
     preferred_element_type: Any = jnp.float32,
     tiling: _checks.Tiling = None,
