@@ -358,6 +358,17 @@ def test_other_dtypes_compile_for_tpu(dtype):
 
 @pytest.mark.slow
 @needs_libtpu
+@pytest.mark.parametrize("generation, quantized, shape", [
+    ("v5e", jnp.int8, "qwen3-moe"), ("v5p", jnp.int8, "deepseek-v3"),
+    ("v6e", jnp.float8_e4m3fn, "qwen3-moe"), ("v4", jnp.float8_e5m2, "odd")])
+def test_quantized_operands_compile_for_tpu(generation, quantized, shape):
+    """int8 and fp8 tiles in the Mosaic kernels, forward and VJP (scales applied around them)."""
+    _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape],
+                                               quantized=quantized))
+
+
+@pytest.mark.slow
+@needs_libtpu
 def test_existing_out_aliases_and_transposed_rhs_compile_for_tpu():
     """existing_out shares the output's buffer (no copy in the kernel) in both kernels."""
     from jax.experimental import topologies

@@ -17,6 +17,7 @@ import kernelhub
 import reference
 from conftest import assert_close, implementation_params
 from kernelhub import QuantizedArray, quantize
+from kernelhub.ops import _checks
 from strategies import normal
 
 GMM = "grouped_matmul"
@@ -37,6 +38,13 @@ def dequantized(q: QuantizedArray) -> np.ndarray:
 
 def quantized_implementations(op: str) -> list:
     return [p for p in implementation_params(op) if "quantized" in p.values[0].features]
+
+
+def skip_unless_supported(spec, lhs, rhs) -> None:
+    """Several scale blocks along the contraction are a feature of their own."""
+    needed = _checks.features({"lhs": lhs, "rhs": rhs})
+    if not needed <= spec.features:
+        pytest.skip(f"{spec.platform.value}/{spec.backend.value} lacks {sorted(needed - spec.features)}")
 
 
 # quantize
@@ -153,6 +161,7 @@ def test_gmm_of_quantized_operands_is_the_product_of_their_dequantized_values(
         rhs = quantize(rhs, dtype, axis=1, block_size=block_size)
     else:
         rhs = rhs.astype(jnp.bfloat16)  # weight-only serving's mirror: bf16 weights
+    skip_unless_supported(spec, lhs, rhs)
     out = kernelhub.get(GMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes))
     want = reference.gmm(dequantized(lhs) if quantized != "rhs" else lhs,
                          dequantized(rhs) if quantized != "lhs" else rhs, sizes)
@@ -171,6 +180,7 @@ def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec, block_s
     q_lhs = quantize(lhs.astype(jnp.bfloat16), jnp.float8_e4m3fn, axis=1, block_size=block_size)
     q_rhs = quantize(rhs, jnp.int8, axis=2, block_size=block_size)
     existing = jnp.asarray(normal(rng, (m, n), jnp.bfloat16))
+    skip_unless_supported(spec, q_lhs, q_rhs)
     out = kernelhub.get(GMM, platform=spec.platform)(
         q_lhs, q_rhs, jnp.asarray(sizes), preferred_element_type=jnp.bfloat16, group_offset=1,
         existing_out=existing, transpose_rhs=True)
@@ -208,6 +218,7 @@ def test_tgmm_of_quantized_operands(spec, dtype, block_size):
                    block_size=block_size)
     rhs = quantize(jnp.asarray(normal(rng, (m, n), jnp.float32)), dtype, axis=0,
                    block_size=block_size)
+    skip_unless_supported(spec, lhs, rhs)
     out = kernelhub.get(TGMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes),
                                                        group_offset=2, num_actual_groups=10)
     want = reference.tgmm(dequantized(lhs), dequantized(rhs), sizes, group_offset=2,
@@ -217,7 +228,8 @@ def test_tgmm_of_quantized_operands(spec, dtype, block_size):
 
 @pytest.mark.parametrize("spec", quantized_implementations(GMM))
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs):
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs, block_size):
     """jax.grad through quantize and gmm: the gradients of the product of the dequantized
     operands, reaching the float inputs unchanged."""
     rng = np.random.default_rng(6)
@@ -227,14 +239,16 @@ def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs):
     d_out = jnp.asarray(normal(rng, (m, n), jnp.float32))
     gmm = kernelhub.get(GMM, platform=spec.platform)
     rhs_axis = 2 if transpose_rhs else 1
+    if block_size is not None and _checks.QUANTIZED_BLOCKS not in spec.features:
+        pytest.skip("no scale blocks on this implementation")
 
     def loss(lhs, rhs):
-        q_lhs = quantize(lhs, jnp.int8, axis=1, block_size=16)
+        q_lhs = quantize(lhs, jnp.int8, axis=1, block_size=block_size)
         q_rhs = quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis)
         return jnp.sum(gmm(q_lhs, q_rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs) * d_out)
 
     d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
-    q_lhs = dequantized(quantize(lhs, jnp.int8, axis=1, block_size=16))
+    q_lhs = dequantized(quantize(lhs, jnp.int8, axis=1, block_size=block_size))
     q_rhs = dequantized(quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis))
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out,
                                               transpose_rhs=transpose_rhs)
@@ -243,7 +257,8 @@ def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs):
 
 
 @pytest.mark.parametrize("spec", quantized_implementations(TGMM))
-def test_tgmm_gradients_pass_straight_through_quantize(spec):
+@pytest.mark.parametrize("block_size", [None, 32])
+def test_tgmm_gradients_pass_straight_through_quantize(spec, block_size):
     rng = np.random.default_rng(7)
     k, m, n = 8, 60, 10
     sizes = np.array([25, 0, 30], np.int32)
@@ -251,15 +266,17 @@ def test_tgmm_gradients_pass_straight_through_quantize(spec):
     rhs = jnp.asarray(normal(rng, (m, n), jnp.float32))
     d_out = jnp.asarray(normal(rng, (3, k, n), jnp.float32))
     tgmm = kernelhub.get(TGMM, platform=spec.platform)
+    if block_size is not None and _checks.QUANTIZED_BLOCKS not in spec.features:
+        pytest.skip("no scale blocks on this implementation")
 
     def loss(lhs, rhs):
-        q_lhs = quantize(lhs, jnp.float8_e5m2, axis=1, block_size=32)
-        q_rhs = quantize(rhs, jnp.int8, axis=0, block_size=32)
+        q_lhs = quantize(lhs, jnp.float8_e5m2, axis=1, block_size=block_size)
+        q_rhs = quantize(rhs, jnp.int8, axis=0, block_size=block_size)
         return jnp.sum(tgmm(q_lhs, q_rhs, jnp.asarray(sizes)) * d_out)
 
     d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
-    q_lhs = dequantized(quantize(lhs, jnp.float8_e5m2, axis=1, block_size=32))
-    q_rhs = dequantized(quantize(rhs, jnp.int8, axis=0, block_size=32))
+    q_lhs = dequantized(quantize(lhs, jnp.float8_e5m2, axis=1, block_size=block_size))
+    q_rhs = dequantized(quantize(rhs, jnp.int8, axis=0, block_size=block_size))
     want_lhs, want_rhs, _ = reference.tgmm_vjp(q_lhs, q_rhs, sizes, d_out)
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=n * 3)
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=k * 3)
@@ -293,11 +310,43 @@ def test_quantized_operand_on_a_wrong_axis_names_the_argument(call, error, messa
         call(lhs, rhs, jnp.asarray([10, 6], jnp.int32))
 
 
-def test_forcing_a_platform_without_quantized_kernels_is_an_error():
+def test_forcing_a_platform_without_scale_blocks_is_an_error():
     rng = np.random.default_rng(10)
     lhs, rhs = gmm_arrays(rng, 16, 8, 4, 2)
     gmm = kernelhub.get(GMM, platform="pallas")
-    with pytest.raises(kernelhub.NoImplementationError, match="does not support quantized"):
-        gmm(quantize(lhs, jnp.int8, axis=1), rhs, jnp.asarray([10, 6], jnp.int32))
+    with pytest.raises(kernelhub.NoImplementationError, match="does not support quantized_blocks"):
+        gmm(quantize(lhs, jnp.int8, axis=1, block_size=4), rhs, jnp.asarray([10, 6], jnp.int32))
     # Unforced, a quantized call goes to an implementation that has the feature.
     assert "quantized" in kernelhub.resolve(GMM, features=["quantized"]).features
+
+
+@pytest.mark.parametrize("block_size, kernels", [
+    (None, {"cpu": {}, "tpu": {"mosaic": 3}, "cuda": {"triton": 3}}),
+    (16, {"cpu": {}, "tpu": {}, "cuda": {}})])
+def test_exported_quantized_gmm_holds_each_platforms_kernel_and_runs(block_size, kernels):
+    """One scale per row and column: the TPU branch holds the Mosaic kernels and the CUDA
+    branch the Triton kernels (forward and VJP). Scale blocks along k: the XLA loops on every
+    platform, for now. The artifact round-trips and runs here."""
+    import kernelhub.export
+
+    rng = np.random.default_rng(12)
+    lhs, rhs = gmm_arrays(rng, 40, 32, 16, 2)
+    sizes = np.array([15, 20], np.int32)
+
+    def forward_and_grad(lhs, rhs, sizes):
+        def loss(lhs, rhs):
+            q_lhs = quantize(lhs, jnp.float8_e4m3fn, axis=1)
+            q_rhs = quantize(rhs, jnp.int8, axis=1, block_size=block_size)
+            return jnp.sum(kernelhub.grouped_matmul(q_lhs, q_rhs, sizes))
+        return jax.value_and_grad(loss, argnums=(0, 1))(lhs, rhs)
+
+    exported = kernelhub.export.export(forward_and_grad, lhs, rhs, jnp.asarray(sizes))
+    assert kernelhub.export.kernels_by_platform(exported) == kernels
+    value, (d_lhs, d_rhs) = jax.export.deserialize(exported.serialize()).call(
+        lhs, rhs, jnp.asarray(sizes))
+    q_lhs = dequantized(quantize(lhs, jnp.float8_e4m3fn, axis=1))
+    q_rhs = dequantized(quantize(rhs, jnp.int8, axis=1, block_size=block_size))
+    assert_close(value, reference.gmm(q_lhs, q_rhs, sizes).sum(), jnp.float32, contraction=40 * 32)
+    want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, np.ones((40, 16)))
+    assert_close(d_lhs, want_lhs, jnp.float32, contraction=16)
+    assert_close(d_rhs, want_rhs, jnp.float32, contraction=40)

@@ -14,6 +14,7 @@ import kernelhub
 import reference
 from conftest import assert_close, implementation_params
 from kernelhub import QuantizedArray, _qwix
+from kernelhub.ops import _checks
 from strategies import normal
 
 qwix = pytest.importorskip("qwix")
@@ -80,6 +81,11 @@ def test_qarray_runs_natively_where_its_layout_allows(layout):
 def test_gmm_of_qarrays_is_the_product_of_their_dequantized_values(spec, layout):
     make_lhs, make_rhs, _ = LAYOUTS[layout]
     lhs, rhs = make_lhs(), make_rhs()
+    as_given = {name: _qwix.converted(value, 1) if _qwix.is_qarray(value) else value
+                for name, value in (("lhs", lhs), ("rhs", rhs))}
+    needed = _checks.features(as_given)
+    if not needed <= spec.features:
+        pytest.skip(f"{spec.platform.value} lacks {sorted(needed - spec.features)}")
     sizes = np.array([10, 0, 30], np.int32)
     out = kernelhub.get(GMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes))
     want = reference.gmm(as_float64(lhs), as_float64(rhs), sizes)
@@ -94,6 +100,9 @@ def test_tgmm_of_qarrays_along_m(spec):
     rhs = qwix.quantize(jnp.asarray(normal(rng, (256, 8), jnp.float32)), jnp.float8_e5m2,
                         channelwise_axes=[1], tiled_axes={0: 64})
     sizes = np.array([100, 0, 120], np.int32)
+    needed = _checks.features({"lhs": _qwix.converted(lhs, 1), "rhs": _qwix.converted(rhs, 0)})
+    if not needed <= spec.features:
+        pytest.skip(f"{spec.platform.value} lacks {sorted(needed - spec.features)}")
     out = kernelhub.get(TGMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes))
     want = reference.tgmm(as_float64(lhs), as_float64(rhs), sizes)
     assert_close(out, want, jnp.float32, contraction=256)

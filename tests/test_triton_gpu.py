@@ -338,3 +338,40 @@ def test_gpu_benchmark_passes_run_and_agree_with_ragged_dot_in_smoke_mode():
     for result in results:
         assert all(seconds for seconds in result.seconds.values()), result
         assert result.max_relative_error < tolerance, result
+
+
+@pytest.mark.parametrize("quantized", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8])
+def test_quantized_gmm_compiles_to_hopper_ptx(quantized):
+    """int8 and fp8 operands (one scale per row and column), exported for CUDA with the scales
+    applied around the kernels: the forward and backward kernels compile for sm_90 within
+    shared memory and on tensor cores (the tiles widened to bf16 in-kernel: see
+    _tiles.compute_dtype for why not fp8 wgmma yet)."""
+    from kernelhub._pallas.gpu import ptx_check
+
+    if (reason := ptx_check.available()) is not None:
+        pytest.skip(reason)
+    m, k, n, groups = 8192, 2048, 768, 128
+    gmm = kernelhub.get(GMM, platform="triton", backend="gpu")
+    specs = [jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+             jax.ShapeDtypeStruct((groups, k, n), jnp.bfloat16),
+             jax.ShapeDtypeStruct((groups,), jnp.int32)]
+
+    def step(lhs, rhs, sizes):
+        def forward(lhs, rhs):
+            return gmm(kernelhub.quantize(lhs, quantized, axis=1),
+                       kernelhub.quantize(rhs, quantized, axis=1), sizes,
+                       preferred_element_type=jnp.bfloat16)
+        out, vjp = jax.vjp(forward, lhs, rhs)
+        return out, vjp(jnp.ones_like(out))
+
+    try:
+        modules = cuda_export.triton_modules(step, specs)
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    assert len(modules) == 3  # the forward kernel, then gmm and tgmm of the backward
+    forward = ptx_check.compile_to_ptx(modules[0].ir, modules[0].num_warps, modules[0].num_stages)
+    assert forward.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES
+    assert forward.wgmma > 0 and ".bf16.bf16" in forward.ptx
+    for module in modules[1:]:
+        report = ptx_check.compile_to_ptx(module.ir, module.num_warps, module.num_stages)
+        assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES and report.wgmma > 0

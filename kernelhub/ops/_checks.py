@@ -84,10 +84,21 @@ def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int
     return value
 
 
+# The grouped matmuls' optional features: quantized operands with one scale along the
+# contraction (per row or column), and with several scale blocks along it.
+QUANTIZED = "quantized"
+QUANTIZED_BLOCKS = "quantized_blocks"
+
+
 def features(arguments: dict[str, Any]) -> frozenset[str]:
-    """The optional features a grouped-matmul call uses: "quantized" for quantized operands."""
-    quantized = any(isinstance(arguments.get(name), QuantizedArray) for name in ("lhs", "rhs"))
-    return frozenset({"quantized"}) if quantized else frozenset()
+    """The optional features a grouped-matmul call uses."""
+    quantized = [arguments.get(name) for name in ("lhs", "rhs")
+                 if isinstance(arguments.get(name), QuantizedArray)]
+    if not quantized:
+        return frozenset()
+    if any(operand.num_blocks > 1 for operand in quantized):
+        return frozenset({QUANTIZED, QUANTIZED_BLOCKS})
+    return frozenset({QUANTIZED})
 
 
 def element_type(value: Any) -> np.dtype:

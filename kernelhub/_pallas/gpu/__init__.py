@@ -12,6 +12,8 @@ import jax
 from kernelhub._registry import needs_device, register
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops._autodiff import differentiable
+from kernelhub.ops._checks import QUANTIZED
+from kernelhub.ops._scale_folding import folded
 
 _GMM_STATIC = ("preferred_element_type", "tiling", "transpose_rhs")
 _TGMM_STATIC = ("preferred_element_type", "tiling", "num_actual_groups")
@@ -36,10 +38,13 @@ def _raw_tgmm(interpret: bool):
 
 
 def _register(backend: str, interpret: bool, **how) -> tuple:
-    ops = differentiable(_raw_gmm(interpret), _raw_tgmm(interpret))
-    gmm = register(GROUPED_MATMUL, "triton", backend, **how)(
+    # Quantized operands with one scale along their quantized axis: the kernels multiply the
+    # int8/fp8 values and the scales are applied around them (kernelhub/ops/_scale_folding.py).
+    raw = folded(_raw_gmm(interpret), _raw_tgmm(interpret))
+    ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul)
+    gmm = register(GROUPED_MATMUL, "triton", backend, features=(QUANTIZED,), **how)(
         jax.jit(ops.grouped_matmul, static_argnames=_GMM_STATIC))
-    tgmm = register(TRANSPOSED_GROUPED_MATMUL, "triton", backend, **how)(
+    tgmm = register(TRANSPOSED_GROUPED_MATMUL, "triton", backend, features=(QUANTIZED,), **how)(
         jax.jit(ops.transposed_grouped_matmul, static_argnames=_TGMM_STATIC))
     return gmm, tgmm
 

@@ -34,7 +34,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     if group_offset is None:
         group_offset = jnp.zeros((), jnp.int32)
-    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.gmm_heuristic(m, k, n, group_sizes.shape[0], jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
     if m == 0 or n == 0:

@@ -32,7 +32,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     if group_offset is None:
         group_offset = jnp.zeros((), jnp.int32)
     groups = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
-    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.tgmm_heuristic(m, k, n, groups, jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
     if k == 0 or n == 0:

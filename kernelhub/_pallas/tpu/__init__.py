@@ -22,6 +22,8 @@ from kernelhub._pallas.tpu.transposed_grouped_matmul import (
 from kernelhub._registry import needs_device, register
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops._autodiff import Differentiable, differentiable
+from kernelhub.ops._checks import QUANTIZED
+from kernelhub.ops._scale_folding import folded
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,8 +38,11 @@ def interpreted(params: Any = True) -> Differentiable:
 
 
 def _jitted(interpret: Any) -> Differentiable:
-    ops = differentiable(functools.partial(_raw_grouped_matmul, interpret=interpret),
-                         functools.partial(_raw_transposed_grouped_matmul, interpret=interpret))
+    # Quantized operands with one scale along their quantized axis: the kernels multiply the
+    # int8/fp8 values (widened to bf16 per tile) and the scales are applied around them.
+    raw = folded(functools.partial(_raw_grouped_matmul, interpret=interpret),
+                 functools.partial(_raw_transposed_grouped_matmul, interpret=interpret))
+    ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul)
     return Differentiable(
         jax.jit(ops.grouped_matmul,
                 static_argnames=("preferred_element_type", "tiling", "transpose_rhs")),
@@ -49,14 +54,14 @@ def _jitted(interpret: Any) -> Differentiable:
 _compiled = _jitted(interpret=False)
 _emulated = interpreted(True)
 
-grouped_matmul = register(GROUPED_MATMUL, "pallas", "tpu", 10, requirement=needs_device("tpu"))(
-    _compiled.grouped_matmul)
+grouped_matmul = register(GROUPED_MATMUL, "pallas", "tpu", 10, requirement=needs_device("tpu"),
+                          features=(QUANTIZED,))(_compiled.grouped_matmul)
 transposed_grouped_matmul = register(
-    TRANSPOSED_GROUPED_MATMUL, "pallas", "tpu", 10, requirement=needs_device("tpu"))(
-    _compiled.transposed_grouped_matmul)
+    TRANSPOSED_GROUPED_MATMUL, "pallas", "tpu", 10, requirement=needs_device("tpu"),
+    features=(QUANTIZED,))(_compiled.transposed_grouped_matmul)
 
-interpreted_grouped_matmul = register(GROUPED_MATMUL, "pallas", "cpu", 0, interpret_only=True)(
-    _emulated.grouped_matmul)
+interpreted_grouped_matmul = register(GROUPED_MATMUL, "pallas", "cpu", 0, interpret_only=True,
+                                      features=(QUANTIZED,))(_emulated.grouped_matmul)
 interpreted_transposed_grouped_matmul = register(
-    TRANSPOSED_GROUPED_MATMUL, "pallas", "cpu", 0, interpret_only=True)(
-    _emulated.transposed_grouped_matmul)
+    TRANSPOSED_GROUPED_MATMUL, "pallas", "cpu", 0, interpret_only=True,
+    features=(QUANTIZED,))(_emulated.transposed_grouped_matmul)

@@ -105,13 +105,16 @@ def vmem_estimates(result: "CompileResult") -> dict[str, int]:
             for kernel, tiles in result.tilings.items() if kernel in problems}
 
 
-def step_function(shape: MoeShape, dtype: Any, backward: bool):
+def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = None):
     """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels)."""
     import kernelhub
 
     gmm = kernelhub.get("grouped_matmul", platform="pallas", backend="tpu")
 
     def forward(lhs, rhs, group_sizes, group_offset):
+        if quantized is not None:  # one scale per row of lhs and per column of each expert
+            lhs = kernelhub.quantize(lhs, quantized, axis=1)
+            rhs = kernelhub.quantize(rhs, quantized, axis=1)
         return gmm(lhs, rhs, group_sizes, preferred_element_type=dtype, group_offset=group_offset)
 
     def forward_and_backward(lhs, rhs, group_sizes, group_offset, d_out):
@@ -137,8 +140,9 @@ def argument_specs(shape: MoeShape, dtype: Any, backward: bool, device: Any) -> 
 
 
 def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
-                backward: bool = True) -> CompileResult:
-    """Compiles the step for one chip of `generation` with the default tiling."""
+                backward: bool = True, quantized: Any = None) -> CompileResult:
+    """Compiles the step for one chip of `generation` with the default tiling; with
+    `quantized` (int8 or an fp8 dtype), on both operands quantized to it per row and column."""
     from jax.experimental import topologies
 
     dtype = jnp.dtype(dtype)
@@ -153,7 +157,7 @@ def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
         device = topology.devices[0]
         # The kernels read the target chip from the default device while tracing (hardware.py).
         with jax.default_device(device):
-            lowered = step_function(shape, dtype, backward).lower(
+            lowered = step_function(shape, dtype, backward, quantized).lower(
                 *argument_specs(shape, dtype, backward, device))
         compiled = lowered.compile()
         result.compiled = True

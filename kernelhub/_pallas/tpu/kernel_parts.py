@@ -64,9 +64,16 @@ def needs_widening(*dtypes: Any) -> bool:
     return any(jnp.dtype(d) == jnp.dtype(jnp.float16) for d in dtypes)
 
 
+# Operand dtypes whose every value bfloat16 holds exactly: quantized values (kernelhub/ops/
+# _scale_folding.py hands the kernels int8 and fp8 arrays) are widened to it tile by tile.
+_EXACT_IN_BF16 = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.int8, jnp.float8_e4m3fn,
+                                              jnp.float8_e5m2))
+
+
 def compute_dtype(lhs_dtype: Any, rhs_dtype: Any) -> Any:
-    """The MXU takes bf16 x bf16 as is; any other pair is multiplied in float32."""
-    if jnp.dtype(lhs_dtype) == jnp.dtype(rhs_dtype) == jnp.dtype(jnp.bfloat16):
+    """The MXU takes bf16 x bf16 as is, and int8 or fp8 tiles widened to bf16 exactly; any
+    other pair is multiplied in float32."""
+    if jnp.dtype(lhs_dtype) in _EXACT_IN_BF16 and jnp.dtype(rhs_dtype) in _EXACT_IN_BF16:
         return jnp.bfloat16
     return jnp.float32
 

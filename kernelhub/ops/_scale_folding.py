@@ -1,0 +1,136 @@
+"""Quantized operands for kernels that multiply plain arrays: their scales applied outside.
+
+A kernel that takes int8 and fp8 arrays as operands (converting each tile to a wider type
+in-kernel) but knows nothing of scales serves QuantizedArrays with one scale block along their
+quantized axis (kernelhub/quantization.py): such a scale varies along one axis of the product
+only. Where that axis is an output axis, the scale multiplies the kernel's float32 result
+(rows, columns, per group); where it is the contraction axis (the backward products, whose
+other operand is a float cotangent), it is folded into the other operand first. Either way the
+result is the float32 product of the dequantized operands, cast once.
+
+`folded(raw_gmm, raw_tgmm)` wraps such kernels into raw kernels with the contracts' arguments,
+for kernelhub.ops._autodiff.differentiable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from kernelhub.ops._groups import computed_rows, local_bounds
+from kernelhub.quantization import QuantizedArray
+
+RawKernel = Any
+
+
+class Folded(NamedTuple):
+    grouped_matmul: RawKernel
+    transposed_grouped_matmul: RawKernel
+
+
+def _is_quantized(*operands: Any) -> bool:
+    return any(isinstance(operand, QuantizedArray) for operand in operands)
+
+
+def _scale_along(operand: QuantizedArray, axis: int) -> jax.Array:
+    """The scale of a one-block QuantizedArray as a vector along `axis`, the axis it varies
+    over (the other of a matrix's two, or the last two of [G, a, b] with the group first)."""
+    if operand.num_blocks != 1:
+        raise ValueError("scale folding needs one scale block along the quantized axis; "
+                         f"got {operand!r}")
+    return jnp.squeeze(operand.scale, operand.axis)
+
+
+def _float(operand: Any) -> jax.Array:
+    """A fold target: a quantized one (which the contracts never make one) is dequantized."""
+    return operand.dequantize() if isinstance(operand, QuantizedArray) else operand
+
+
+def _row_groups(group_sizes, group_offset, local_groups: int, rows: int) -> jax.Array:
+    """int32 [rows]: each row's local group, clamped into [0, local_groups) for other rows."""
+    starts, ends = local_bounds(group_sizes, group_offset, local_groups, rows)
+    del starts
+    row = jnp.arange(rows, dtype=jnp.int32)
+    group = jnp.sum(row[:, None] >= ends[None, :], axis=1).astype(jnp.int32)
+    return jnp.minimum(group, local_groups - 1)
+
+
+def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
+    """Raw kernels taking one-block QuantizedArrays, from raw kernels taking plain arrays
+    (int8 and fp8 ones included) in their place."""
+
+    def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
+            transpose_rhs):
+        if not _is_quantized(lhs, rhs):
+            return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                           existing_out, transpose_rhs)
+        m = lhs.shape[0]
+        local_groups = rhs.shape[0]
+        rhs_contraction = 2 if transpose_rhs else 1
+        if group_offset is None:
+            group_offset = jnp.zeros((), jnp.int32)
+        groups = _row_groups(group_sizes, group_offset, local_groups, m)
+        row_scale = column_scale = None
+        if isinstance(lhs, QuantizedArray):
+            scale = _scale_along(lhs, 1 - lhs.axis)
+            if lhs.axis == 1:  # one scale per row: scales the output's rows
+                row_scale = scale
+            else:  # one scale per k: folded into rhs along its k axis
+                shape = [1, 1, 1]
+                shape[rhs_contraction] = scale.shape[0]
+                rhs = _float(rhs) * scale.reshape(shape)
+            lhs = lhs.values
+        if isinstance(rhs, QuantizedArray):
+            # [local_groups, the axis the scale varies over]
+            scale = jnp.squeeze(rhs.scale, rhs.axis)
+            if rhs.num_blocks != 1:
+                raise ValueError(f"scale folding needs one scale block, got {rhs!r}")
+            if rhs.axis == rhs_contraction:  # one scale per output column and group
+                column_scale = scale[groups]
+            else:  # one scale per k and group: folded into each row of lhs
+                lhs = _float(lhs) * scale[groups]
+            rhs = rhs.values
+        out = raw_gmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
+                      transpose_rhs)
+        if row_scale is not None:
+            out = out * row_scale[:, None]
+        if column_scale is not None:
+            out = out * column_scale
+        out = out.astype(preferred_element_type)
+        computed = computed_rows(group_sizes, group_offset, local_groups, m)[:, None]
+        base = jnp.zeros_like(out) if existing_out is None else existing_out
+        return jnp.where(computed, out, base)
+
+    def tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+             num_actual_groups, existing_out):
+        if not _is_quantized(lhs, rhs):
+            return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                            num_actual_groups, existing_out)
+        k_scale = n_scale = None
+        if isinstance(lhs, QuantizedArray):  # [k, m]
+            scale = _scale_along(lhs, 1 - lhs.axis)
+            if lhs.axis == 1:  # one scale per k: scales the output's rows
+                k_scale = scale
+            else:  # one scale per m: folded into rhs's rows
+                rhs = _float(rhs) * scale[:, None]
+            lhs = lhs.values
+        if isinstance(rhs, QuantizedArray):  # [m, n]
+            scale = _scale_along(rhs, 1 - rhs.axis)
+            if rhs.axis == 0:  # one scale per n: scales the output's columns
+                n_scale = scale
+            else:  # one scale per m: folded into lhs's columns
+                lhs = _float(lhs) * scale[None, :]
+            rhs = rhs.values
+        out = raw_tgmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset,
+                       num_actual_groups, None)
+        if k_scale is not None:
+            out = out * k_scale[None, :, None]
+        if n_scale is not None:
+            out = out * n_scale[None, None, :]
+        if existing_out is not None:
+            out = out + existing_out.astype(jnp.float32)
+        return out.astype(preferred_element_type)
+
+    return Folded(gmm, tgmm)
