@@ -356,13 +356,27 @@ def test_other_dtypes_compile_for_tpu(dtype):
     _assert_compiled(ahead_of_time.compile_for("v5e", ahead_of_time.SHAPES["odd"], dtype))
 
 
+def test_int8_tiles_use_the_int8_mxu_only_where_there_is_one():
+    from kernelhub._pallas.tpu import hardware, kernel_parts
+
+    assert kernel_parts.compute_dtype(jnp.int8, jnp.int8, int8_mxu=True) == jnp.int8
+    assert kernel_parts.accumulator_dtype(jnp.int8) == jnp.int32
+    assert kernel_parts.compute_dtype(jnp.int8, jnp.int8, int8_mxu=False) == jnp.bfloat16
+    assert kernel_parts.compute_dtype(jnp.float8_e4m3fn, jnp.bfloat16) == jnp.bfloat16
+    assert kernel_parts.compute_dtype(jnp.float32, jnp.int8, int8_mxu=True) == jnp.float32
+    assert hardware.chip_named("v4").int8_flops == 0
+    assert all(hardware.chip_named(name).int8_flops > 0 for name in ("v5e", "v5p", "v6e"))
+
+
 @pytest.mark.slow
 @needs_libtpu
 @pytest.mark.parametrize("generation, quantized, shape", [
-    ("v5e", jnp.int8, "qwen3-moe"), ("v5p", jnp.int8, "deepseek-v3"),
+    ("v5e", jnp.int8, "qwen3-moe"), ("v5p", jnp.int8, "deepseek-v3"), ("v4", jnp.int8, "odd"),
     ("v6e", jnp.float8_e4m3fn, "qwen3-moe"), ("v4", jnp.float8_e5m2, "odd")])
 def test_quantized_operands_compile_for_tpu(generation, quantized, shape):
-    """int8 and fp8 tiles in the Mosaic kernels, forward and VJP (scales applied around them)."""
+    """int8 and fp8 tiles in the Mosaic kernels, forward and VJP (scales applied around them):
+    int8 x int8 on the int8 MXU of v5e, v5p and v6e, widened to bf16 on v4, which has none
+    (Mosaic rejects an int8 matmul there)."""
     _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape],
                                                quantized=quantized))
 

@@ -20,8 +20,8 @@ from kernelhub._manual_axes import shape_dtype_like
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
-    call_options, compute_dtype, contraction_precision, keep_first, kernel_name, needs_widening,
-    row_mask, widened)
+    accumulator_dtype, call_options, compute_dtype, contraction_precision, keep_first, kernel_name,
+    needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import GmmField
 from kernelhub.ops._groups import computed_rows
 
@@ -94,10 +94,10 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         operands.append(existing_out)
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
+    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)
     kernel = functools.partial(
         _kernel, read=plan.reader, tm=tm, tk=tk, k=k, k_tiles=k_tiles,
-        transpose_rhs=transpose_rhs, compute=compute_dtype(lhs.dtype, rhs.dtype),
-        has_existing=existing_out is not None)
+        transpose_rhs=transpose_rhs, compute=compute, has_existing=existing_out is not None)
     call = pl.pallas_call(
         kernel,
         out_shape=shape_dtype_like((m, n), out_dtype, lhs),
@@ -106,7 +106,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             grid=(n_tiles, plan.items, k_tiles),
             in_specs=in_specs,
             out_specs=out_spec,
-            scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
+            scratch_shapes=[pltpu.VMEM((tm, tn), accumulator_dtype(compute))],
         ),
         input_output_aliases=aliases,
         # Items revisit an output block back to back, and contraction steps accumulate: only
@@ -151,7 +151,7 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
             rhs = keep_first(rhs, valid, axis=1 if transpose_rhs else 0)
         contracting = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
         product = lax.dot_general(lhs, rhs, (contracting, ((), ())),
-                                  preferred_element_type=jnp.float32,
+                                  preferred_element_type=acc_ref.dtype,
                                   precision=contraction_precision(compute))
 
         @pl.when(kk == 0)
@@ -176,4 +176,5 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
                         field(GmmField.ROW_END, item))
         # Selected in float32: exact for the 16-bit outputs, and native on every generation.
         kept = out_ref[...].astype(jnp.float32)
-        out_ref[...] = jnp.where(mine, acc_ref[...], kept).astype(out_ref.dtype)
+        total = acc_ref[...].astype(jnp.float32)
+        out_ref[...] = jnp.where(mine, total, kept).astype(out_ref.dtype)

@@ -25,6 +25,7 @@ class Chip:
     hbm_bytes_per_s: float
     mxu: int  # the MXU's side: tiles in multiples of it keep it full
     cores: int = 1  # TensorCores sharing one kernel (megacore v4/v5p split its parallel axes)
+    int8_flops: float = 0.0  # 0: no int8 MXU (v4), so int8 tiles are widened to bf16
 
     @property
     def tile_budget_bytes(self) -> int:
@@ -50,6 +51,7 @@ def chip_from_tpu_info(info) -> Chip:
         hbm_bytes_per_s=float(info.mem_bw_bytes_per_second),
         mxu=int(info.mxu_column_size),
         cores=int(info.num_cores),
+        int8_flops=float(getattr(info, "int8_ops_per_second", 0) or 0),
     )
 
 

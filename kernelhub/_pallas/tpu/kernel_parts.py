@@ -17,6 +17,7 @@ class CallOptions:
     tiles: tiling_lib.Tiles
     vmem_limit_bytes: int | None
     interpret: Any
+    int8_mxu: bool  # int8 x int8 tiles multiply as int8 with int32 sums
 
     @property
     def alias_existing(self) -> bool:
@@ -36,10 +37,10 @@ def call_options(problem: tiling_lib.Problem, tiling: Any, interpret: Any) -> Ca
     """
     if interpret is not False:
         tiles = tiling_lib.resolve(tiling, problem, tiling_lib.default_for_interpret)
-        return CallOptions(tiles, None, interpret)
+        return CallOptions(tiles, None, interpret, int8_mxu=True)
     chip = hardware.target_chip()
     tiles = tiling_lib.resolve(tiling, problem, lambda p: tiling_lib.default_for_chip(p, chip))
-    return CallOptions(tiles, chip.vmem_limit_bytes, False)
+    return CallOptions(tiles, chip.vmem_limit_bytes, False, int8_mxu=chip.int8_flops > 0)
 
 
 KERNEL_NAME_PATTERN = r"kernelhub_(gmm|gmm_t|tgmm)_(\d+)x(\d+)x(\d+)"
@@ -70,12 +71,21 @@ _EXACT_IN_BF16 = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.int8, jnp.float8
                                               jnp.float8_e5m2))
 
 
-def compute_dtype(lhs_dtype: Any, rhs_dtype: Any) -> Any:
-    """The MXU takes bf16 x bf16 as is, and int8 or fp8 tiles widened to bf16 exactly; any
-    other pair is multiplied in float32."""
+def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False) -> Any:
+    """The MXU takes bf16 x bf16 as is, and int8 x int8 too where it has int8 (v5e, v5p, v6e;
+    int32 sums); other int8 or fp8 tiles are widened to bf16 exactly; any other pair is
+    multiplied in float32."""
+    if int8_mxu and jnp.dtype(lhs_dtype) == jnp.dtype(rhs_dtype) == jnp.dtype(jnp.int8):
+        return jnp.int8
     if jnp.dtype(lhs_dtype) in _EXACT_IN_BF16 and jnp.dtype(rhs_dtype) in _EXACT_IN_BF16:
         return jnp.bfloat16
     return jnp.float32
+
+
+def accumulator_dtype(compute: Any) -> Any:
+    """What the products of `compute` tiles are summed in: int32 for int8 (exact), else
+    float32."""
+    return jnp.int32 if jnp.dtype(compute) == jnp.dtype(jnp.int8) else jnp.float32
 
 
 def contraction_precision(compute: Any) -> lax.Precision | None:

@@ -21,8 +21,8 @@ from kernelhub._manual_axes import shape_dtype_like
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
-    call_options, compute_dtype, contraction_precision, kernel_name, needs_widening, row_mask,
-    widened)
+    accumulator_dtype, call_options, compute_dtype, contraction_precision, kernel_name,
+    needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import TgmmField
 
 
@@ -84,7 +84,7 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
     kernel = functools.partial(_kernel, read=plan.reader, tm=tm,
-                               compute=compute_dtype(lhs.dtype, rhs.dtype),
+                               compute=compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu),
                                has_existing=existing_out is not None)
     call = pl.pallas_call(
         kernel,
@@ -94,7 +94,8 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             grid=(n_tiles, k_tiles, plan.items),
             in_specs=in_specs,
             out_specs=out_spec,
-            scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
+            scratch_shapes=[pltpu.VMEM((tk, tn), accumulator_dtype(
+                compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)))],
         ),
         input_output_aliases=aliases,
         # Every output block belongs to one (column, row) tile pair: those axes are independent.
@@ -135,12 +136,12 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing):
         lhs = jnp.where(row_mask(lhs.shape, 1, first_row, start, end), lhs, jnp.zeros_like(lhs))
         rhs = jnp.where(row_mask(rhs.shape, 0, first_row, start, end), rhs, jnp.zeros_like(rhs))
         acc_ref[...] += lax.dot_general(lhs, rhs, (((1,), (0,)), ((), ())),
-                                        preferred_element_type=jnp.float32,
+                                        preferred_element_type=acc_ref.dtype,
                                         precision=contraction_precision(compute))
 
     @pl.when(field(TgmmField.LAST, item) == 1)
     def _store():
-        total = acc_ref[...]
+        total = acc_ref[...].astype(jnp.float32)
         if has_existing:
             total = total + existing_ref[...].astype(jnp.float32)
         out_ref[...] = total.astype(out_ref.dtype)
