@@ -37,6 +37,9 @@ _LARGEST = {
     jnp.dtype(jnp.float8_e5m2): float(jnp.finfo(jnp.float8_e5m2).max),
 }
 QUANTIZED_DTYPES = tuple(_LARGEST)
+# Every value of these dtypes is a bfloat16 exactly, so kernels may widen quantized tiles to
+# bfloat16 (and multiply on bf16 units, summing in float32) without changing a product.
+EXACT_IN_BFLOAT16 = (jnp.dtype(jnp.bfloat16), *QUANTIZED_DTYPES)
 _DTYPE_NAMES = "int8, float8_e4m3fn or float8_e5m2"
 _SOURCE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 

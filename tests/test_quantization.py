@@ -188,6 +188,24 @@ def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec, block_s
                          existing_out=existing, transpose_rhs=True)
     assert out.dtype == jnp.bfloat16
     assert_close(out, want, jnp.bfloat16, contraction=k)
+    # Rows of groups 0 and 3 and past the sum are existing_out's, bit for bit.
+    kept = np.r_[0:5, 22:50]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(GMM))
+def test_gmm_quantized_nan_stays_in_its_rows(spec):
+    """A NaN in one row of lhs makes that row's scale NaN: it reaches that row's outputs only,
+    also where scales are applied around the kernel."""
+    rng = np.random.default_rng(13)
+    lhs, rhs = gmm_arrays(rng, 24, 16, 8, 2)
+    lhs = lhs.at[3, 5].set(jnp.nan)
+    out = np.asarray(kernelhub.get(GMM, platform=spec.platform)(
+        quantize(lhs, jnp.int8, axis=1), quantize(rhs, jnp.float8_e4m3fn, axis=1),
+        jnp.asarray([10, 8], jnp.int32)))
+    assert np.isnan(out[3]).all()
+    assert np.isfinite(np.delete(out, 3, axis=0)).all()
+    np.testing.assert_array_equal(out[18:], 0.0)
 
 
 @pytest.mark.parametrize("spec", quantized_implementations(GMM))
@@ -218,12 +236,15 @@ def test_tgmm_of_quantized_operands(spec, dtype, block_size):
                    block_size=block_size)
     rhs = quantize(jnp.asarray(normal(rng, (m, n), jnp.float32)), dtype, axis=0,
                    block_size=block_size)
+    existing = jnp.asarray(normal(rng, (10, k, n), jnp.float32))
     skip_unless_supported(spec, lhs, rhs)
     out = kernelhub.get(TGMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes),
-                                                       group_offset=2, num_actual_groups=10)
+                                                       group_offset=2, num_actual_groups=10,
+                                                       existing_out=existing)
     want = reference.tgmm(dequantized(lhs), dequantized(rhs), sizes, group_offset=2,
-                          num_actual_groups=10)
+                          num_actual_groups=10, existing_out=existing)
     assert_close(out, want, jnp.float32, contraction=m)
+    np.testing.assert_array_equal(np.asarray(out)[8], np.asarray(existing)[8])  # group 10: empty
 
 
 @pytest.mark.parametrize("spec", quantized_implementations(GMM))

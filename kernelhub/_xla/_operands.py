@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._xla import _row_chunks
-from kernelhub.quantization import QuantizedArray, expand_scale
+from kernelhub.quantization import EXACT_IN_BFLOAT16, QuantizedArray, expand_scale
 
 
 def compute_dtype(*operands: Any) -> Any:
@@ -26,19 +26,27 @@ def compute_dtype(*operands: Any) -> Any:
     return jnp.result_type(*(operand.dtype for operand in operands))
 
 
+def _slice(array: jax.Array, axis: int, start: jax.Array, size: int,
+           loop_index: jax.Array) -> jax.Array:
+    """array[..., start:start + size, ...] along `axis`, in its own dtype, read through its bits
+    (`loop_index`: the index of the loop whose body this is, see `_row_chunks.pinned_bits`)."""
+    part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(array, loop_index), start, size, axis)
+    return _row_chunks.from_bits(part, array.dtype)
+
+
+def _index(array: jax.Array, index: jax.Array) -> jax.Array:
+    """array[index] along the leading axis (dropped), read through its bits."""
+    part = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(array, index), index, 0,
+                                    keepdims=False)
+    return _row_chunks.from_bits(part, array.dtype)
+
+
 def sliced(operand: Any, axis: int, start: jax.Array, size: int, loop_index: jax.Array,
            dtype: Any) -> jax.Array:
-    """operand[..., start:start + size, ...] along `axis`, in `dtype`.
-
-    `loop_index` is the index of the loop whose body this is (see `_row_chunks.pinned_bits`).
-    """
+    """operand[..., start:start + size, ...] along `axis`, dequantized, in `dtype`."""
     if not isinstance(operand, QuantizedArray):
-        part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(operand, loop_index), start,
-                                        size, axis)
-        return _row_chunks.from_bits(part, operand.dtype).astype(dtype)
-    values = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(operand.values, loop_index), start,
-                                      size, axis)
-    values = _row_chunks.from_bits(values, operand.values.dtype)
+        return _slice(operand, axis, start, size, loop_index).astype(dtype)
+    values = _slice(operand.values, axis, start, size, loop_index)
     if axis == operand.axis:
         blocks = _block_of(operand, start + jnp.arange(size, dtype=jnp.int32))
         scale = jnp.take(operand.scale, blocks, axis=axis)
@@ -49,16 +57,12 @@ def sliced(operand: Any, axis: int, start: jax.Array, size: int, loop_index: jax
 
 
 def indexed(operand: Any, index: jax.Array, dtype: Any) -> jax.Array:
-    """operand[index] (along the leading axis, dropped), in `dtype`."""
+    """operand[index] (along the leading axis, dropped), dequantized, in `dtype`."""
     if not isinstance(operand, QuantizedArray):
-        part = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(operand, index), index, 0,
-                                        keepdims=False)
-        return _row_chunks.from_bits(part, operand.dtype).astype(dtype)
+        return _index(operand, index).astype(dtype)
     if operand.axis == 0:
         raise ValueError("a QuantizedArray cannot be indexed along the axis it is quantized along")
-    values = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(operand.values, index), index, 0,
-                                      keepdims=False)
-    values = _row_chunks.from_bits(values, operand.values.dtype)
+    values = _index(operand.values, index)
     scale = lax.dynamic_index_in_dim(operand.scale, index, 0, keepdims=False)
     scale = expand_scale(scale, operand.axis - 1, operand.block_size, operand.shape[operand.axis])
     return (values.astype(jnp.float32) * scale).astype(dtype)
@@ -109,8 +113,7 @@ def carrier_dtype(*operands: Any) -> tuple[Any, Any]:
     dtypes = {jnp.dtype(operand.dtype) for operand in operands}
     if dtypes == {jnp.dtype(jnp.int8)}:
         return jnp.dtype(jnp.int8), jnp.dtype(jnp.int32)
-    exact_in_bf16 = all(isinstance(operand, QuantizedArray) or operand.dtype == jnp.bfloat16
-                        for operand in operands)
+    exact_in_bf16 = all(jnp.dtype(operand.dtype) in EXACT_IN_BFLOAT16 for operand in operands)
     return jnp.dtype(jnp.bfloat16 if exact_in_bf16 else jnp.float32), jnp.dtype(jnp.float32)
 
 
@@ -119,8 +122,7 @@ def sliced_values(operand: Any, axis: int, start: jax.Array, size: int, loop_ind
     """(the slice's values in `dtype`, its scales with the contraction axis dropped, or None
     for a float operand), for an operand whose scales factor out (`scales_factor_out`)."""
     array = operand.values if isinstance(operand, QuantizedArray) else operand
-    part = lax.dynamic_slice_in_dim(_row_chunks.pinned_bits(array, loop_index), start, size, axis)
-    part = _row_chunks.from_bits(part, array.dtype).astype(dtype)
+    part = _slice(array, axis, start, size, loop_index).astype(dtype)
     if not isinstance(operand, QuantizedArray):
         return part, None
     scale = lax.dynamic_slice_in_dim(operand.scale, start, size, axis)
@@ -131,9 +133,7 @@ def indexed_values(operand: Any, index: jax.Array,
                    dtype: Any) -> tuple[jax.Array, jax.Array | None]:
     """`sliced_values` for operand[index] along the leading axis (dropped)."""
     array = operand.values if isinstance(operand, QuantizedArray) else operand
-    part = lax.dynamic_index_in_dim(_row_chunks.pinned_bits(array, index), index, 0,
-                                    keepdims=False)
-    part = _row_chunks.from_bits(part, array.dtype).astype(dtype)
+    part = _index(array, index).astype(dtype)
     if not isinstance(operand, QuantizedArray):
         return part, None
     scale = lax.dynamic_index_in_dim(operand.scale, index, 0, keepdims=False)

@@ -34,9 +34,9 @@ def _is_quantized(*operands: Any) -> bool:
     return any(isinstance(operand, QuantizedArray) for operand in operands)
 
 
-def _scale_along(operand: QuantizedArray, axis: int) -> jax.Array:
-    """The scale of a one-block QuantizedArray as a vector along `axis`, the axis it varies
-    over (the other of a matrix's two, or the last two of [G, a, b] with the group first)."""
+def _scales(operand: QuantizedArray) -> jax.Array:
+    """The scale of a one-block QuantizedArray with its quantized axis dropped: a vector for a
+    matrix, [G, the other axis] for experts' weights."""
     if operand.num_blocks != 1:
         raise ValueError("scale folding needs one scale block along the quantized axis; "
                          f"got {operand!r}")
@@ -50,11 +50,10 @@ def _float(operand: Any) -> jax.Array:
 
 def _row_groups(group_sizes, group_offset, local_groups: int, rows: int) -> jax.Array:
     """int32 [rows]: each row's local group, clamped into [0, local_groups) for other rows."""
-    starts, ends = local_bounds(group_sizes, group_offset, local_groups, rows)
-    del starts
-    row = jnp.arange(rows, dtype=jnp.int32)
-    group = jnp.sum(row[:, None] >= ends[None, :], axis=1).astype(jnp.int32)
-    return jnp.minimum(group, local_groups - 1)
+    _, ends = local_bounds(group_sizes, group_offset, local_groups, rows)
+    # ends is non-decreasing: a row's group is the number of local groups ending at or before it.
+    group = jnp.searchsorted(ends, jnp.arange(rows, dtype=jnp.int32), side="right")
+    return jnp.minimum(group, local_groups - 1).astype(jnp.int32)
 
 
 def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
@@ -74,7 +73,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         groups = _row_groups(group_sizes, group_offset, local_groups, m)
         row_scale = column_scale = None
         if isinstance(lhs, QuantizedArray):
-            scale = _scale_along(lhs, 1 - lhs.axis)
+            scale = _scales(lhs)
             if lhs.axis == 1:  # one scale per row: scales the output's rows
                 row_scale = scale
             else:  # one scale per k: folded into rhs along its k axis
@@ -83,10 +82,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
                 rhs = _float(rhs) * scale.reshape(shape)
             lhs = lhs.values
         if isinstance(rhs, QuantizedArray):
-            # [local_groups, the axis the scale varies over]
-            scale = jnp.squeeze(rhs.scale, rhs.axis)
-            if rhs.num_blocks != 1:
-                raise ValueError(f"scale folding needs one scale block, got {rhs!r}")
+            scale = _scales(rhs)  # [local_groups, the axis the scale varies over]
             if rhs.axis == rhs_contraction:  # one scale per output column and group
                 column_scale = scale[groups]
             else:  # one scale per k and group: folded into each row of lhs
@@ -110,14 +106,14 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
                             num_actual_groups, existing_out)
         k_scale = n_scale = None
         if isinstance(lhs, QuantizedArray):  # [k, m]
-            scale = _scale_along(lhs, 1 - lhs.axis)
+            scale = _scales(lhs)
             if lhs.axis == 1:  # one scale per k: scales the output's rows
                 k_scale = scale
             else:  # one scale per m: folded into rhs's rows
                 rhs = _float(rhs) * scale[:, None]
             lhs = lhs.values
         if isinstance(rhs, QuantizedArray):  # [m, n]
-            scale = _scale_along(rhs, 1 - rhs.axis)
+            scale = _scales(rhs)
             if rhs.axis == 0:  # one scale per n: scales the output's columns
                 n_scale = scale
             else:  # one scale per m: folded into lhs's columns

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub.quantization import EXACT_IN_BFLOAT16
+
 
 def div(a: jax.Array, b: int) -> jax.Array:
     return lax.div(a, jnp.asarray(b, a.dtype))
@@ -44,10 +46,6 @@ def masked_load(ref, rows: jax.Array | None, cols: jax.Array | None) -> jax.Arra
     return plgpu.load(ref, mask=mask, other=jnp.zeros((), ref.dtype))
 
 
-_EXACT_IN_BF16 = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.int8, jnp.float8_e4m3fn,
-                                              jnp.float8_e5m2))
-
-
 def compute_dtype(lhs_dtype, rhs_dtype) -> jnp.dtype:
     """The dtype the tiles are multiplied in: int8 and fp8 tiles count as the bf16 they widen
     to exactly (so int8 or fp8 with bf16 runs on bf16 tensor cores), then the promotion.
@@ -55,7 +53,7 @@ def compute_dtype(lhs_dtype, rhs_dtype) -> jnp.dtype:
     fp8 x fp8 stays on bf16 tensor cores too: as lowered through Pallas, Triton 3.6 compiles an
     fp8 tl.dot for sm_90 to f16 mma.sync (no wgmma), slower than bf16's wgmma.
     """
-    lhs_dtype, rhs_dtype = (jnp.dtype(jnp.bfloat16) if jnp.dtype(d) in _EXACT_IN_BF16
+    lhs_dtype, rhs_dtype = (jnp.dtype(jnp.bfloat16) if jnp.dtype(d) in EXACT_IN_BFLOAT16
                             else jnp.dtype(d) for d in (lhs_dtype, rhs_dtype))
     return jnp.dtype(jnp.promote_types(lhs_dtype, rhs_dtype))
 

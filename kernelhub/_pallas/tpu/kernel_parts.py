@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.tpu import hardware, tiling as tiling_lib
+from kernelhub.quantization import EXACT_IN_BFLOAT16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,19 +66,13 @@ def needs_widening(*dtypes: Any) -> bool:
     return any(jnp.dtype(d) == jnp.dtype(jnp.float16) for d in dtypes)
 
 
-# Operand dtypes whose every value bfloat16 holds exactly: quantized values (kernelhub/ops/
-# _scale_folding.py hands the kernels int8 and fp8 arrays) are widened to it tile by tile.
-_EXACT_IN_BF16 = tuple(jnp.dtype(d) for d in (jnp.bfloat16, jnp.int8, jnp.float8_e4m3fn,
-                                              jnp.float8_e5m2))
-
-
 def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False) -> Any:
     """The MXU takes bf16 x bf16 as is, and int8 x int8 too where it has int8 (v5e, v5p, v6e;
     int32 sums); other int8 or fp8 tiles are widened to bf16 exactly; any other pair is
     multiplied in float32."""
     if int8_mxu and jnp.dtype(lhs_dtype) == jnp.dtype(rhs_dtype) == jnp.dtype(jnp.int8):
         return jnp.int8
-    if jnp.dtype(lhs_dtype) in _EXACT_IN_BF16 and jnp.dtype(rhs_dtype) in _EXACT_IN_BF16:
+    if jnp.dtype(lhs_dtype) in EXACT_IN_BFLOAT16 and jnp.dtype(rhs_dtype) in EXACT_IN_BFLOAT16:
         return jnp.bfloat16
     return jnp.float32
 
