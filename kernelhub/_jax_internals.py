@@ -2,10 +2,11 @@
 
 jax has no public way to trace a function into a jaxpr for given abstract values (with the
 manual mesh axes they vary over), to drop a jaxpr's dead equations, to lower a jaxpr inside a
-lowering rule, to add a configuration option that jax.jit caches on, or to read a lowered
-module's operations. Everything kernelhub takes from `jax._src` for those goes through this
-module (the Triton IR capture of kernelhub/_pallas/gpu/cuda_export.py aside), so a jax upgrade
-that moves them breaks here. Checked with jax 0.10.2; the fallbacks follow the names 0.11 uses.
+lowering rule, to add a configuration option that jax.jit caches on, to read a lowered
+module's operations, or to add a primitive to Pallas's Triton lowering (and build Triton IR
+there). Everything kernelhub takes from `jax._src` for those goes through this module (the
+Triton IR capture of kernelhub/_pallas/gpu/cuda_export.py aside), so a jax upgrade that moves
+them breaks here. Checked with jax 0.10.2; the fallbacks follow the names 0.11 uses.
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def jit_keyed_flag(name: str, help: str) -> Any:
                              include_in_trace_context=True)
 
 
+def jit_keyed_object(name: str, help: str) -> Any:
+    """A jax configuration option holding any hashable object (None by default, or the string
+    in the environment variable `name.upper()`), that jax.jit and jax's other trace caches key
+    on; a context manager (`with option(value):`)."""
+    return config.string_or_object_state(name=name, default=None, help=help,
+                                         include_in_jit_key=True, include_in_trace_context=True)
+
+
 def apply_primitive(primitive: Any, *args: Any, **params: Any) -> Any:
     """Runs `primitive` outside any trace by compiling it alone (jax's impl rule for that)."""
     from jax._src import dispatch  # noqa: PLC0415
@@ -110,3 +119,31 @@ def parsed_module(text: str) -> Iterator[Any]:
 def dense_int(attribute: Any) -> int:
     """The first integer of a dense elements attribute (an MLIR constant's value)."""
     return int(ir.DenseIntElementsAttr(attribute)[0])
+
+
+def register_pallas_triton_rule(primitive: Any, rule: Callable[..., Any]) -> None:
+    """Makes Pallas's Triton backend lower `primitive` inside kernels with `rule(ctx, *values,
+    **params)`, the values being Triton MLIR values and the result one value (the form of the
+    rules in jax/_src/pallas/triton/lowering.py). RuntimeError when that table has moved."""
+    try:
+        from jax._src.pallas.triton import lowering  # noqa: PLC0415
+    except ImportError as error:
+        raise RuntimeError(f"jax's Pallas Triton lowering has moved: {error}") from None
+    rules = getattr(lowering, "triton_lowering_rules", None)
+    if not isinstance(rules, dict):
+        raise RuntimeError("jax's Pallas Triton lowering has no triton_lowering_rules table")
+    rules[primitive] = rule
+
+
+def triton_dialect() -> Any:
+    """jaxlib's Python bindings of Triton's MLIR dialect (tt.dot, tt.trans, ...), which Pallas's
+    Triton lowering builds kernels with. RuntimeError when they have moved or lack what
+    kernelhub uses (a dot taking maxNumImpreciseAcc)."""
+    try:
+        from jax._src.lib import triton  # noqa: PLC0415
+        dialect = triton.dialect
+    except (ImportError, AttributeError) as error:
+        raise RuntimeError(f"jaxlib's Triton dialect has moved: {error}") from None
+    if "max_num_imprecise_acc" not in inspect.signature(dialect.dot).parameters:
+        raise RuntimeError("jaxlib's Triton dialect builds tt.dot without maxNumImpreciseAcc")
+    return dialect

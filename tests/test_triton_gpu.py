@@ -167,6 +167,79 @@ def test_gmm_bf16_output_with_existing_keeps_other_rows_bitwise():
     np.testing.assert_array_equal(np.asarray(out)[kept], existing[kept])
 
 
+E4M3, E5M2, INT8 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8
+
+
+def test_which_tiles_are_multiplied_as_stored():
+    from kernelhub._pallas.gpu import _narrow_dot
+    from kernelhub._pallas.gpu._tiles import TileProduct, tile_product
+
+    f32, i32, bf16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.int32), jnp.dtype(jnp.bfloat16)
+    assert tile_product(INT8, INT8, 64, 4096, True) == TileProduct(None, i32)
+    assert tile_product(E4M3, E4M3, 32, 100, True) == TileProduct(None, f32)
+    assert tile_product(E4M3, E5M2, 128, 100, True) == TileProduct(None, f32)
+    assert tile_product(E4M3, E4M3, 16, 100, True) == TileProduct(bf16, f32)  # k block < 32
+    assert tile_product(jnp.bfloat16, INT8, 64, 100, True) == TileProduct(bf16, f32)
+    assert tile_product(jnp.float32, E4M3, 64, 100, True) == TileProduct(f32, f32)
+    assert tile_product(INT8, E4M3, 64, 100, True) == TileProduct(bf16, f32)
+    # Too long a contraction for exact int32 sums: int32 per block, float32 across blocks.
+    limit = _narrow_dot.MAX_EXACT_INT32_TERMS
+    assert tile_product(INT8, INT8, 64, limit + 1, True) == TileProduct(None, f32)
+    assert tile_product(INT8, INT8, 64, limit, True) == TileProduct(None, i32)
+
+
+def _narrow_values(rng, shape, dtype):
+    if dtype == INT8:
+        return jnp.asarray(rng.integers(-128, 128, shape), INT8)  # -128 included
+    return jnp.asarray(rng.standard_normal(shape) * 8, dtype)
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype", [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2),
+                                                  (INT8, INT8)])
+def test_narrow_dots_in_interpret_mode(lhs_dtype, rhs_dtype, transpose_rhs):
+    """int8 x int8 and fp8 x fp8 tiles multiplied as stored, as on Hopper's 8-bit wgmma: int8
+    sums exact in int32, fp8 products (exact) summed in float32."""
+    from kernelhub._pallas.gpu.grouped_matmul import raw_grouped_matmul
+
+    rng = np.random.default_rng(7)
+    m, k, n = 90, 100, 40  # 4 k steps of 32, the last one partial
+    sizes = np.array([25, 0, 50, 10], np.int32)
+    lhs = _narrow_values(rng, (m, k), lhs_dtype)
+    rhs = _narrow_values(rng, (4, n, k) if transpose_rhs else (4, k, n), rhs_dtype)
+
+    def gmm(lhs, rhs, sizes):
+        return raw_grouped_matmul(lhs, rhs, sizes, tiling=(32, 32, 32),
+                                  transpose_rhs=transpose_rhs, interpret=True)
+
+    assert "kernelhub_narrow_dot" in str(jax.make_jaxpr(gmm)(lhs, rhs, sizes))
+    out = gmm(lhs, rhs, jnp.asarray(sizes))
+    as_float = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    expected = reference.gmm(as_float(lhs), as_float(rhs), sizes, transpose_rhs=transpose_rhs)
+    if lhs_dtype == INT8:  # |sums| < 2**24: exact in float32 too
+        np.testing.assert_array_equal(np.asarray(out, np.float64), expected)
+    else:
+        assert_close(out, expected, jnp.float32, jnp.float32, contraction=k)
+
+
+def test_int8_contraction_past_exact_int32_sums(monkeypatch):
+    """Past MAX_EXACT_INT32_TERMS products an int32 total could wrap: each block's sum stays
+    exact in int32 and the blocks add in float32 (here the limit is lowered to reach it)."""
+    from kernelhub._pallas.gpu import _narrow_dot
+    from kernelhub._pallas.gpu.transposed_grouped_matmul import raw_transposed_grouped_matmul
+
+    monkeypatch.setattr(_narrow_dot, "MAX_EXACT_INT32_TERMS", 64)
+    rng = np.random.default_rng(8)
+    k, m, n = 48, 150, 32
+    sizes = np.array([70, 0, 75], np.int32)
+    lhs = _narrow_values(rng, (k, m), INT8)
+    rhs = _narrow_values(rng, (m, n), INT8)
+    out = raw_transposed_grouped_matmul(lhs, rhs, jnp.asarray(sizes), tiling=(32, 32, 32),
+                                        interpret=True)
+    expected = reference.tgmm(np.asarray(lhs, np.float64), np.asarray(rhs, np.float64), sizes)
+    np.testing.assert_array_equal(np.asarray(out, np.float64), expected)
+
+
 # ---------------------------------------------------------------- lowering for CUDA
 
 # (name, m, k, n, num_groups, local_groups): local < num_groups means a traced group_offset.
@@ -284,6 +357,7 @@ def test_compiles_to_hopper_ptx(shape, op):
         where = f"{name} {module.name} (warps {module.num_warps}, stages {module.num_stages})"
         assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES, where
         assert report.wgmma > 0, f"{where}: no wgmma"
+        assert report.wgmma_serialized is not True, f"{where}: ptxas serialized the wgmmas"
         if dtype == jnp.bfloat16:  # aligned 16-bit shapes: every operand load vectorised
             assert report.overlapped_wgmma, f"{where}: tensor-core steps do not overlap"
             assert report.async_copies_16b > 0 and report.scalar_loads == 0, (where, report)
@@ -340,27 +414,56 @@ def test_gpu_benchmark_passes_run_and_agree_with_ragged_dot_in_smoke_mode():
         assert result.max_relative_error < tolerance, result
 
 
-@pytest.mark.parametrize("quantized", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8])
-def test_quantized_gmm_compiles_to_hopper_ptx(quantized):
-    """int8 and fp8 operands (one scale per row and column), exported for CUDA with the scales
-    applied around the kernels: the forward and backward kernels compile for sm_90 within
-    shared memory and on tensor cores (the tiles widened to bf16 in-kernel: see
-    _tiles.compute_dtype for why not fp8 wgmma yet)."""
+def test_gpu_benchmark_quantized_rows_run_in_smoke_mode():
+    """The 8-bit rows (kernelhub's quantized gmm beside dense bf16 and dense 8-bit matmuls) run
+    end to end; kernelhub's result matches the xla implementation's up to the bf16 output."""
+    from kernelhub._cli import bench_gpu
+    from kernelhub._cli import bench_gpu_quantized as quantized
+
+    shard = bench_gpu.SMOKE_SHAPES[1]
+    results = quantized.measure_quantized(shard, reps=1, warmup=0)
+    assert [r.format for r in results] == [f.name for f in quantized.FORMATS]
+    for result in results:
+        assert all(result.seconds.values()), result
+        assert result.max_relative_error < 1e-2, result
+    table = "\n".join(quantized.markdown_lines(results))
+    assert "| smoke-shard | int8 x int8, K-major weights |" in table
+    assert quantized.as_record(results[0])["tflops"]["dense 8-bit"] > 0
+
+
+def test_narrow_dot_lowers_in_pallas_triton_kernels_with_this_jax():
+    """The Triton lowering of 8-bit dots reaches into jax's Pallas internals; when a jax release
+    moves them the kernels quietly widen 8-bit tiles to bf16, and this test says so."""
+    from kernelhub._pallas.gpu import _narrow_dot
+
+    assert _narrow_dot.triton_lowering_missing() is None
+
+
+def _quantized_kernels(op, lhs_dtype, rhs_dtype, transpose_rhs=False):
+    """The PTX reports of forward and backward (jax.vjp) of `op` at the Qwen3-MoE shape, with
+    lhs and rhs quantized per channel to these dtypes (None: left bf16)."""
     from kernelhub._pallas.gpu import ptx_check
 
     if (reason := ptx_check.available()) is not None:
         pytest.skip(reason)
     m, k, n, groups = 8192, 2048, 768, 128
-    gmm = kernelhub.get(GMM, platform="triton", backend="gpu")
-    specs = [jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-             jax.ShapeDtypeStruct((groups, k, n), jnp.bfloat16),
-             jax.ShapeDtypeStruct((groups,), jnp.int32)]
+    fn = kernelhub.get(op, platform="triton", backend="gpu")
+    if op == GMM:
+        shapes = [(m, k), (groups, n, k) if transpose_rhs else (groups, k, n)]
+        axes = [1, 2 if transpose_rhs else 1]
+        options = dict(transpose_rhs=transpose_rhs)
+    else:
+        shapes, axes, options = [(k, m), (m, n)], [1, 0], {}
+    specs = [jax.ShapeDtypeStruct(shape, jnp.bfloat16) for shape in shapes]
+    specs.append(jax.ShapeDtypeStruct((groups,), jnp.int32))
+
+    def operand(x, dtype, axis):
+        return x if dtype is None else kernelhub.quantize(x, dtype, axis=axis)
 
     def step(lhs, rhs, sizes):
         def forward(lhs, rhs):
-            return gmm(kernelhub.quantize(lhs, quantized, axis=1),
-                       kernelhub.quantize(rhs, quantized, axis=1), sizes,
-                       preferred_element_type=jnp.bfloat16)
+            return fn(operand(lhs, lhs_dtype, axes[0]), operand(rhs, rhs_dtype, axes[1]), sizes,
+                      preferred_element_type=jnp.bfloat16, **options)
         out, vjp = jax.vjp(forward, lhs, rhs)
         return out, vjp(jnp.ones_like(out))
 
@@ -368,10 +471,65 @@ def test_quantized_gmm_compiles_to_hopper_ptx(quantized):
         modules = cuda_export.triton_modules(step, specs)
     except RuntimeError as error:
         pytest.skip(str(error))
-    assert len(modules) == 3  # the forward kernel, then gmm and tgmm of the backward
-    forward = ptx_check.compile_to_ptx(modules[0].ir, modules[0].num_warps, modules[0].num_stages)
-    assert forward.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES
-    assert forward.wgmma > 0 and ".bf16.bf16" in forward.ptx
-    for module in modules[1:]:
-        report = ptx_check.compile_to_ptx(module.ir, module.num_warps, module.num_stages)
-        assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES and report.wgmma > 0
+    assert len(modules) == 3  # the forward kernel, then the two of the backward
+    return [ptx_check.compile_to_ptx(module.ir, module.num_warps, module.num_stages)
+            for module in modules]
+
+
+EIGHT_BIT_WGMMA = (".e4m3", ".e5m2", ".s8")
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, forward_wgmma", [
+    (E4M3, E4M3, "f32.e4m3.e4m3"),
+    (E5M2, E5M2, "f32.e5m2.e5m2"),
+    (E4M3, E5M2, "f32.e4m3.e5m2"),
+    (INT8, INT8, "s32.s8.s8"),
+    (None, INT8, "f32.bf16.bf16"),  # weight-only: the int8 tiles widen to bf16 in registers
+])
+def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmma,
+                                              transpose_rhs):
+    """Quantized operands (one scale per row and column, applied around the kernels) exported
+    for CUDA: int8 x int8 and fp8 x fp8 forward kernels multiply on Hopper's 8-bit wgmma, with
+    the contraction's fp8 partial sums promoted to float32 (kernelhub/_pallas/gpu/_narrow_dot.py);
+    every kernel fits shared memory. Needs the `triton` package (else skipped)."""
+    from kernelhub._pallas.gpu import ptx_check
+
+    forward, *backward = _quantized_kernels(GMM, lhs_dtype, rhs_dtype, transpose_rhs)
+    for report in (forward, *backward):
+        assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES, report
+        assert report.wgmma > 0, report
+    assert forward.wgmma_types == {forward_wgmma}, forward
+    # ptxas keeps the wgmma pipeline: fp8's promotion adds come once per k block, after the
+    # block's wgmmas (adds between them would serialize every wgmma of the kernel).
+    assert forward.wgmma_serialized is not True, forward
+    if forward_wgmma.startswith("f32.e"):
+        # fp8 partial sums are promoted: float32 adds into the accumulator (the kernel has none
+        # other; without maxNumImpreciseAcc <= block_k there are none at all).
+        assert "add.f32" in forward.ptx
+    if transpose_rhs and lhs_dtype is not None:  # both tiles K-major: memory to tensor cores
+        assert forward.shared_byte_stores == 0 and forward.async_copies_16b > 0, forward
+        assert forward.scalar_loads == 0, forward
+    if not transpose_rhs and lhs_dtype is not None:
+        # An N-major 8-bit tile is transposed through registers (8-bit wgmma reads K-major).
+        assert forward.shared_byte_stores > 0, forward
+    # The backward products pair a float cotangent (scales folded in) with a quantized operand:
+    # widened tiles, never 8-bit wgmma.
+    for report in backward:
+        assert not any(t.endswith(EIGHT_BIT_WGMMA) for t in report.wgmma_types), report
+        assert report.wgmma_serialized is not True, report
+
+
+@pytest.mark.parametrize("dtype, forward_wgmma", [(E4M3, "f32.e4m3.e4m3"), (INT8, "s32.s8.s8")])
+def test_quantized_tgmm_compiles_to_hopper_ptx(dtype, forward_wgmma):
+    """tgmm of two operands quantized along m (scales per k and per n, outside the kernel): the
+    forward kernel sums the rows on 8-bit wgmma too. (With fp8, its 128-row k tiles on one
+    warpgroup make Triton promote between wgmmas, and ptxas serializes them: docs/gpu.md.)"""
+    from kernelhub._pallas.gpu import ptx_check
+
+    forward, *backward = _quantized_kernels(TGMM, dtype, dtype)
+    assert forward.wgmma_types == {forward_wgmma}, forward
+    for report in (forward, *backward):
+        assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES and report.wgmma > 0, report
+    for report in backward:
+        assert not any(t.endswith(EIGHT_BIT_WGMMA) for t in report.wgmma_types), report

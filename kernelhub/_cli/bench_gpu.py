@@ -2,10 +2,12 @@
 
 For each shape and group-size pattern (balanced, skewed: Dirichlet alpha 0.5) it times gmm
 forward, gmm backward (d lhs + d rhs through jax.vjp) and tgmm, each beside a dense floor of the
-same FLOPs (jnp.dot on the computed rows, i.e. cuBLAS) and the peer jax.lax.ragged_dot, and
-writes gpu_bench.md (table, targets), gpu_bench.json (raw numbers) and gpu_bench.png (plot, when
-matplotlib is installed) into the output folder. `--gpu-parts sweep` times a few block configs
-per shape instead (gpu_sweep.md), the data for tuning kernelhub/_pallas/gpu/config.py.
+same FLOPs (jnp.dot on the computed rows, i.e. cuBLAS) and the peer jax.lax.ragged_dot; then gmm
+forward on e4m3 and int8 operands beside dense bf16 and dense 8-bit floors
+(bench_gpu_quantized.py). It writes gpu_bench.md (tables, targets), gpu_bench.json (raw
+numbers) and gpu_bench.png (plot, when matplotlib is installed) into the output folder.
+`--gpu-parts sweep` times a few block configs per shape instead (gpu_sweep.md), the data for
+tuning kernelhub/_pallas/gpu/config.py.
 
 Also runnable without the rest of the CLI: `python -m kernelhub._cli.bench_gpu --gpu-out DIR`.
 
@@ -130,15 +132,25 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
     header = report_header(reps, warmup, dtype, smoke)
     parts = getattr(args, "gpu_parts", None) or ["bench"]
     if "bench" in parts:
+        from kernelhub._cli import bench_gpu_quantized as quantized
+
         measurements = []
         for shape in shapes:
             for pattern in PATTERNS:
                 for result in measure_shape(shape, pattern, dtype, reps, warmup):
                     print(one_line(result), flush=True)
                     measurements.append(result)
-        (out / "gpu_bench.md").write_text(markdown_report(measurements, header))
+        quantized_rows = []
+        for shape in shapes:
+            for result in quantized.measure_quantized(shape, reps, warmup):
+                print(quantized.one_line(result), flush=True)
+                quantized_rows.append(result)
+        (out / "gpu_bench.md").write_text(
+            markdown_report(measurements, header) + "\n"
+            + "\n".join(quantized.markdown_lines(quantized_rows)))
         (out / "gpu_bench.json").write_text(json.dumps(
-            {"header": header, "results": [as_record(m) for m in measurements]}, indent=1))
+            {"header": header, "results": [as_record(m) for m in measurements],
+             "quantized": [quantized.as_record(m) for m in quantized_rows]}, indent=1))
         plotted = plot(measurements, out / "gpu_bench.png")
         print(f"wrote {out / 'gpu_bench.md'}, {out / 'gpu_bench.json'}"
               + (f", {out / 'gpu_bench.png'}" if plotted else " (no plot: matplotlib is missing)"))

@@ -1,10 +1,13 @@
-"""Small in-kernel helpers shared by the Triton grouped matmuls: masks, integer division, loads.
+"""Small in-kernel helpers shared by the Triton grouped matmuls: masks, integer division, loads,
+how tiles are multiplied.
 
-Everything here runs while a kernel body is traced; all integers involved are non-negative, so
+The masks, loads and products run while a kernel body is traced; all integers are non-negative, so
 plain `lax.div`/`lax.rem` (one Triton instruction each) replace Python's floor division.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -47,15 +50,63 @@ def masked_load(ref, rows: jax.Array | None, cols: jax.Array | None) -> jax.Arra
 
 
 def compute_dtype(lhs_dtype, rhs_dtype) -> jnp.dtype:
-    """The dtype the tiles are multiplied in: int8 and fp8 tiles count as the bf16 they widen
-    to exactly (so int8 or fp8 with bf16 runs on bf16 tensor cores), then the promotion.
-
-    fp8 x fp8 stays on bf16 tensor cores too: as lowered through Pallas, Triton 3.6 compiles an
-    fp8 tl.dot for sm_90 to f16 mma.sync (no wgmma), slower than bf16's wgmma.
-    """
+    """The dtype tiles are widened to when they are not multiplied as stored (`tile_product`):
+    int8 and fp8 count as the bf16 they widen to exactly (so int8 or fp8 with bf16 runs on bf16
+    tensor cores), then the promotion. Its size is what the block heuristics go by."""
     lhs_dtype, rhs_dtype = (jnp.dtype(jnp.bfloat16) if jnp.dtype(d) in EXACT_IN_BFLOAT16
                             else jnp.dtype(d) for d in (lhs_dtype, rhs_dtype))
     return jnp.dtype(jnp.promote_types(lhs_dtype, rhs_dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class TileProduct:
+    """How a kernel multiplies its tiles and sums the products along the contraction.
+
+    widen_to: the dtype both tiles are cast to before `dot` (float32 sums), or None when they
+    are multiplied as stored (int8 x int8, fp8 x fp8: kernelhub/_pallas/gpu/_narrow_dot.py).
+    total_dtype: the loop-carried sum: float32, or int32 for int8 x int8 (exact).
+    """
+
+    widen_to: jnp.dtype | None
+    total_dtype: jnp.dtype
+
+    def zeros(self, shape: tuple[int, int]) -> jax.Array:
+        return jnp.zeros(shape, self.total_dtype)
+
+    def add(self, total: jax.Array, left: jax.Array, right: jax.Array,
+            trans_b: bool = False) -> jax.Array:
+        """total + left @ right (right transposed with trans_b)."""
+        from kernelhub._pallas.gpu import _narrow_dot
+
+        if self.widen_to is not None:
+            # Triton folds `total + dot` into one dot accumulating in place (MMA pipelining).
+            return total + dot(left.astype(self.widen_to), right.astype(self.widen_to), trans_b)
+        if total.dtype == _narrow_dot.accumulator_dtype(left.dtype, right.dtype):
+            return _narrow_dot.accumulate(total, left, right, trans_b)
+        # int8 over a contraction too long for exact int32 sums: each block's sum is exact,
+        # and the blocks are summed in float32.
+        block = _narrow_dot.accumulate(jnp.zeros(total.shape, jnp.int32), left, right, trans_b)
+        return total + block.astype(jnp.float32)
+
+    def result(self, total: jax.Array) -> jax.Array:
+        return total.astype(jnp.float32)
+
+
+def tile_product(lhs_dtype, rhs_dtype, contraction_block: int, contraction: int,
+                 interpret: bool) -> TileProduct:
+    """int8 x int8 and fp8 x fp8 tiles are multiplied as stored (int8 and fp8 wgmma on Hopper)
+    where Triton allows it: contraction blocks of at least 32, and a jax whose Pallas lowering
+    kernelhub can extend (interpret mode needs none). Everything else is widened
+    (`compute_dtype`) and summed in float32."""
+    from kernelhub._pallas.gpu import _narrow_dot
+
+    narrow = _narrow_dot.accumulator_dtype(lhs_dtype, rhs_dtype)
+    if (narrow is None or contraction_block < _narrow_dot.MIN_CONTRACTION_BLOCK
+            or not (interpret or _narrow_dot.triton_lowering_missing() is None)):
+        return TileProduct(compute_dtype(lhs_dtype, rhs_dtype), jnp.dtype(jnp.float32))
+    if narrow == jnp.int32 and contraction > _narrow_dot.MAX_EXACT_INT32_TERMS:
+        return TileProduct(None, jnp.dtype(jnp.float32))
+    return TileProduct(None, narrow)
 
 
 def dot(left: jax.Array, right: jax.Array, trans_b: bool = False) -> jax.Array:

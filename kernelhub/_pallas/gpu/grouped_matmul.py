@@ -37,6 +37,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.gmm_heuristic(m, k, n, group_sizes.shape[0], jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
+    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret)
     if m == 0 or n == 0:
         return existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
     if k == 0:  # empty sums: the computed rows are 0
@@ -50,7 +51,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     n_tiles = -(-n // blocks.block_n)
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, num_visits=num_visits, n_tiles=n_tiles,
-        transpose_rhs=transpose_rhs, compute_dtype=jnp.dtype(compute_dtype), fill=fill)
+        transpose_rhs=transpose_rhs, product=product, fill=fill)
     return _launch.pallas_triton(kernel, (table, lhs, rhs), existing_out, (m, n), out_dtype,
                                  num_visits * n_tiles, blocks, interpret,
                                  "kernelhub_grouped_matmul")
@@ -68,7 +69,7 @@ def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.
 
 def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n: int, num_visits: int, n_tiles: int, transpose_rhs: bool,
-            compute_dtype: jnp.dtype, fill: bool) -> None:
+            product: _tiles.TileProduct, fill: bool) -> None:
     from jax.experimental import pallas as pl
 
     out_ref = refs[-1]  # refs[0] is existing_out when given: the same buffer as out_ref
@@ -101,11 +102,9 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
                 right = _tiles.masked_load(
                     rhs_ref.at[group, pl.ds(first_k, bk), pl.ds(first_col, bn)],
                     k_inside, col_inside)
-            # Triton folds `total + dot` into one dot accumulating in place (MMA pipelining).
-            return total + _tiles.dot(left.astype(compute_dtype), right.astype(compute_dtype),
-                                      trans_b=transpose_rhs)
+            return product.add(total, left, right, trans_b=transpose_rhs)
 
-        total = lax.fori_loop(0, -(-k // bk), step, jnp.zeros((bm, bn), jnp.float32))
+        total = product.result(lax.fori_loop(0, -(-k // bk), step, product.zeros((bm, bn))))
         _tiles.masked_store(out_block, total.astype(out_ref.dtype), owned, col_inside)
 
     if fill:

@@ -35,6 +35,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.tgmm_heuristic(m, k, n, groups, jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
+    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_m, m, interpret)
     if k == 0 or n == 0:
         return existing_out if existing_out is not None else jnp.zeros((groups, k, n), out_dtype)
     if m == 0:  # every group is empty
@@ -46,14 +47,14 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     k_tiles, n_tiles = -(-k // blocks.block_k), -(-n // blocks.block_n)
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, k_tiles=k_tiles, n_tiles=n_tiles,
-        compute_dtype=jnp.dtype(compute_dtype), has_existing=existing_out is not None)
+        product=product, has_existing=existing_out is not None)
     return _launch.pallas_triton(kernel, (bounds, lhs, rhs), existing_out, (groups, k, n),
                                  out_dtype, groups * k_tiles * n_tiles, blocks, interpret,
                                  "kernelhub_transposed_grouped_matmul")
 
 
 def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
-            n: int, k_tiles: int, n_tiles: int, compute_dtype: jnp.dtype,
+            n: int, k_tiles: int, n_tiles: int, product: _tiles.TileProduct,
             has_existing: bool) -> None:
     from jax.experimental import pallas as pl
 
@@ -83,13 +84,13 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
             owned = (rows >= start) & (rows < end)
             left = jnp.where(owned[None, :], left, jnp.zeros((), left.dtype))
             right = jnp.where(owned[:, None], right, jnp.zeros((), right.dtype))
-        return total + _tiles.dot(left.astype(compute_dtype), right.astype(compute_dtype))
+        return product.add(total, left, right)
 
     # Chunks wholly inside [start, end): no row mask.
     first_full = _tiles.div(start + bm - 1, bm)
     full = jnp.maximum(_tiles.div(end, bm) - first_full, 0)
     total = lax.fori_loop(0, full, lambda i, t: add_chunk(first_full + i, t, False),
-                          jnp.zeros((bk, bn), jnp.float32))
+                          product.zeros((bk, bn)))
     # The partial chunks at the group's edges: the head (start unaligned) and the tail (end
     # unaligned), once when both fall in the same chunk.
     nonempty = end > start
@@ -102,7 +103,7 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
         chunk = jnp.where((i == 0) & head, _tiles.div(start, bm), _tiles.div(end, bm))
         return add_chunk(chunk, t, True)
 
-    total = lax.fori_loop(0, edges, edge, total)
+    total = product.result(lax.fori_loop(0, edges, edge, total))
     where = (group, pl.ds(first_k, bk), pl.ds(first_col, bn))
     if has_existing:
         kept = _tiles.masked_load(refs[0].at[where], k_inside, col_inside)

@@ -1,0 +1,142 @@
+"""The quantized rows of `kernelhub bench --gpu`: gmm forward on 8-bit operands.
+
+At each benchmark shape (balanced group sizes), the Triton gmm on e4m3 x e4m3 and int8 x int8
+operands with one scale per row of lhs and per column of each expert's weights, which Hopper
+multiplies on its 8-bit wgmma (docs/gpu.md). Beside it, on the same rows and one expert's
+weights: cuBLAS dense bf16 (the floor of the unquantized gmm) and the dense product of the same
+8-bit values (fp8 x fp8 -> float32, which XLA sends to cuBLASLt's fp8 matmul on a Hopper; int8 x
+int8 -> int32), scaled per row and column and cast to bf16 like kernelhub's result.
+
+Each format runs twice: weights [G, k, n] (N-major; Hopper's 8-bit wgmma reads operands K-major
+only, so their tiles are transposed through registers) and [G, n, k] with transpose_rhs
+(K-major: straight from memory to the tensor cores). Quantization itself is not timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import kernelhub
+from kernelhub._cli import bench_gpu
+from kernelhub._cli._group_sizes import group_sizes
+
+IMPLEMENTATIONS = ("kernelhub", "dense bf16", "dense 8-bit")
+PATTERN = "balanced"  # group skew is the main table's subject; this one compares formats
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    name: str
+    dtype: Any
+    transpose_rhs: bool  # weights [G, n, k]: K-major, as 8-bit wgmma reads them
+
+
+FORMATS = (
+    Format("e4m3 x e4m3", jnp.float8_e4m3fn, False),
+    Format("e4m3 x e4m3, K-major weights", jnp.float8_e4m3fn, True),
+    Format("int8 x int8", jnp.int8, False),
+    Format("int8 x int8, K-major weights", jnp.int8, True),
+)
+
+
+@dataclasses.dataclass
+class QuantizedMeasurement:
+    shape: bench_gpu.Shape
+    format: str
+    flops: float
+    seconds: dict[str, float | None]
+    max_relative_error: float | None = None  # against the xla implementation of the same call
+
+    def tflops(self, implementation: str) -> float | None:
+        seconds = self.seconds.get(implementation)
+        return None if not seconds else self.flops / seconds / 1e12
+
+    def ratio(self, implementation: str) -> float | None:
+        ours, theirs = self.seconds.get("kernelhub"), self.seconds.get(implementation)
+        return None if not ours or not theirs else theirs / ours
+
+
+def measure_quantized(shape: bench_gpu.Shape, reps: int, warmup: int) -> list[QuantizedMeasurement]:
+    sizes = jnp.asarray(group_sizes(shape.m, shape.experts, PATTERN))
+    first_row = int(sizes[: shape.offset].sum())
+    rows = slice(first_row, first_row + int(sizes[shape.offset: shape.offset + shape.local].sum()))
+    keys = jax.random.split(jax.random.key(1), 2)
+    x = jax.random.normal(keys[0], (shape.m, shape.k), jnp.bfloat16)
+    w = jax.random.normal(keys[1], (shape.local, shape.k, shape.n), jnp.bfloat16) / np.sqrt(shape.k)
+    dense_bf16 = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16))
+    dense_8bit = jax.jit(_dense_8bit, static_argnums=4)
+    x_rows, w_first = x[rows], w[0]
+    results = []
+    for form in FORMATS:
+        weights = jnp.swapaxes(w, 1, 2) if form.transpose_rhs else w
+        x8 = kernelhub.quantize(x, form.dtype, axis=1)
+        w8 = kernelhub.quantize(weights, form.dtype, axis=2 if form.transpose_rhs else 1)
+        ours = _gmm(kernelhub.get("grouped_matmul", platform="triton"), shape, form)
+        # The dense 8-bit product's operands: the computed rows and the first expert.
+        dense_args = (x8.values[rows], w8.values[0], x8.scale[rows, 0],
+                      jnp.squeeze(w8.scale[0], 1 if form.transpose_rhs else 0),
+                      form.transpose_rhs)
+        fns = {"kernelhub": lambda f=ours, x8=x8, w8=w8: f(x8, w8, sizes),
+               "dense bf16": lambda: dense_bf16(x_rows, w_first),
+               "dense 8-bit": lambda args=dense_args: dense_8bit(*args)}
+        seconds = bench_gpu.median_seconds(fns, reps, warmup)
+        error = None
+        if seconds["kernelhub"] is not None:
+            xla = _gmm(kernelhub.get("grouped_matmul", platform="xla"), shape, form)
+            error = bench_gpu.relative_error(fns["kernelhub"]()[rows], xla(x8, w8, sizes)[rows])
+        flops = 2.0 * (rows.stop - rows.start) * shape.k * shape.n
+        results.append(QuantizedMeasurement(shape, form.name, flops, seconds, error))
+    return results
+
+
+def _gmm(gmm, shape: bench_gpu.Shape, form: Format):
+    return jax.jit(lambda x8, w8, s: gmm(x8, w8, s, preferred_element_type=jnp.bfloat16,
+                                         group_offset=shape.offset,
+                                         transpose_rhs=form.transpose_rhs))
+
+
+def _dense_8bit(x, w, x_scale, w_scale, transpose_rhs: bool) -> jax.Array:
+    """The same product as one dense 8-bit matmul: int8 summed in int32, fp8 in float32."""
+    total = jnp.int32 if x.dtype == jnp.int8 else jnp.float32
+    dims = (((1,), (1 if transpose_rhs else 0,)), ((), ()))
+    product = lax.dot_general(x, w, dims, preferred_element_type=total).astype(jnp.float32)
+    return (product * x_scale[:, None] * w_scale[None, :]).astype(jnp.bfloat16)
+
+
+def one_line(m: QuantizedMeasurement) -> str:
+    return (f"{m.shape.name:12s} {m.format:29s} "
+            + " ".join(f"{name}={bench_gpu._number(m.tflops(name))}" for name in IMPLEMENTATIONS)
+            + f" TFLOP/s  vs dense bf16 {bench_gpu._number(m.ratio('dense bf16'), 2)}x"
+            + f"  vs dense 8-bit {bench_gpu._number(m.ratio('dense 8-bit'), 2)}x")
+
+
+def markdown_lines(measurements: list[QuantizedMeasurement]) -> list[str]:
+    number = bench_gpu._number
+    lines = ["## Quantized gmm forward (one scale per row and column)", "",
+             f"{PATTERN} group sizes, bf16 output. dense bf16: jnp.dot on the same rows and one "
+             "expert's weights (cuBLAS); dense 8-bit: the same 8-bit values as one matmul (fp8: "
+             "cuBLASLt fp8 on Hopper; int8: int32 sums), scaled and cast to bf16. Error: "
+             "kernelhub's against the xla implementation of the same call.", "",
+             "| shape | format | kernelhub | dense bf16 | dense 8-bit | vs dense bf16 "
+             "| vs dense 8-bit | max rel. error vs xla |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for m in measurements:
+        error = "-" if m.max_relative_error is None else f"{m.max_relative_error:.1e}"
+        lines.append(
+            f"| {m.shape.name} | {m.format} | {number(m.tflops('kernelhub'))} | "
+            f"{number(m.tflops('dense bf16'))} | {number(m.tflops('dense 8-bit'))} | "
+            f"{number(m.ratio('dense bf16'), 2)} | {number(m.ratio('dense 8-bit'), 2)} | {error} |")
+    return lines + [""]
+
+
+def as_record(m: QuantizedMeasurement) -> dict[str, Any]:
+    return {"shape": dataclasses.asdict(m.shape), "pattern": PATTERN, "format": m.format,
+            "flops": m.flops, "seconds": m.seconds,
+            "tflops": {name: m.tflops(name) for name in IMPLEMENTATIONS},
+            "max_relative_error": m.max_relative_error}
