@@ -6,6 +6,7 @@
     kernelhub.resolve("grouped_matmul")                             # which would run
     out = kernelhub.ragged_dot(lhs, rhs, group_sizes)              # jax.lax's API, every mode
     w8 = kernelhub.quantize(w, jnp.int8, axis=1)                    # int8/fp8 operands
+    with kernelhub.autotune(step, params, batch):                   # tilings measured here
 
 Each platform's kernel is chosen when XLA lowers the call (an exported function holds them
 all: `kernelhub.export`). Users declare ops of their own with `define_op` and add
@@ -31,6 +32,8 @@ __all__ = [
     "Platform",
     "QuantizedArray",
     "RuntimeCheckError",
+    "Tilings",
+    "autotune",
     "define_op",
     "get",
     "grouped_matmul",
@@ -51,7 +54,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
 
 
 # Submodules that `kernelhub.<name>` reaches without an import of their own, as before.
-_SUBMODULES = ("export", "ops", "parallel", "quantization", "testing")
+_SUBMODULES = ("export", "ops", "parallel", "quantization", "testing", "tuning")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""The `kernelhub` command: list, bench, verify.
+"""The `kernelhub` command: list, bench, verify, tune.
 
 Subcommands live in their own modules and are imported only when run, so `kernelhub list` does not
 pay for the benchmark's or the TPU compiler's imports.
@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "list": ("kernelhub._cli.listing", "table of ops x platform x backend, available here or why not"),
     "bench": ("kernelhub._cli.bench", "time the grouped matmuls against a dense floor and ragged_dot"),
     "verify": ("kernelhub._cli.verify", "compile the kernels ahead of time for hardware not present"),
+    "tune": ("kernelhub._cli.tune", "autotune a grouped matmul's tilings on this device, per pass"),
 }
 
 

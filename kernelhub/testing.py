@@ -78,6 +78,8 @@ def _describe(value: Any) -> str:
 def runnable_implementations(op: Any) -> list[KernelSpec]:
     """Every implementation of `op` that can run on this machine's default backend, the
     interpret-mode ones included."""
+    import kernelhub._public  # noqa: F401  (the built-in ops and implementations, registered)
+
     here = _dispatch.running_backend()
     return [spec for spec in _registry.implementations(op)
             if spec.backend in (here, Backend.ANY) and spec.available]

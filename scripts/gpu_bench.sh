@@ -2,13 +2,16 @@
 # The whole GPU check in one command, on a machine with an NVIDIA GPU and jax[cuda] installed
 # (no network needed; kernelhub is used from this checkout through PYTHONPATH, nothing installed):
 #
-#   scripts/gpu_bench.sh                 # tests, bench and sweep
-#   scripts/gpu_bench.sh tests           # or any of: tests bench sweep
+#   scripts/gpu_bench.sh                 # tests, bench, sweep and tune
+#   scripts/gpu_bench.sh tests           # or any of: tests bench sweep tune
 #
 # tests: tests/test_contract.py and tests/test_triton_gpu.py with the GPU as jax's default backend
 #        (extra pytest arguments in $KERNELHUB_GPU_PYTEST_ARGS, e.g. "-k triton -x")
 # bench: TFLOP/s of gmm forward/backward and tgmm against cuBLAS dense and ragged_dot
 # sweep: a few block configs per shape, to tune kernelhub/_pallas/gpu/config.py
+# tune:  kernelhub tune at the benchmark's MoE shapes (forward and both gradients, skewed and
+#        balanced group sizes): tuning.json is the table to ship as
+#        kernelhub/tuning/defaults/<device kind>.json (docs/tuning.md), tuning.md its figures
 #
 # KERNELHUB_GPU_SMOKE=1 runs the same stages without a GPU (interpret mode, tiny benchmark
 # shapes): a check of this script, not a measurement.
@@ -26,7 +29,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests bench sweep)
+[ ${#stages[@]} -eq 0 ] && stages=(tests bench sweep tune)
 summary="$RESULTS/summary.txt"
 : >"$summary"
 failed=0
@@ -88,8 +91,28 @@ for stage in "${stages[@]}"; do
     sweep)
       run_stage sweep "$PYTHON" -m kernelhub._cli.bench_gpu --gpu-out "$RESULTS" --gpu-parts sweep "${smoke[@]}"
       ;;
+    tune)
+      # name:shape:groups:local groups, as bench_gpu's SHAPES (deepseek-v3 sharded 8 ways)
+      if [ ${#smoke[@]} -gt 0 ]; then
+        tune_shapes=("smoke:96x32x48:4:4")
+        tune_flags=(--platform triton --repeats 1 --draws 1)
+      else
+        tune_shapes=("mixtral:8192x4096x14336:8:8" "deepseek-v3:16384x7168x2048:256:32"
+                     "qwen3-moe:8192x2048x768:128:128")
+        tune_flags=()
+      fi
+      rm -f "$RESULTS/tuning.json"
+      for entry in "${tune_shapes[@]}"; do
+        IFS=: read -r tune_name tune_shape tune_groups tune_local <<<"$entry"
+        run_stage "tune-$tune_name" "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" \
+          --groups "$tune_groups" --local-groups "$tune_local" --ops gmm tgmm --dtypes bf16 \
+          --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
+          --markdown "$RESULTS/tuning-$tune_name.md"
+      done
+      "$PYTHON" -c "import jax; from kernelhub.tuning import _table; print('ship tuning.json as kernelhub/tuning/defaults/' + _table._file_name(jax.devices()[0].device_kind))" | tee -a "$summary"
+      ;;
     *)
-      note "unknown stage $stage (expected tests, bench or sweep)"
+      note "unknown stage $stage (expected tests, bench, sweep or tune)"
       failed=1
       ;;
   esac

@@ -50,3 +50,24 @@ def test_the_command_answers_help_without_loading_jax():
         print("jax" in sys.modules)
     """)
     assert out.strip().splitlines()[-1] == "False"
+
+
+def test_a_jitted_function_traces_once_on_its_first_calls():
+    """kernelhub's jax options exist before the first trace: made during one, they would change
+    jit's cache key under the function, which would then trace and compile a second time."""
+    out = _run("""
+        import jax, jax.numpy as jnp
+        from kernelhub import grouped_matmul  # first use, as a user's module starts
+        traces = []
+
+        @jax.jit
+        def step(lhs, rhs, sizes):
+            traces.append(1)
+            return grouped_matmul(lhs, rhs, sizes)
+
+        lhs, rhs, sizes = jnp.ones((8, 4)), jnp.ones((2, 4, 4)), jnp.array([3, 5], jnp.int32)
+        for _ in range(3):
+            step(lhs, rhs, sizes).block_until_ready()
+        print(len(traces))
+    """)
+    assert out.strip().splitlines()[-1] == "1"

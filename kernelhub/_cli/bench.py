@@ -27,7 +27,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import kernelhub
-from kernelhub._cli import _tables
+from kernelhub._cli import _arguments, _tables
 from kernelhub._cli._group_sizes import group_sizes
 
 
@@ -62,36 +62,8 @@ class Result:
         return None if self.peer is None else self.peer / self.ours
 
 
-# The table's short names and the ops' names, both accepted on the command line.
-OPS = {"gmm": "grouped_matmul", "tgmm": "transposed_grouped_matmul"}
-DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "f16": "float16"}
-
-
-def _op(value: str) -> str:
-    name = OPS.get(value, value)
-    if name not in OPS.values():
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not an op here; choose from {', '.join([*OPS, *OPS.values()])}")
-    return name
-
-
-def _dtype(value: str) -> str:
-    try:
-        return DTYPES[value.lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a dtype here; choose from {', '.join(DTYPES)}") from None
-
-
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be a positive integer")
-    return number
+OPS, DTYPES = _arguments.OPS, _arguments.DTYPES
+_op, _dtype, _positive = _arguments.op, _arguments.dtype, _arguments.positive
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "against jax.lax.ragged_dot")
     parser.add_argument("--quantized", action="store_true",
                         help="grouped_matmul on int8 and fp8 operands against bfloat16")
+    from kernelhub._cli.bench_tuning import add_tuning_arguments
+
+    add_tuning_arguments(parser)
     parser.add_argument("--groups", type=_positive, nargs="+", metavar="G",
                         help="numbers of groups (default 8 64 256; 8 64 with --quick)")
     parser.add_argument("--dtypes", nargs="+", type=_dtype, default=["float32", "bfloat16"],
@@ -277,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
         from kernelhub._cli import bench_compile
 
         return bench_compile.run_compile(args)
+    if args.tuning:
+        from kernelhub._cli import bench_tuning
+
+        return bench_tuning.run_tuning(args)
     if args.quantized:
         from kernelhub._cli import bench_quantized
 

@@ -7,11 +7,12 @@ import jax
 from kernelhub._registry import register
 from kernelhub._xla.grouped_matmul import raw_grouped_matmul
 from kernelhub._xla.transposed_grouped_matmul import raw_transposed_grouped_matmul
+from kernelhub._xla.tuning_space import SPACE
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops._autodiff import differentiable
 from kernelhub.ops._checks import QUANTIZED, QUANTIZED_BLOCKS
 
-_differentiable = differentiable(raw_grouped_matmul, raw_transposed_grouped_matmul)
+_differentiable = differentiable(raw_grouped_matmul, raw_transposed_grouped_matmul, SPACE)
 
 grouped_matmul = register(GROUPED_MATMUL, "xla", "any", features=(QUANTIZED, QUANTIZED_BLOCKS))(
     jax.jit(_differentiable.grouped_matmul,

@@ -182,17 +182,36 @@ def from_bits(array: jax.Array, dtype: Any) -> jax.Array:
     return array
 
 
+def _resolved(tiling: Any, m: int, k: int, n: int) -> tuple[int, ...] | None:
+    return tiling(m, k, n) if callable(tiling) else tiling
+
+
 def largest_chunk(tiling: Any, m: int, k: int, n: int) -> int:
     """The largest row chunk: tiling[0] when given (a power of two), else the default."""
-    if callable(tiling):
-        tiling = tiling(m, k, n)
+    tiling = _resolved(tiling, m, k, n)
     if tiling is None:
         return DEFAULT_LARGEST_CHUNK
     rows = tiling[0]
     if rows < 1 or rows & (rows - 1):
         raise ValueError(
-            f"tiling for the xla implementation is (rows, ...): rows, the largest row chunk, must "
-            f"be a power of two, got {tiling!r}"
+            f"tiling for the xla implementation is (rows, k, n[, head_rows]): rows, the largest "
+            f"row chunk, must be a power of two, got {tiling!r}"
+        )
+    return rows
+
+
+def head_rows(tiling: Any, m: int, k: int, n: int, num_groups: int) -> int:
+    """Rows per group of tgmm's batched head: tiling[3] when given (0, or a power of two), else
+    `head_capacity`'s choice for evenly shared rows."""
+    tiling = _resolved(tiling, m, k, n)
+    if tiling is None or len(tiling) < 4:
+        return head_capacity(m, num_groups)
+    rows = tiling[3]
+    if rows < 0 or rows & (rows - 1):
+        raise ValueError(
+            f"tiling for the xla implementation is (rows, k, n[, head_rows]): head_rows, the "
+            f"rows per group the batched head sums, must be 0 (no head) or a power of two, got "
+            f"{tiling!r}"
         )
     return rows
 

@@ -13,7 +13,6 @@ from jax import lax
 
 from kernelhub._manual_axes import varying_like
 from kernelhub._xla import _operands, _row_chunks
-from kernelhub._xla._row_chunks import head_capacity
 from kernelhub.ops._groups import local_bounds
 
 
@@ -48,7 +47,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
         return lax.dot_general(left, right, (((1,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
 
-    capacity = head_capacity(m, group_sizes.shape[0])
+    capacity = _row_chunks.head_rows(tiling, m, k, n, group_sizes.shape[0])
     if capacity:
         sums = _head_sums(lhs, rhs, compute_dtype, starts, ends, capacity, m)
         rest = jnp.minimum(starts + capacity, jnp.maximum(ends, starts))

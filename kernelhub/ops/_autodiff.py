@@ -13,6 +13,10 @@ needs nothing but the two ops themselves:
         d rhs         = gmm(lhs^T, d out)
         d existing_out = d out
 
+Each of these kernel calls is a pass (forward, lhs_gradient, rhs_gradient) and gets the tiling
+meant for it (kernelhub/ops/_tilings.py): the caller's entry for the pass, else the tuning in
+force (kernelhub/tuning), else the implementation's heuristic.
+
 A quantized operand stands for its dequantized value in these products (the raw kernels take
 QuantizedArrays quantized along any axis), and its gradient goes to its float source.
 """
@@ -30,6 +34,9 @@ import numpy as np
 from kernelhub._manual_axes import unify_varying
 from kernelhub.quantization import QuantizedArray
 from kernelhub.ops._groups import computed_rows
+from kernelhub.ops._tilings import Tilings, as_tilings, in_pass
+from kernelhub.tuning._calls import KernelCall, TuningSpace, gmm_call, tgmm_call
+from kernelhub.tuning._table import choose
 
 RawKernel = Callable[..., jax.Array]
 
@@ -76,14 +83,36 @@ def transpose(operand: Any) -> Any:
         None if operand.source is None else operand.source.T)
 
 
-def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
-    """Wraps raw forward kernels in custom VJPs built from the same kernels."""
+def _run(tilings: Tilings, call: KernelCall) -> jax.Array:
+    tiling = choose(tilings.for_pass(call.pass_name), tilings.tuning, call)
+    try:
+        return call.run(tiling)
+    except ValueError as error:
+        if tiling is None or not str(error).startswith("tiling"):
+            raise
+        raise in_pass(error, call.pass_name) from None
+
+
+def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) -> Differentiable:
+    """Wraps raw forward kernels in custom VJPs built from the same kernels. `space` names the
+    implementation and its candidate tilings for kernelhub.tuning."""
+    op_gmm, op_tgmm = "grouped_matmul", "transposed_grouped_matmul"
+
+    def run_gmm(op, pass_name, lhs, rhs, group_sizes, dtype, tilings, group_offset,
+                existing_out, transpose_rhs):
+        return _run(tilings, gmm_call(space, op, pass_name, raw_gmm, lhs, rhs, group_sizes,
+                                      dtype, group_offset, existing_out, transpose_rhs))
+
+    def run_tgmm(op, pass_name, lhs, rhs, group_sizes, dtype, tilings, group_offset,
+                 num_actual_groups, existing_out):
+        return _run(tilings, tgmm_call(space, op, pass_name, raw_tgmm, lhs, rhs, group_sizes,
+                                       dtype, group_offset, num_actual_groups, existing_out))
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 7))
     def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
             transpose_rhs):
-        return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                       existing_out, transpose_rhs)
+        return run_gmm(op_gmm, "forward", lhs, rhs, group_sizes, preferred_element_type, tiling,
+                       group_offset, existing_out, transpose_rhs)
 
     def gmm_forward(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                     existing_out, transpose_rhs):
@@ -97,15 +126,15 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
         # The kernels accumulate in float32 and round once into the primal's dtype.
         d_lhs = d_rhs = None
         if gradient_dtype(lhs) is not None:
-            d_lhs = raw_gmm(d_out, rhs, group_sizes, gradient_dtype(lhs), tiling, group_offset,
-                            None, not transpose_rhs)
+            d_lhs = run_gmm(op_gmm, "lhs_gradient", d_out, rhs, group_sizes, gradient_dtype(lhs),
+                            tiling, group_offset, None, not transpose_rhs)
         if gradient_dtype(rhs) is not None:
             if transpose_rhs:
-                d_rhs = raw_tgmm(d_out.T, lhs, group_sizes, gradient_dtype(rhs), tiling,
-                                 group_offset, local_groups, None)
+                d_rhs = run_tgmm(op_gmm, "rhs_gradient", d_out.T, lhs, group_sizes,
+                                 gradient_dtype(rhs), tiling, group_offset, local_groups, None)
             else:
-                d_rhs = raw_tgmm(transpose(lhs), d_out, group_sizes, gradient_dtype(rhs), tiling,
-                                 group_offset, local_groups, None)
+                d_rhs = run_tgmm(op_gmm, "rhs_gradient", transpose(lhs), d_out, group_sizes,
+                                 gradient_dtype(rhs), tiling, group_offset, local_groups, None)
         d_existing = None
         if existing_out is not None:
             computed = computed_rows(group_sizes, group_offset, local_groups, lhs.shape[0])
@@ -118,8 +147,8 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
     @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 6))
     def tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
              num_actual_groups, existing_out):
-        return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                        num_actual_groups, existing_out)
+        return run_tgmm(op_tgmm, "forward", lhs, rhs, group_sizes, preferred_element_type,
+                        tiling, group_offset, num_actual_groups, existing_out)
 
     def tgmm_forward(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                      num_actual_groups, existing_out):
@@ -131,20 +160,22 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
         lhs, rhs, group_sizes, group_offset, has_existing = residuals
         d_lhs = d_rhs = None
         if gradient_dtype(lhs) is not None:
-            d_lhs = raw_gmm(rhs, d_out, group_sizes, gradient_dtype(lhs), tiling, group_offset,
-                            None, True).T
+            d_lhs = run_gmm(op_tgmm, "lhs_gradient", rhs, d_out, group_sizes, gradient_dtype(lhs),
+                            tiling, group_offset, None, True).T
         if gradient_dtype(rhs) is not None:
-            d_rhs = raw_gmm(transpose(lhs), d_out, group_sizes, gradient_dtype(rhs), tiling,
-                            group_offset, None, False)
+            d_rhs = run_gmm(op_tgmm, "rhs_gradient", transpose(lhs), d_out, group_sizes,
+                            gradient_dtype(rhs), tiling, group_offset, None, False)
         return (cotangent(lhs, d_lhs), cotangent(rhs, d_rhs), _zero_cotangent(group_sizes),
                 _zero_cotangent(group_offset), d_out if has_existing else None)
 
     tgmm.defvjp(tgmm_forward, tgmm_backward)
 
-    def grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
-                       group_offset=None, existing_out=None, transpose_rhs=False):
+    def grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
+                       tiling=None, group_offset=None, existing_out=None,
+                       transpose_rhs=False):
         lhs, rhs, group_sizes, group_offset, existing_out = unify_varying(
             lhs, rhs, group_sizes, group_offset, existing_out)
+        tiling = tiling if isinstance(tiling, Tilings) else as_tilings(tiling)
         return gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                    existing_out, transpose_rhs)
 
@@ -153,6 +184,7 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Differentiable:
                                   existing_out=None):
         lhs, rhs, group_sizes, group_offset, existing_out = unify_varying(
             lhs, rhs, group_sizes, group_offset, existing_out)
+        tiling = tiling if isinstance(tiling, Tilings) else as_tilings(tiling)
         return tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                     num_actual_groups, existing_out)
 

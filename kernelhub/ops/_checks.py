@@ -6,7 +6,7 @@ message starts with the argument's name, and returns the argument normalised.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -16,12 +16,14 @@ import numpy as np
 from kernelhub import _qwix
 from kernelhub._dtypes import dtype_among
 from kernelhub._runtime_checks import validate_values
+from kernelhub.ops._tilings import SingleTiling, Tilings, as_tilings
 from kernelhub.quantization import QuantizedArray
+from kernelhub.tuning._active import active as active_tuning
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _FLOAT_NAMES = "float32, bfloat16 or float16"
 
-Tiling = tuple[int, ...] | Callable[[int, int, int], tuple[int, ...] | None] | None
+Tiling = SingleTiling | Tilings | Mapping[str, SingleTiling]
 
 
 def is_concrete(value: Any) -> bool:
@@ -120,25 +122,10 @@ def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
     return as_int32(array)
 
 
-def tiling(value: Any) -> Tiling:
-    """None, a callable (m, k, n) -> tuple | None, or a tuple of positive ints that starts with
-    megablox's three block sizes (rows, k, n); kept as given.
-
-    What else a tuple must be for a kernel (multiples of hardware tiles, powers of two, extra
-    entries such as Triton's num_warps) is that kernel's rule, checked when it is traced.
-    """
-    if value is None or callable(value):
-        return value
-    if not isinstance(value, (tuple, list)) or not all(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
-        raise TypeError(
-            f"tiling must be None, a callable (m, k, n) -> tuple, or a tuple of ints such as "
-            f"(128, 128, 128), got {value!r}")
-    if len(value) < 3 or any(v <= 0 for v in value):
-        raise ValueError(
-            f"tiling must start with three positive block sizes (rows, k, n) as megablox's, got "
-            f"{tuple(value)!r}")
-    return tuple(int(v) for v in value)
+def tiling(value: Any) -> Tilings:
+    """`tiling` as per-pass Tilings (kernelhub/ops/_tilings.py), carrying the tuning table in
+    force where the call is made (kernelhub/tuning)."""
+    return as_tilings(value, active_tuning())
 
 
 def group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax.Array:

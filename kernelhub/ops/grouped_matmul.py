@@ -85,7 +85,9 @@ def grouped_matmul(
       preferred_element_type: dtype of the output (float32, bfloat16 or float16). Products are
         accumulated in float32 and cast once.
       tiling: implementation-specific block sizes: a tuple, a callable (m, k, n) -> tuple or None,
-        or None for the implementation's choice. Never affects the result.
+        or None (the tuning table in force, else the implementation's heuristic); or one of
+        these per pass, as kernelhub.Tilings(forward=..., lhs_gradient=..., rhs_gradient=...)
+        or a dict with those keys (kernelhub/ops/_tilings.py). Never affects the result.
       group_offset: first local group (an int or int32 scalar, may be traced, e.g. inside
         shard_map); 0 when None. Requires group_offset + local_groups <= num_groups.
       existing_out: [m, n] of preferred_element_type. Rows that no local group computes are

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 
+from kernelhub._pallas.gpu import tuning_space
 from kernelhub._registry import needs_device, register
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops._autodiff import differentiable
@@ -41,7 +42,8 @@ def _register(backend: str, interpret: bool, **how) -> tuple:
     # Quantized operands with one scale along their quantized axis: the kernels multiply the
     # int8/fp8 values and the scales are applied around them (kernelhub/ops/_scale_folding.py).
     raw = folded(_raw_gmm(interpret), _raw_tgmm(interpret))
-    ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul)
+    ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul,
+                         tuning_space.space("triton-interpret" if interpret else "triton"))
     gmm = register(GROUPED_MATMUL, "triton", backend, features=(QUANTIZED,), **how)(
         jax.jit(ops.grouped_matmul, static_argnames=_GMM_STATIC))
     tgmm = register(TRANSPOSED_GROUPED_MATMUL, "triton", backend, features=(QUANTIZED,), **how)(

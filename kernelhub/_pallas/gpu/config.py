@@ -97,7 +97,7 @@ def _fit(block: int, dim: int) -> int:
     return max(MIN_BLOCK, min(block, _next_power_of_two(dim)))
 
 
-def _fitted(config: BlockConfig, m: int, k: int, n: int) -> BlockConfig:
+def fitted(config: BlockConfig, m: int, k: int, n: int) -> BlockConfig:
     block_m, block_k, block_n = _fit(config.block_m, m), _fit(config.block_k, k), _fit(config.block_n, n)
     # Small tiles have too little work for 8 warps.
     num_warps = config.num_warps if block_m * block_n >= 128 * 256 else min(config.num_warps, 4)
@@ -120,7 +120,7 @@ def gmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> Blo
     block_n = 256 if wide else 128
     config = BlockConfig(block_m, block_k, block_n, num_warps=8 if wide else 4,
                          num_stages=3 if wide else 4)
-    return _fitted(config, m, k, n)
+    return fitted(config, m, k, n)
 
 
 def tgmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> BlockConfig:
@@ -137,4 +137,4 @@ def tgmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> Bl
     if programs < _ENOUGH_PROGRAMS:
         block_k = block_n = 64
     config = BlockConfig(block_m, block_k, block_n, num_warps=4, num_stages=4 if narrow else 3)
-    return _fitted(config, m, k, n)
+    return fitted(config, m, k, n)

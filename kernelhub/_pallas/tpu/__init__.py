@@ -19,6 +19,7 @@ import jax
 from kernelhub._pallas.tpu.grouped_matmul import grouped_matmul as _raw_grouped_matmul
 from kernelhub._pallas.tpu.transposed_grouped_matmul import (
     transposed_grouped_matmul as _raw_transposed_grouped_matmul)
+from kernelhub._pallas.tpu import tuning_space
 from kernelhub._registry import needs_device, register
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops._autodiff import Differentiable, differentiable
@@ -42,7 +43,8 @@ def _jitted(interpret: Any) -> Differentiable:
     # int8/fp8 values (widened to bf16 per tile) and the scales are applied around them.
     raw = folded(functools.partial(_raw_grouped_matmul, interpret=interpret),
                  functools.partial(_raw_transposed_grouped_matmul, interpret=interpret))
-    ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul)
+    ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul,
+                         tuning_space.CHIP if interpret is False else tuning_space.INTERPRET)
     return Differentiable(
         jax.jit(ops.grouped_matmul,
                 static_argnames=("preferred_element_type", "tiling", "transpose_rhs")),

@@ -199,8 +199,8 @@ def estimated_seconds(tiles: Tiles, problem: Problem, chip: Chip) -> float:
     return per_block * math.ceil(parallel_blocks / chip.cores)
 
 
-def default_for_chip(problem: Problem, chip: Chip) -> Tiles:
-    """The fitting tiling with the lowest estimated time (ties: the smaller footprint)."""
+def legal_tilings(problem: Problem) -> list[tuple[int, int, int]]:
+    """The (tm, tk, tn) the default and the autotuner choose among, smallest first."""
     on_lanes = problem.kernel.row_axis_on_lanes
     row_granule, depth_granule = _row_granule(problem), _depth_granule(problem)
     row_sizes = _ROW_CANDIDATES if on_lanes else (row_granule, 64, *_ROW_CANDIDATES)
@@ -208,8 +208,13 @@ def default_for_chip(problem: Problem, chip: Chip) -> Tiles:
     rows = _axis_candidates(problem.m, row_granule, row_sizes)
     depth = _axis_candidates(problem.k, depth_granule, depth_sizes)
     cols = _axis_candidates(problem.n, LANES, _LANE_CANDIDATES)
+    return list(itertools.product(rows, depth, cols))
+
+
+def default_for_chip(problem: Problem, chip: Chip) -> Tiles:
+    """The fitting tiling with the lowest estimated time (ties: the smaller footprint)."""
     best, best_key = None, None
-    for tm, tk, tn in itertools.product(rows, depth, cols):
+    for tm, tk, tn in legal_tilings(problem):
         tiles = Tiles(tm, tk, tn)
         footprint = vmem_bytes(tiles, problem)
         if footprint > chip.tile_budget_bytes:
@@ -218,7 +223,7 @@ def default_for_chip(problem: Problem, chip: Chip) -> Tiles:
         if best_key is None or key < best_key:
             best, best_key = tiles, key
     if best is None:  # nothing fits: the smallest legal tiles
-        best = Tiles(rows[0], depth[0], cols[0])
+        best = Tiles(*next(iter(legal_tilings(problem))))
     return best
 
 

@@ -1,0 +1,172 @@
+"""`kernelhub tune`: autotune MoE grouped matmuls (and their gradients) on this device.
+
+For each op, dtype and number of groups asked for, prints each pass's candidates with their
+times and the winner; with --output, saves the table for `kernelhub.tuning.load` (nothing is
+written without it). The tables shipped in kernelhub/tuning/defaults/ are made by this command
+(docs/tuning.md gives the line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import kernelhub
+from kernelhub._cli import _tables
+from kernelhub._cli._arguments import dtype, non_negative, op, positive, short_op
+from kernelhub.tuning import DEFAULT_SKEW, Tuning, autotune
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    try:
+        m, k, n = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"shape must be M x K x N such as 4096x1024x1024, got {text!r}") from None
+    if min(m, k, n) < 1:
+        raise argparse.ArgumentTypeError(f"shape sizes must be >= 1, got {text!r}")
+    return m, k, n
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", type=_shape, default=(4096, 1024, 1024), metavar="MxKxN",
+                        help="rows (tokens x top-k), model dim and expert dim; default 4096x1024x1024")
+    parser.add_argument("--groups", type=positive, nargs="+", default=[64], metavar="G",
+                        help="numbers of experts (default 64)")
+    parser.add_argument("--local-groups", type=positive, metavar="L",
+                        help="experts on this device when they are sharded (gmm's rhs holds L "
+                             "of the groups, from group_offset 0; tgmm makes L); default all")
+    parser.add_argument("--dtypes", "--dtype", type=dtype, nargs="+", default=["bfloat16"],
+                        metavar="DTYPE", help="operand dtypes: float32 (f32), bfloat16 (bf16), "
+                                              "float16 (f16); default bfloat16")
+    parser.add_argument("--out-dtypes", "--out-dtype", type=dtype, nargs="+", metavar="DTYPE",
+                        help="preferred_element_type of the calls tuned (part of a table's "
+                             "key): default the operands' dtype, as MoE layers call them; "
+                             "float32 is the ops' own default")
+    parser.add_argument("--ops", "--op", nargs="+", type=op, default=["grouped_matmul"],
+                        help="grouped_matmul (gmm, default) and/or transposed_grouped_matmul (tgmm)")
+    parser.add_argument("--skew", type=non_negative, nargs="+", default=[DEFAULT_SKEW],
+                        help=f"group sizes: Dirichlet(1/skew) proportions of the rows; 0 is "
+                             f"balanced; several values time them all (default {DEFAULT_SKEW:g})")
+    parser.add_argument("--forward-only", action="store_true",
+                        help="tune the forward pass only (default: forward and both gradients)")
+    parser.add_argument("--platform", choices=("xla", "pallas", "triton"),
+                        help="force a kernelhub platform (default: the dispatcher's choice)")
+    parser.add_argument("--repeats", type=positive, default=5,
+                        help="timing turns per candidate (default 5)")
+    parser.add_argument("--draws", type=positive, default=2,
+                        help="group-size draws per nonzero skew (default 2)")
+    parser.add_argument("--min-gain", type=float, default=0.03,
+                        help="how much faster than the heuristic a winner must be (default 0.03)")
+    parser.add_argument("--output", type=Path,
+                        help="save the table here (JSON for kernelhub.tuning.load); merged into "
+                             "the file's entries when it exists")
+    parser.add_argument("--markdown", type=Path, help="also write the tables as markdown here")
+
+
+def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: Any,
+                  forward_only: bool, platform: str | None, local_groups: int | None = None,
+                  out_dtype: Any = None):
+    """The function tuned, and example arguments: one grouped matmul and its gradients."""
+    sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
+    call = kernelhub.get(op, platform=platform)
+    local = groups if local_groups is None else local_groups
+    if local > groups:
+        raise ValueError(f"--local-groups must be at most --groups ({groups}), got {local}")
+    sharded = {} if local == groups else {"group_offset": 0}
+    if op == "grouped_matmul":
+        arguments = (jax.ShapeDtypeStruct((m, k), operand_dtype),
+                     jax.ShapeDtypeStruct((local, k, n), operand_dtype))
+    else:
+        arguments = (jax.ShapeDtypeStruct((k, m), operand_dtype),
+                     jax.ShapeDtypeStruct((m, n), operand_dtype))
+        if sharded:
+            sharded["num_actual_groups"] = local
+
+    def loss(lhs, rhs, group_sizes):
+        out = call(lhs, rhs, group_sizes,
+                   preferred_element_type=operand_dtype if out_dtype is None else out_dtype,
+                   **sharded)
+        return jnp.sum(out.astype(jnp.float32))
+
+    if forward_only:
+        return loss, (*arguments, sizes)
+    return jax.grad(loss, argnums=(0, 1)), (*arguments, sizes)
+
+
+COLUMNS = ("op", "groups", "dtype", "pass", "kernel", "tiling", "ms", "vs default", "")
+_PASS_ORDER = {"forward": 0, "lhs_gradient": 1, "rhs_gradient": 2}
+
+
+def _dtypes(problem: Any) -> str:
+    """'bfloat16', or 'bfloat16 -> float32' when the result's dtype differs."""
+    if problem.out_dtype == problem.lhs_dtype:
+        return problem.lhs_dtype
+    return f"{problem.lhs_dtype} -> {problem.out_dtype}"
+
+
+def _ordered(tuning: Tuning) -> list:
+    return sorted(tuning.entries.items(), key=lambda item: _PASS_ORDER[item[0].pass_name])
+
+
+def rows(op: str, tuning: Tuning) -> list[list[str]]:
+    shown = []
+    for key, entry in _ordered(tuning):
+        default_ms = dict(entry.candidates).get(entry.default_tiling) or entry.default_ms
+        for tiling, ms in entry.candidates:
+            mark = ("winner" if tiling == entry.tiling else "") + (
+                " (default)" if tiling == entry.default_tiling else "")
+            ratio = "failed" if ms is None else f"{default_ms / ms:.2f}x"
+            problem = key.problem
+            shown.append([op, str(problem.num_groups), _dtypes(problem), key.pass_name,
+                          f"{problem.kernel} {problem.m}x{problem.k}x{problem.n}",
+                          "x".join(map(str, tiling)),
+                          "-" if ms is None else f"{ms:.2f}", ratio, mark.strip()])
+    return shown
+
+
+def summary(op: str, tuning: Tuning) -> str:
+    key = next(iter(tuning.entries))
+    passes = "; ".join(
+        f"{key.pass_name} {entry.default_ms:.2f} -> {entry.tuned_ms:.2f} ms ({entry.speedup:.2f}x)"
+        for key, entry in _ordered(tuning))
+    return f"{op} {key.problem.num_groups} groups {_dtypes(key.problem)}: {passes}"
+
+
+def run(args: argparse.Namespace) -> int:
+    m, k, n = args.shape
+    tuned = Tuning()
+    shown, notes, groups_described = [], [], ""
+    for name in args.ops:
+        for dtype_name, out_name, groups in itertools.product(
+                args.dtypes, args.out_dtypes or [None], args.groups):
+            fn, arguments = step_function(
+                name, m, k, n, groups, jnp.dtype(dtype_name), args.forward_only, args.platform,
+                args.local_groups, None if out_name is None else jnp.dtype(out_name))
+            one = autotune(fn, *arguments, skew=tuple(args.skew), draws=args.draws,
+                           repeats=args.repeats, min_gain=args.min_gain)
+            groups_described = next(iter(one.entries.values())).groups
+            shown += rows(short_op(name), one)
+            notes.append(summary(short_op(name), one))
+            tuned = tuned.merged(one)
+    device = jax.devices()[0].device_kind
+    header = (f"kernelhub tune, {datetime.date.today()}: {m}x{k}x{n} on {device} (jax "
+              f"{jax.__version__}); group sizes: {groups_described}; median of {args.repeats} "
+              f"turns")
+    out = _tables.console()
+    _tables.report(out, header, COLUMNS, shown, args.markdown,
+                   notes="tuned vs default (the winner's second timing, on fresh operands):\n"
+                   + "\n".join(notes))
+    if args.output:
+        saved = tuned
+        if args.output.exists():
+            saved = kernelhub.tuning.load(args.output).merged(tuned)
+        saved.save(args.output)
+        out.print(f"saved {len(tuned)} entries to {args.output} ({len(saved)} in all)")
+    return 0

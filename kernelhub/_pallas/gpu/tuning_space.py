@@ -1,0 +1,78 @@
+"""The Triton kernels' candidate block configs for kernelhub.tuning.
+
+A short list around the heuristic (kernelhub/_pallas/gpu/config.py): narrower and wider output
+tiles, deeper k blocks, 4 or 8 warps, 3 or 4 pipeline stages. Each is fitted to the problem as
+the heuristic's own is, so small problems get legal tiles. float32 operands take half the
+contraction block (block_k in gmm, block_m in tgmm: the same bytes per stage). Tiles multiplied
+as stored (int8 x int8, fp8 x fp8 on 8-bit wgmma, kernelhub/_pallas/gpu/_tiles.py) also try twice
+the contraction block (the same bytes again), with 8 warps on 128-row output tiles; the heuristic
+itself sizes them as bf16 until a GPU has timed both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from kernelhub._pallas.gpu import _narrow_dot, config
+from kernelhub.quantization import EXACT_IN_BFLOAT16
+from kernelhub.tuning._calls import TGMM, KernelProblem, TuningSpace
+
+# (block_m, block_k, block_n, num_warps, num_stages) for 16-bit operands.
+_GMM_CONFIGS = (
+    (64, 64, 128, 4, 4), (64, 64, 256, 8, 3), (64, 128, 128, 4, 3), (128, 64, 64, 4, 4),
+    (128, 64, 128, 4, 4), (128, 64, 128, 8, 3), (128, 64, 256, 8, 3), (128, 128, 128, 8, 3),
+    (128, 32, 128, 4, 4), (256, 64, 128, 8, 3),
+)
+_TGMM_CONFIGS = (
+    (64, 64, 64, 4, 4), (64, 128, 128, 4, 4), (64, 128, 128, 8, 3), (32, 128, 128, 4, 3),
+    (128, 128, 128, 8, 3), (64, 64, 128, 4, 4), (64, 128, 256, 8, 3), (128, 64, 64, 4, 4),
+)
+
+
+def _itemsize(problem: KernelProblem) -> int:
+    """Bytes per element the heuristic sizes blocks by: int8 and fp8 count as the bf16 they
+    widen to when not multiplied as stored (kernelhub/_pallas/gpu/_tiles.py)."""
+    sizes = [2 if np.dtype(d) in EXACT_IN_BFLOAT16 else np.dtype(d).itemsize
+             for d in (problem.lhs_dtype, problem.rhs_dtype)]
+    return max(sizes)
+
+
+def _default(problem: KernelProblem) -> tuple[int, ...]:
+    heuristic = config.tgmm_heuristic if problem.kernel == TGMM else config.gmm_heuristic
+    return heuristic(problem.m, problem.k, problem.n, problem.num_groups,
+                     _itemsize(problem)).as_tiling()
+
+
+def _eight_bit(problem: KernelProblem) -> bool:
+    """Whether both operands are 8-bit types the kernels can multiply as stored."""
+    return _narrow_dot.accumulator_dtype(problem.lhs_dtype, problem.rhs_dtype) is not None
+
+
+def _scaled(block_config: tuple[int, ...], axis: int, factor: float) -> tuple[int, ...]:
+    scaled = list(block_config)
+    scaled[axis] = min(config.MAX_BLOCK, max(config.MIN_BLOCK, int(scaled[axis] * factor)))
+    return tuple(scaled)
+
+
+def _candidates(problem: KernelProblem) -> list[tuple[int, ...]]:
+    # Which block is the contraction and which the output's rows: gmm sums over block_k and
+    # writes block_m rows; tgmm sums over block_m rows and writes block_k rows.
+    contraction, out_rows = (0, 1) if problem.kernel == TGMM else (1, 0)
+    configs = _TGMM_CONFIGS if problem.kernel == TGMM else _GMM_CONFIGS
+    if _itemsize(problem) > 2:
+        configs = tuple(_scaled(c, contraction, 0.5) for c in configs)
+    fitted = [config.fitted(config.BlockConfig(*c), problem.m, problem.k, problem.n)
+              for c in configs]
+    if _eight_bit(problem):
+        deeper = [config.fitted(config.BlockConfig(*_scaled(c, contraction, 2)),
+                                problem.m, problem.k, problem.n) for c in configs]
+        # After fitting, so 128-row tiles keep 8 warps even where `fitted` would halve them.
+        fitted += [dataclasses.replace(c, num_warps=8) if c.as_tiling()[out_rows] >= 128 else c
+                   for c in deeper]
+    return list(dict.fromkeys(c.as_tiling() for c in fitted))
+
+
+def space(implementation: str) -> TuningSpace:
+    return TuningSpace(implementation, _candidates, _default)

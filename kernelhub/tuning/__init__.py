@@ -1,0 +1,31 @@
+"""Tilings measured on the problem at hand: autotuning, tuning tables, the shipped defaults.
+
+    tuned = kernelhub.autotune(train_step, params, batch)       # times candidates, shows progress
+    tuned.save("moe_tiles.json")                                # only when asked, where asked
+    with kernelhub.tuning.load("moe_tiles.json"):               # calls traced inside use it
+        jax.jit(train_step)(params, batch)
+
+`autotune(fn, *example_args, group_sizes=None, skew=2.0, draws=2, repeats=5, min_gain=0.03,
+seed=0, progress=True, **example_kwargs)` traces `fn` (arrays or jax.ShapeDtypeStructs) and
+times, for every grouped-matmul kernel it runs (forward, lhs_gradient and rhs_gradient passes
+when it differentiates), each candidate tiling of the implementation that serves it:
+  group_sizes: the caller's sizes (an int vector [num_groups], or several), else `draws` draws
+    of Dirichlet(1 / skew) proportions of the rows (skew 0: balanced sizes; a sequence of skews
+    times them all, e.g. (0, 2): balanced sizes and skewed draws);
+  repeats: timing turns; each candidate's time is the median over the turns;
+  min_gain: a candidate must beat the heuristic's tiling by this fraction to replace it, among
+    all candidates and again when the two are timed alone on fresh operands.
+It returns a `Tuning`. A call's tiling comes from, in order: an explicit `tiling` for its pass,
+the active Tuning (`with tuning:`), the table shipped for this device kind, the heuristic.
+Keys: device kind, implementation, op, pass, kernel, m/k/n rounded up to powers of two, group
+counts and dtypes (TuningKey). docs/tuning.md has the whole story.
+"""
+
+from kernelhub.ops._tilings import PASSES, Tilings
+from kernelhub.tuning._active import heuristic
+from kernelhub.tuning._autotune import DEFAULT_SKEW, autotune
+from kernelhub.tuning._calls import KernelProblem, TuningKey, TuningSpace
+from kernelhub.tuning._table import Entry, Tuning, load, shipped
+
+__all__ = ["DEFAULT_SKEW", "Entry", "KernelProblem", "PASSES", "Tilings", "Tuning", "TuningKey",
+           "TuningSpace", "autotune", "heuristic", "load", "shipped"]

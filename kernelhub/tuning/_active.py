@@ -1,0 +1,70 @@
+"""Which tuning table a grouped-matmul call consults, set by `with tuning:` blocks.
+
+The table in force is a jax configuration option that jax's trace caches key on: a function
+jitted once and called under two tables is traced once for each, so no call keeps tilings
+chosen under another table. Its environment variable, KERNELHUB_TUNING, may name a table file
+to use everywhere (read when kernelhub is first used). Kept apart from the rest of kernelhub.tuning so
+the ops' argument checks read it without importing the autotuner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from kernelhub import _jax_internals
+
+_OPTION = "kernelhub_tuning"
+_option_state = None
+
+
+def _option() -> Any:
+    global _option_state
+    if _option_state is None:  # made on first use: an option of jax's, with its variable
+        _option_state = _jax_internals.jit_keyed_object(
+            _OPTION, "kernelhub: the tuning table grouped-matmul calls use (a JSON file's path)")
+    return _option_state
+
+
+class _Heuristic:
+    """The active table inside `heuristic()`: no table at all, every choice the heuristic's."""
+
+    def tiling_for(self, call: Any) -> None:
+        del call
+        return None
+
+    def __repr__(self) -> str:
+        return "kernelhub.tuning.heuristic()"
+
+
+HEURISTIC = _Heuristic()
+
+
+@functools.lru_cache(maxsize=8)
+def _from_file(path: str) -> Any:
+    from kernelhub.tuning._table import load
+
+    return load(path)
+
+
+def active() -> Any:
+    """The table in force here: a Tuning, a recorder (inside autotune), HEURISTIC, or None
+    (the tables shipped for this device)."""
+    value = _option().value
+    if isinstance(value, str):
+        return _from_file(value) if value else None
+    return value
+
+
+@contextlib.contextmanager
+def activated(table: Any) -> Iterator[Any]:
+    with _option()(table):
+        yield table
+
+
+def heuristic() -> contextlib.AbstractContextManager:
+    """A context in which calls use neither a user's tuning nor the shipped tables: each kernel
+    gets its implementation's heuristic tiling (what a call got before autotuning existed)."""
+    return activated(HEURISTIC)

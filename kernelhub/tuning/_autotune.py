@@ -1,0 +1,235 @@
+"""kernelhub.autotune: time each kernel's candidate tilings on realistic group sizes.
+
+`fn` is traced once (jax.eval_shape) with a recorder as the active table: every grouped-matmul
+kernel it would run, in every pass its gradients take, reports its implementation, problem and
+arguments' shapes. Each distinct kernel is then compiled with each of its implementation's
+candidate tilings and timed on fresh operands of those shapes, with group sizes drawn as the
+caller says, candidates in turns so that a machine's drift does not favour one of them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernelhub.tuning import _active
+from kernelhub.tuning._calls import KernelCall, KernelProblem, TuningKey
+from kernelhub.tuning._table import Entry, Tuning
+
+# Dirichlet(1 / skew) proportions: 2.0 gives the benchmark's "skewed" sizes (alpha 0.5), about
+# what a router produces early in training; 0 gives balanced sizes.
+DEFAULT_SKEW = 2.0
+# The tuner's group sizes come from a random stream of their own: `kernelhub bench` draws its
+# skewed sizes with numpy's seed 0, and a tuning that had timed exactly those would flatter
+# itself in `kernelhub bench --tuning`.
+_DRAW_STREAM = 0x7475
+
+
+class Recorder:
+    """The active table while `fn` is traced: records each kernel call, answers the heuristic."""
+
+    def __init__(self) -> None:
+        self.calls: dict[TuningKey, KernelCall] = {}
+
+    def tiling_for(self, call: KernelCall) -> None:
+        key = call.key()
+        if key not in self.calls:
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), call.arrays)
+            self.calls[key] = call.with_arrays(shapes)
+        return None
+
+
+def group_size_draws(problem: KernelProblem, group_sizes: Any, skew: float, draws: int,
+                     seed: int) -> tuple[list[np.ndarray], str]:
+    """int32 [num_groups] size vectors to time `problem` on, and a description of them."""
+    rows, groups = problem.m, problem.num_groups
+    if group_sizes is not None:
+        given = [group_sizes] if np.ndim(group_sizes) == 1 else list(group_sizes)
+        vectors = []
+        for index, sizes in enumerate(given):
+            sizes = np.asarray(sizes)
+            if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer):
+                raise TypeError(f"group_sizes must be integer vectors [num_groups], got "
+                                f"{sizes.dtype} of shape {sizes.shape}")
+            if sizes.shape[0] != groups or (sizes < 0).any() or sizes.sum() > rows:
+                raise ValueError(
+                    f"group_sizes[{index}] must hold {groups} sizes >= 0 summing to at most "
+                    f"{rows} for a {problem.kernel} of {rows} rows in {groups} groups, got "
+                    f"{sizes.shape[0]} sizes summing to {int(sizes.sum())}")
+            vectors.append(sizes.astype(np.int32))
+        return vectors, f"the caller's ({len(vectors)} vectors)"
+    skews = (skew,) if np.ndim(skew) == 0 else tuple(skew)
+    if not skews or any(value < 0 for value in skews):
+        raise ValueError(f"skew must be >= 0 (0: balanced sizes), or a non-empty sequence of "
+                         f"such values, got {skew}")
+    vectors, described = [], []
+    rng = np.random.default_rng((_DRAW_STREAM, seed))
+    for value in skews:
+        if value == 0:
+            sizes = np.full(groups, rows // groups)
+            sizes[: rows - sizes.sum()] += 1
+            vectors.append(sizes.astype(np.int32))
+            described.append("balanced")
+            continue
+        vectors += [rng.multinomial(rows, rng.dirichlet(np.full(groups, 1.0 / value)))
+                    .astype(np.int32) for _ in range(draws)]
+        described.append(f"Dirichlet skew {value:g} ({draws} draws)")
+    return vectors, " + ".join(described)
+
+
+def _operand(shape: Any, rng: np.random.Generator) -> jax.Array:
+    if jnp.issubdtype(shape.dtype, jnp.integer):
+        return jnp.asarray(rng.integers(-127, 128, shape.shape), shape.dtype)
+    return jnp.asarray(rng.standard_normal(shape.shape, np.float32)).astype(shape.dtype)
+
+
+def operands(call: KernelCall, sizes: np.ndarray, seed: int) -> tuple:
+    """Fresh arrays of `call`'s shapes, with `sizes` as group sizes and group_offset 0."""
+    rng = np.random.default_rng(seed)
+    lhs, rhs, _, group_offset, existing_out = call.arrays
+    fill = lambda tree: jax.tree.map(lambda s: _operand(s, rng), tree)  # noqa: E731
+    offset = jnp.zeros(group_offset.shape, group_offset.dtype)
+    return (fill(lhs), fill(rhs), jnp.asarray(sizes), offset, fill(existing_out))
+
+
+def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], example: tuple,
+                       advance: Callable[[], None]) -> list[Any]:
+    """One executable per candidate tiling, run once; None for one that does not compile or
+    run."""
+    executables = []
+    for tiling in candidates:
+        fn = jax.jit(lambda arrays, tiling=tiling: call.invoke(arrays, tiling))
+        try:
+            executable = fn.lower(example).compile()
+            jax.block_until_ready(executable(example))  # warm up
+        except Exception:  # noqa: BLE001  (an illegal candidate is reported, not fatal)
+            executable = None
+        executables.append(executable)
+        advance()
+    return executables
+
+
+def time_candidates(executables: Sequence[Any], arrays: Sequence[tuple], repeats: int,
+                    advance: Callable[[], None]) -> list[float | None]:
+    """Milliseconds per call of each executable (the median over `repeats` turns of the mean
+    over the group-size draws); None for a missing one."""
+    samples: list[list[float]] = [[] for _ in executables]
+    for _ in range(repeats):
+        for index, executable in enumerate(executables):
+            if executable is None:
+                continue
+            start = time.perf_counter()
+            for operand_set in arrays:
+                jax.block_until_ready(executable(operand_set))
+            samples[index].append((time.perf_counter() - start) / len(arrays))
+        advance()
+    return [statistics.median(s) * 1e3 if s else None for s in samples]
+
+
+def _candidates(call: KernelCall) -> list[tuple[int, ...]]:
+    """The implementation's candidates, its default first, each once."""
+    default = tuple(call.space.default(call.problem))
+    ordered = [default]
+    for tiling in call.space.candidates(call.problem):
+        if tuple(tiling) not in ordered:
+            ordered.append(tuple(tiling))
+    return ordered
+
+
+def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None,
+             skew: float | Sequence[float] = DEFAULT_SKEW, draws: int = 2, repeats: int = 5,
+             min_gain: float = 0.03, seed: int = 0, progress: bool = True,
+             **example_kwargs: Any) -> Tuning:
+    """Tunes the tilings of every grouped-matmul kernel `fn` runs; see kernelhub.tuning."""
+    if repeats < 1 or draws < 1:
+        raise ValueError(f"repeats and draws must be >= 1, got repeats={repeats}, draws={draws}")
+    if min_gain < 0:
+        raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+    recorder = Recorder()
+    with _active.activated(recorder):
+        jax.eval_shape(fn, *example_args, **example_kwargs)
+    if not recorder.calls:
+        raise ValueError(
+            "autotune: fn made no kernelhub grouped-matmul call whose tiling is left to the "
+            "tuner (calls with an explicit tiling for a pass are not tuned)")
+    plans = []
+    for key, call in sorted(recorder.calls.items()):
+        sizes, described = group_size_draws(call.problem, group_sizes, skew, draws, seed)
+        plans.append((key, call, _candidates(call), sizes, described))
+    # Each kernel: compile its candidates, time them all, then time the leader against the
+    # default again on fresh operands (the confirmation).
+    steps = sum(len(candidates) + 2 * repeats for _, _, candidates, _, _ in plans)
+    entries = {}
+    with _progress(progress, steps) as advance:
+        for key, call, candidates, sizes, described in plans:
+            arrays = [operands(call, vector, seed + i) for i, vector in enumerate(sizes)]
+            executables = compile_candidates(call, candidates, arrays[0], advance)
+            times = time_candidates(executables, arrays, repeats, advance)
+            confirmed = None
+            leader = _leader(key, candidates, times, min_gain)
+            if leader is not None:
+                fresh = [operands(call, vector, seed + len(sizes) + i)
+                         for i, vector in enumerate(sizes)]
+                confirmed = time_candidates([executables[0], executables[leader]], fresh,
+                                            repeats, advance)
+            else:
+                for _ in range(repeats):
+                    advance()
+            entries[key] = _decide(candidates, times, leader, confirmed, described, min_gain)
+    return Tuning(entries)
+
+
+def _leader(key: TuningKey, candidates: list[tuple[int, ...]], times: list[float | None],
+            min_gain: float) -> int | None:
+    """The index of the fastest candidate when it beats the default by more than min_gain."""
+    default_ms = times[0]
+    if default_ms is None:
+        raise RuntimeError(f"autotune: the default tiling {candidates[0]} of {key.describe()} "
+                           f"failed to compile or run")
+    best_ms, best = min((ms, index) for index, ms in enumerate(times) if ms is not None)
+    # Within min_gain of the default is noise on a busy machine: keep the default.
+    return best if best > 0 and best_ms * (1 + min_gain) < default_ms else None
+
+
+def _decide(candidates: list[tuple[int, ...]], times: list[float | None], leader: int | None,
+            confirmed: list[float | None] | None, described: str, min_gain: float) -> Entry:
+    """The leader replaces the default only if it wins again, by more than min_gain, when the
+    two are timed once more on fresh operands: the fastest of many noisy times is flattered
+    by its noise (the winner's curse), and an independent second timing is not. The entry
+    keeps the second timing's figures."""
+    default, measured = candidates[0], tuple(zip(candidates, times))
+    if leader is None or confirmed is None:
+        return Entry(default, default, times[0], times[0], described, measured)
+    default_ms, leader_ms = confirmed
+    if leader_ms is not None and leader_ms * (1 + min_gain) < default_ms:
+        return Entry(candidates[leader], default, leader_ms, default_ms, described, measured)
+    return Entry(default, default, default_ms, default_ms, described, measured)
+
+
+class _progress:
+    """A rich progress bar on stderr (transient), or nothing."""
+
+    def __init__(self, shown: bool, total: int):
+        self.shown, self.total = shown, total
+
+    def __enter__(self) -> Callable[[], None]:
+        if not self.shown:
+            self.bar = None
+            return lambda: None
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.bar = Progress(console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task("autotune", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc_info) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,225 @@
+"""Tuning tables: tuned tilings by TuningKey, used as a context, saved to and loaded from JSON.
+
+Lookups happen when a call is traced and cost a dict lookup. A call consults, in order: its
+explicit `tiling` entry for the pass, the table active where it was made (`with tuning:`), the
+table shipped for this device kind (kernelhub/tuning/defaults), then the implementation's
+heuristic. A miss never starts a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from kernelhub.ops._tilings import single
+from kernelhub.tuning import _active
+from kernelhub.tuning._calls import KernelCall, KernelProblem, TuningKey
+
+FORMAT = "kernelhub-tuning"
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """The tuned tiling of one key, and the measurements behind it (milliseconds, None where a
+    candidate failed to compile); `groups` says which group sizes it was timed on."""
+
+    tiling: tuple[int, ...]
+    default_tiling: tuple[int, ...]
+    tuned_ms: float
+    default_ms: float
+    groups: str
+    candidates: tuple[tuple[tuple[int, ...], float | None], ...] = ()
+
+    @property
+    def speedup(self) -> float:
+        """The default's time over the tuned one's (1.0 when the default won)."""
+        return self.default_ms / self.tuned_ms if self.tuned_ms else 1.0
+
+
+class Tuning:
+    """Tuned tilings, by key. Use it as a context (`with tuning:`) around code that makes or
+    traces kernelhub calls; `save(path)` writes it, `kernelhub.tuning.load(path)` reads it.
+
+    Tilings are chosen when a call is traced. The table in force is part of jax's trace
+    context, so a jitted function called inside and outside the block is traced for each.
+    """
+
+    def __init__(self, entries: Mapping[TuningKey, Entry] | None = None):
+        self.entries: dict[TuningKey, Entry] = dict(entries or {})
+        self._contexts: list[Any] = []
+
+    def __enter__(self) -> Tuning:
+        context = _active.activated(self)
+        context.__enter__()
+        self._contexts.append(context)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._contexts.pop().__exit__(*exc_info)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return f"Tuning({len(self.entries)} entries)"
+
+    def merged(self, other: Tuning) -> Tuning:
+        """A table with both tables' entries; `other`'s win where both have a key."""
+        return Tuning({**self.entries, **other.entries})
+
+    def lookup(self, key: TuningKey) -> tuple[int, ...] | None:
+        entry = self.entries.get(key)
+        return None if entry is None else entry.tiling
+
+    def tiling_for(self, call: KernelCall) -> tuple[int, ...] | None:
+        """This table's tiling for `call`, else the shipped one, else None (the heuristic)."""
+        return _accepted(self.lookup(call.key()), call) or shipped_tiling(call)
+
+    # --- files ----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the table as JSON to `path` (only there; nothing else is written)."""
+        document = {"format": FORMAT, "version": VERSION,
+                    "entries": [_entry_json(key, entry) for key, entry in sorted(self.entries.items())]}
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(document, file, indent=1)
+            file.write("\n")
+
+
+def _accepted(tiling: tuple[int, ...] | None, call: KernelCall) -> tuple[int, ...] | None:
+    # A key covers shapes within a factor of two; a tiling tuned for one of them may break a
+    # hardware rule at another (a TPU tile that must divide k): then the heuristic decides.
+    if tiling is None or not call.space.accepts(tiling, call.problem):
+        return None
+    return tiling
+
+
+def load(path: str | os.PathLike) -> Tuning:
+    """Reads a table written by `Tuning.save` (or `kernelhub tune --output`).
+
+    Raises FileNotFoundError for a missing file, and a ValueError naming the file and what is
+    wrong (not JSON, not a tuning table, another format version, a malformed entry).
+    """
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    return parse(text, str(path))
+
+
+def parse(text: str, source: str) -> Tuning:
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{source} is not a kernelhub tuning file: invalid JSON ({error})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ValueError(f"{source} is not a kernelhub tuning file: it has no "
+                         f"\"format\": \"{FORMAT}\"")
+    if document.get("version") != VERSION:
+        raise ValueError(f"{source}: tuning format version {document.get('version')!r} is not "
+                         f"supported; this kernelhub reads version {VERSION} (tune again)")
+    entries = document.get("entries")
+    if not isinstance(entries, list):
+        raise ValueError(f"{source}: \"entries\" must be a list")
+    table = {}
+    for index, item in enumerate(entries):
+        key, entry = _entry_from_json(item, f"{source}: entry {index}")
+        table[key] = entry
+    return Tuning(table)
+
+
+# An entry's key, flat in its JSON object: where the kernel runs, then its problem's fields.
+_PLACE_FIELDS = tuple(field for field in dataclasses.fields(TuningKey) if field.name != "problem")
+_PROBLEM_FIELDS = dataclasses.fields(KernelProblem)
+_KEY_FIELDS = tuple(field.name for field in (*_PLACE_FIELDS, *_PROBLEM_FIELDS))
+_FIELD_TYPES = {"int": int, "str": str, "bool": bool}
+
+
+def _entry_json(key: TuningKey, entry: Entry) -> dict[str, Any]:
+    place = {field.name: getattr(key, field.name) for field in _PLACE_FIELDS}
+    return {**place, **dataclasses.asdict(key.problem), "tiling": list(entry.tiling),
+            "default_tiling": list(entry.default_tiling),
+            "tuned_ms": round(entry.tuned_ms, 4), "default_ms": round(entry.default_ms, 4),
+            "groups": entry.groups,
+            "candidates": [[list(tiling), None if ms is None else round(ms, 4)]
+                           for tiling, ms in entry.candidates]}
+
+
+def _tiling(value: Any, where: str) -> tuple[int, ...]:
+    """A tiling read from a file: a list the ops' `tiling` argument would take as a tuple."""
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list of ints, got {value!r}")
+    try:
+        return single(tuple(value), where)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+
+
+def _entry_from_json(item: Any, where: str) -> tuple[TuningKey, Entry]:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} must be an object, got {type(item).__name__}")
+    missing = [name for name in (*_KEY_FIELDS, "tiling", "default_tiling", "tuned_ms",
+                                 "default_ms", "groups") if name not in item]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    for field in (*_PLACE_FIELDS, *_PROBLEM_FIELDS):
+        expected = _FIELD_TYPES[field.type if isinstance(field.type, str) else field.type.__name__]
+        value = item[field.name]
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            raise ValueError(f"{where}: {field.name} must be {expected.__name__}, got {value!r}")
+    for name in ("tuned_ms", "default_ms"):
+        if not isinstance(item[name], (int, float)) or isinstance(item[name], bool) or item[name] < 0:
+            raise ValueError(f"{where}: {name} must be a non-negative number, got {item[name]!r}")
+    candidates = []
+    for position, candidate in enumerate(item.get("candidates", [])):
+        if not (isinstance(candidate, list) and len(candidate) == 2):
+            raise ValueError(f"{where}: candidates[{position}] must be [tiling, ms]")
+        ms = candidate[1]
+        if ms is not None and not isinstance(ms, (int, float)):
+            raise ValueError(f"{where}: candidates[{position}] time must be a number or null")
+        candidates.append((_tiling(candidate[0], f"{where}: candidates[{position}]"), ms))
+    problem = KernelProblem(**{field.name: item[field.name] for field in _PROBLEM_FIELDS})
+    key = TuningKey(**{field.name: item[field.name] for field in _PLACE_FIELDS}, problem=problem)
+    entry = Entry(_tiling(item["tiling"], f"{where}: tiling"),
+                  _tiling(item["default_tiling"], f"{where}: default_tiling"),
+                  float(item["tuned_ms"]), float(item["default_ms"]), str(item["groups"]),
+                  tuple(candidates))
+    return key, entry
+
+
+# --- the tables shipped with kernelhub ---------------------------------------------------------
+
+
+def _file_name(device_kind: str) -> str:
+    """defaults/<device kind, lower case, runs of other characters as '-'>.json"""
+    return re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-") + ".json"
+
+
+@functools.lru_cache(maxsize=None)
+def shipped(device_kind: str) -> Tuning:
+    """The table kernelhub ships for `device_kind` (empty when there is none)."""
+    resource = importlib.resources.files("kernelhub.tuning") / "defaults" / _file_name(device_kind)
+    if not resource.is_file():
+        return Tuning()
+    return parse(resource.read_text(encoding="utf-8"), f"kernelhub/tuning/defaults/{resource.name}")
+
+
+def shipped_tiling(call: KernelCall) -> tuple[int, ...] | None:
+    key = call.key()
+    return _accepted(shipped(key.device_kind).lookup(key), call)
+
+
+def choose(explicit: Any, table: Any, call: KernelCall) -> Any:
+    """The tiling `call` runs with: its explicit one, else `table`'s (a Tuning, a recorder, or
+    HEURISTIC; None for the shipped tables), else None for the heuristic."""
+    if explicit is not None:
+        return explicit
+    if table is None:
+        return shipped_tiling(call)
+    return table.tiling_for(call)
+

@@ -1,0 +1,482 @@
+"""Tilings per pass, autotuning and tuning tables (kernelhub.tuning).
+
+Results are checked against the float64 reference (tests/reference.py) under tilings other
+than the heuristic's, on every implementation that runs here; the tables' behaviour (which
+tiling a call gets, misses, files) is checked through what the kernels are asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernelhub
+import reference
+from conftest import assert_close, call, implementation_params
+from kernelhub import tuning
+from kernelhub.cli import main as cli_main
+from kernelhub.tuning import _autotune, _table
+
+M, K, N = 96, 48, 40
+SIZES = np.array([0, 37, 5, 41, 7], np.int32)  # an empty group, unaligned sizes, sum 90 < 96
+OFFSET = 1  # local groups 1..3 of 5
+# The TuningSpace name of each implementation that runs here.
+SPACES = {("xla", "any"): "xla", ("pallas", "cpu"): "pallas-interpret",
+          ("triton", "cpu"): "triton-interpret"}
+
+
+def _operands(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lhs = rng.standard_normal((M, K)).astype(np.float32)
+    rhs = rng.standard_normal((3, K, N)).astype(np.float32)
+    existing = rng.standard_normal((M, N)).astype(np.float32)
+    d_out = rng.standard_normal((M, N)).astype(np.float32)
+    return lhs, rhs, existing, d_out
+
+
+def _gmm_vjp(gmm, lhs, rhs, existing, d_out):
+    def forward(lhs, rhs, existing):
+        return gmm(lhs, rhs, jnp.asarray(SIZES), group_offset=OFFSET, existing_out=existing)
+
+    out, pullback = jax.vjp(forward, lhs, rhs, existing)
+    return out, pullback(jnp.asarray(d_out))
+
+
+def _assert_matches_reference(out, grads, lhs, rhs, existing, d_out):
+    assert_close(out, reference.gmm(lhs, rhs, SIZES, OFFSET, existing), jnp.float32, contraction=K)
+    expected = reference.gmm_vjp(lhs, rhs, SIZES, d_out, OFFSET, has_existing=True)
+    for actual, wanted, contraction in zip(grads, expected, (N, M, 1)):
+        assert_close(actual, wanted, jnp.float32, contraction=contraction)
+
+
+# --- tilings per pass ------------------------------------------------------------------------
+
+
+def test_each_pass_asks_its_own_tiling():
+    """gmm's forward, lhs-gradient and rhs-gradient kernels each ask only their entry, with the
+    dimensions of the kernel that pass runs (m, k, n as that kernel sees them)."""
+    asked = {name: [] for name in tuning.PASSES}
+
+    def recorder(name):
+        def tiling(m, k, n):
+            asked[name].append((m, k, n))
+            return None
+        return tiling
+
+    lhs, rhs, existing, d_out = _operands()
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    per_pass = tuning.Tilings(**{name: recorder(name) for name in tuning.PASSES})
+    out, pullback = jax.vjp(lambda a, b: gmm(a, b, jnp.asarray(SIZES), tiling=per_pass,
+                                             group_offset=OFFSET), lhs, rhs)
+    pullback(jnp.asarray(d_out))
+    assert set(asked["forward"]) == {(M, K, N)}
+    assert set(asked["lhs_gradient"]) == {(M, N, K)}  # d_out [m, n] times rhs^T
+    assert set(asked["rhs_gradient"]) == {(M, K, N)}  # tgmm over the m rows
+
+
+def test_tgmm_passes_ask_their_own_tiling():
+    asked = {name: [] for name in tuning.PASSES}
+    tilings = {name: (lambda m, k, n, name=name: asked[name].append((m, k, n))) for name in tuning.PASSES}
+    rng = np.random.default_rng(1)
+    lhs, rhs = rng.standard_normal((K, M), np.float32), rng.standard_normal((M, N), np.float32)
+    tgmm = kernelhub.get("transposed_grouped_matmul", platform="xla")
+    _, pullback = jax.vjp(lambda a, b: tgmm(a, b, jnp.asarray(SIZES), tiling=tilings), lhs, rhs)
+    pullback(jnp.ones((len(SIZES), K, N), jnp.float32))
+    assert set(asked["forward"]) == {(M, K, N)}
+    assert set(asked["lhs_gradient"]) == {(M, N, K)}  # rhs [m, n] times d_out^T
+    assert set(asked["rhs_gradient"]) == {(M, K, N)}  # lhs^T [m, k] times d_out
+
+
+@pytest.mark.parametrize("spec", implementation_params("grouped_matmul"))
+def test_per_pass_tilings_change_no_result(spec):
+    """Each pass given a different legal tiling (one of its implementation's tuning
+    candidates, not the heuristic's) still matches the float64 reference, edges included."""
+    lhs, rhs, existing, d_out = _operands(2)
+    recorder = _autotune.Recorder()
+    with kernelhub.tuning._active.activated(recorder):
+        _gmm_vjp(call(spec), lhs, rhs, existing, d_out)
+    per_pass = {}
+    for key, recorded in recorder.calls.items():
+        candidates = _autotune._candidates(recorded)
+        per_pass[key.pass_name] = candidates[-1]
+    assert set(per_pass) == set(tuning.PASSES)
+    out, grads = _gmm_vjp(lambda *a, **kw: call(spec)(*a, **kw, tiling=per_pass),
+                          lhs, rhs, existing, d_out)
+    _assert_matches_reference(out, grads, lhs, rhs, existing, d_out)
+
+
+def test_bad_per_pass_tilings_name_the_pass():
+    lhs, rhs, _, _ = _operands()
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    with pytest.raises(ValueError, match="unknown passes \\['backward'\\].*forward, lhs_gradient, rhs_gradient"):
+        gmm(lhs, rhs, SIZES, tiling={"backward": (64, 64, 64)}, group_offset=OFFSET)
+    with pytest.raises(ValueError, match="tiling\\['rhs_gradient'\\] must start with three positive"):
+        gmm(lhs, rhs, SIZES, tiling={"rhs_gradient": (0, 64, 64)}, group_offset=OFFSET)
+    with pytest.raises(TypeError, match="tiling\\['forward'\\] must be None, a callable"):
+        gmm(lhs, rhs, SIZES, tiling=tuning.Tilings(forward="big"), group_offset=OFFSET)
+    grad = jax.grad(lambda a: gmm(a, rhs, SIZES, tiling={"lhs_gradient": (48, 64, 64)},
+                                  group_offset=OFFSET).sum())
+    with pytest.raises(ValueError, match="tiling for the lhs_gradient pass: .*power of two"):
+        grad(lhs)
+
+
+# --- tables: lookups, misses, files -----------------------------------------------------------
+
+
+def _forward_key(gmm, lhs, rhs) -> tuning.TuningKey:
+    recorder = _autotune.Recorder()
+    with kernelhub.tuning._active.activated(recorder):
+        gmm(lhs, rhs, SIZES, group_offset=OFFSET)
+    (key,) = recorder.calls
+    return key
+
+
+def _entry(tiling) -> tuning.Entry:
+    return tuning.Entry(tuple(tiling), (512, K, N), 1.0, 1.0, "test")
+
+
+def test_active_table_is_used_when_traced_and_retraced_per_table():
+    """A table's tiling reaches the kernel (an illegal one makes its error), a call traced
+    before the table is traced again under it, and a miss falls back to the heuristic."""
+    lhs, rhs, _, _ = _operands()
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    expected = reference.gmm(lhs, rhs, SIZES, OFFSET)
+    assert_close(gmm(lhs, rhs, SIZES, group_offset=OFFSET), expected, jnp.float32, contraction=K)
+    key = _forward_key(gmm, lhs, rhs)
+    assert key.pass_name == "forward"
+    assert (key.problem.kernel, key.problem.m, key.problem.k, key.problem.n) == ("gmm", 128, 64, 64)
+    illegal = tuning.Tuning({key: _entry((3, K, N))})
+    with illegal, pytest.raises(ValueError, match="tiling for the forward pass: .*power of two"):
+        gmm(lhs, rhs, SIZES, group_offset=OFFSET)
+    other_shape = dataclasses.replace(key, problem=dataclasses.replace(key.problem, m=4096))
+    with tuning.Tuning({other_shape: _entry((3, K, N))}):  # a miss: the heuristic, no tuning run
+        assert_close(gmm(lhs, rhs, SIZES, group_offset=OFFSET), expected, jnp.float32, contraction=K)
+    with tuning.Tuning({key: _entry((16, K, N))}):
+        assert_close(gmm(lhs, rhs, SIZES, group_offset=OFFSET), expected, jnp.float32, contraction=K)
+    # An explicit tiling for the pass wins over the table.
+    with illegal:
+        assert_close(gmm(lhs, rhs, SIZES, tiling=(64, K, N), group_offset=OFFSET), expected,
+                     jnp.float32, contraction=K)
+
+
+def test_a_miss_never_measures(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a lookup started a measurement")
+
+    monkeypatch.setattr(_autotune, "compile_candidates", refuse)
+    monkeypatch.setattr(_autotune, "time_candidates", refuse)
+    lhs, rhs, _, _ = _operands()
+    with tuning.Tuning():
+        jax.grad(lambda a: kernelhub.grouped_matmul(a, rhs, SIZES, group_offset=OFFSET).sum())(lhs)
+
+
+def test_shipped_table_is_used_without_a_context(monkeypatch):
+    lhs, rhs, _, _ = _operands()
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    key = _forward_key(gmm, lhs, rhs)
+    monkeypatch.setattr(_table, "shipped", lambda device: tuning.Tuning({key: _entry((3, K, N))}))
+    jax.clear_caches()  # shipped tables are fixed for a process: traces made before stay valid
+    with pytest.raises(ValueError, match="power of two"):
+        gmm(lhs, rhs, SIZES, group_offset=OFFSET)
+    with tuning.heuristic():  # no table at all
+        gmm(lhs, rhs, SIZES, group_offset=OFFSET)
+
+
+def test_shipped_cpu_table_is_well_formed():
+    shipped = tuning.shipped("cpu")
+    assert len(shipped) > 0
+    for key, entry in shipped.entries.items():
+        assert key.device_kind == "cpu" and key.implementation == "xla"
+        assert entry.tuned_ms <= entry.default_ms
+        assert entry.tiling[0] & (entry.tiling[0] - 1) == 0  # xla: a power-of-two chunk
+
+
+def test_table_round_trips_through_a_file(tmp_path):
+    key = tuning.TuningKey("cpu", "xla", "grouped_matmul", "forward", tuning.KernelProblem(
+        "gmm", 4096, 1024, 1024, 64, 64, "bfloat16", "bfloat16", "bfloat16", False))
+    entry = tuning.Entry((256, 1024, 1024), (512, 1024, 1024), 10.5, 12.25, "balanced",
+                         (((512, 1024, 1024), 12.25), ((256, 1024, 1024), 10.5),
+                          ((2048, 1024, 1024), None)))
+    path = tmp_path / "tiles.json"
+    tuning.Tuning({key: entry}).save(path)
+    loaded = tuning.load(path)
+    assert loaded.entries == {key: entry}
+    assert loaded.lookup(key) == (256, 1024, 1024)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not a kernelhub tuning file: invalid JSON"),
+    ('{"entries": []}', "not a kernelhub tuning file: it has no"),
+    ('{"format": "kernelhub-tuning", "version": 99, "entries": []}', "version 99 is not supported"),
+    ('{"format": "kernelhub-tuning", "version": 1, "entries": {}}', '"entries" must be a list'),
+    ('{"format": "kernelhub-tuning", "version": 1, "entries": [{"op": "grouped_matmul"}]}',
+     "entry 0 lacks device_kind"),
+])
+def test_bad_table_files_say_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message) as raised:
+        tuning.load(path)
+    assert str(path) in str(raised.value)
+
+
+def test_bad_entries_name_the_field(tmp_path):
+    key = tuning.TuningKey("cpu", "xla", "grouped_matmul", "forward", tuning.KernelProblem(
+        "gmm", 128, 64, 64, 5, 3, "float32", "float32", "float32", True))
+    path = tmp_path / "tiles.json"
+    tuning.Tuning({key: _entry((64, 64, 64))}).save(path)
+    document = json.loads(path.read_text())
+    document["entries"][0]["tiling"] = [64, -1, 64]
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="entry 0: tiling must start with three positive block sizes"):
+        tuning.load(path)
+    document["entries"][0]["tiling"], document["entries"][0]["m"] = [64, 64, 64], "big"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="entry 0: m must be int"):
+        tuning.load(path)
+    with pytest.raises(FileNotFoundError):
+        tuning.load(tmp_path / "missing.json")
+
+
+# --- autotune ----------------------------------------------------------------------------------
+
+
+def _training_step(gmm):
+    def step(lhs, rhs, existing, sizes):
+        def loss(lhs, rhs):
+            out = gmm(lhs, rhs, sizes, group_offset=OFFSET, existing_out=existing)
+            return jnp.sum(out * out)
+        return jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+    return step
+
+
+@pytest.mark.parametrize("spec", implementation_params("grouped_matmul"))
+def test_autotune_tunes_every_pass_and_its_result_matches_the_reference(spec, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # autotune writes nothing: the directory stays empty
+    lhs, rhs, existing, d_out = _operands(3)
+    step = _training_step(call(spec))
+    tuned = kernelhub.autotune(step, lhs, rhs, existing, jax.ShapeDtypeStruct(SIZES.shape, jnp.int32),
+                               repeats=1, draws=1, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    assert {key.pass_name for key in tuned.entries} == set(tuning.PASSES)
+    for key, entry in tuned.entries.items():
+        assert key.implementation == SPACES[(spec.platform.value, spec.backend.value)]
+        assert entry.candidates[0][0] == entry.default_tiling
+        assert entry.tuned_ms <= entry.default_ms
+        assert entry.tiling in [tiling for tiling, ms in entry.candidates if ms is not None]
+    with tuned:
+        out, grads = _gmm_vjp(call(spec), lhs, rhs, existing, d_out)
+    _assert_matches_reference(out, grads, lhs, rhs, existing, d_out)
+
+
+@pytest.mark.parametrize("second_timing, expected_winner", [((10.0, 6.0), True),
+                                                            ((10.0, 9.9), False)])
+def test_a_leader_must_win_again_on_fresh_operands(monkeypatch, second_timing, expected_winner):
+    """The fastest of many noisy timings is flattered by its noise: a leader replaces the
+    default only when a second timing of the two, on fresh operands, confirms it."""
+    rounds = []
+
+    def scripted(executables, arrays, repeats, advance):
+        rounds.append(len(executables))
+        if len(rounds) == 1:  # the first round: the second candidate leads by far
+            return [10.0, 5.0] + [20.0] * (len(executables) - 2)
+        return list(second_timing)
+
+    monkeypatch.setattr(_autotune, "time_candidates", scripted)
+    lhs, rhs, _, _ = _operands()
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    tuned = kernelhub.autotune(lambda a, b: gmm(a, b, SIZES), lhs, rhs, progress=False)
+    (entry,) = tuned.entries.values()
+    assert rounds[1] == 2  # the default and the leader, once more
+    leader = entry.candidates[1][0]
+    assert entry.tiling == (leader if expected_winner else entry.default_tiling)
+    assert (entry.default_ms, entry.tuned_ms) == (
+        second_timing if expected_winner else (second_timing[0],) * 2)
+
+
+def test_autotune_group_sizes_and_errors():
+    lhs, rhs, existing, _ = _operands()
+    step = _training_step(kernelhub.get("grouped_matmul", platform="xla"))
+    sizes = jax.ShapeDtypeStruct(SIZES.shape, jnp.int32)
+    tuned = kernelhub.autotune(step, lhs, rhs, existing, sizes, group_sizes=SIZES, repeats=1,
+                               progress=False)
+    assert all(entry.groups == "the caller's (1 vectors)" for entry in tuned.entries.values())
+    with pytest.raises(ValueError, match="group_sizes\\[0\\] must hold 5 sizes"):
+        kernelhub.autotune(step, lhs, rhs, existing, sizes, group_sizes=SIZES[:3], progress=False)
+    with pytest.raises(ValueError, match="skew must be >= 0"):
+        kernelhub.autotune(step, lhs, rhs, existing, sizes, skew=-1.0, progress=False)
+    with pytest.raises(ValueError, match="made no kernelhub grouped-matmul call"):
+        kernelhub.autotune(lambda x: x * 2, lhs, progress=False)
+    explicit = _training_step(lambda *a, **kw: kernelhub.grouped_matmul(*a, **kw, tiling=(64, 64, 64)))
+    with pytest.raises(ValueError, match="made no kernelhub grouped-matmul call"):
+        kernelhub.autotune(explicit, lhs, rhs, existing, sizes, progress=False)
+
+
+def test_group_size_draws():
+    problem = tuning.KernelProblem("gmm", 1000, 8, 8, 10, 10, "float32", "float32", "float32", False)
+    (balanced,), described = _autotune.group_size_draws(problem, None, 0.0, 3, 0)
+    assert described == "balanced" and balanced.sum() == 1000 and balanced.max() - balanced.min() <= 1
+    skewed, described = _autotune.group_size_draws(problem, None, 2.0, 3, 0)
+    assert len(skewed) == 3 and all(s.sum() == 1000 and s.shape == (10,) for s in skewed)
+    assert "Dirichlet skew 2" in described
+    assert max(s.max() for s in skewed) > 2 * 100  # skewed: some group well above the mean
+
+
+def test_tune_command_prints_and_saves(tmp_path, capsys):
+    output = tmp_path / "tiles.json"
+    code = cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtype", "f32",
+                     "--repeats", "1", "--draws", "1", "--output", str(output)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "winner" in printed and "lhs_gradient" in printed and "tuned vs default" in printed
+    saved = tuning.load(output)
+    assert {key.pass_name for key in saved.entries} == set(tuning.PASSES)
+    assert os.path.getsize(output) > 0
+
+
+# --- the xla implementation's knobs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head_rows", [0, 8, 16, 64])
+@pytest.mark.parametrize("largest", [16, 512])
+def test_xla_tgmm_head_rows_and_chunks_change_no_result(head_rows, largest):
+    """tgmm's batched head (tiling[3]) and largest chunk (tiling[0]) on the XLA loop: whatever
+    their values, the float64 reference's result, with an offset, an empty group, unaligned
+    sizes, sums below m and existing_out."""
+    rng = np.random.default_rng(4)
+    lhs, rhs = rng.standard_normal((K, M), np.float32), rng.standard_normal((M, N), np.float32)
+    existing = rng.standard_normal((3, K, N)).astype(np.float32)
+    tgmm = kernelhub.get("transposed_grouped_matmul", platform="xla")
+    out = tgmm(lhs, rhs, SIZES, tiling=(largest, K, N, head_rows), group_offset=OFFSET,
+               num_actual_groups=3, existing_out=existing)
+    expected = reference.tgmm(lhs, rhs, SIZES, OFFSET, 3, existing)
+    assert_close(out, expected, jnp.float32, contraction=M)
+
+
+def test_xla_head_rows_must_be_zero_or_a_power_of_two():
+    rng = np.random.default_rng(5)
+    lhs, rhs = rng.standard_normal((K, M), np.float32), rng.standard_normal((M, N), np.float32)
+    tgmm = kernelhub.get("transposed_grouped_matmul", platform="xla")
+    with pytest.raises(ValueError, match="head_rows, the rows per group the batched head sums, "
+                                         "must be 0 \\(no head\\) or a power of two"):
+        tgmm(lhs, rhs, SIZES, tiling=(64, K, N, 24))
+    with pytest.raises(ValueError, match="any further entries >= 0"):
+        tgmm(lhs, rhs, SIZES, tiling=(64, K, N, -1))
+
+
+def test_xla_tgmm_candidates_vary_each_knob():
+    problem = tuning.KernelProblem("tgmm", 4096, 1024, 1024, 64, 64, "bfloat16", "bfloat16",
+                                   "float32", False)
+    space = kernelhub._xla.tuning_space.SPACE
+    default = space.default(problem)
+    assert default == (512, 1024, 1024, 64)  # the heuristic's chunk and the even share
+    candidates = space.candidates(problem)
+    assert {c[3] for c in candidates} == {0, 8, 16, 32, 64, 128}
+    assert {c[0] for c in candidates} == {64, 128, 256, 512, 1024, 2048}
+    assert all(c[0] == 512 or c[3] == 64 for c in candidates)  # a cross around the default
+
+
+def test_triton_candidates_are_legal_and_give_eight_bit_tiles_deeper_blocks():
+    from kernelhub._pallas.gpu import config, tuning_space
+
+    space = tuning_space.space("triton")
+    # gmm sums over block_k (index 1), tgmm over block_m (index 0)
+    for kernel, contraction, out_rows in (("gmm", 1, 0), ("tgmm", 0, 1)):
+        deepest = {}
+        for dtype in ("bfloat16", "float32", "int8", "float8_e4m3fn"):
+            problem = tuning.KernelProblem(kernel, 8192, 4096, 2048, 64, 64, dtype, dtype,
+                                           "bfloat16", False)
+            candidates = space.candidates(problem)
+            assert len(candidates) == len(set(candidates)) > 0
+            for tiling in candidates:
+                config.validate(config.BlockConfig(*tiling), tiling)
+            deepest[dtype] = max(tiling[contraction] for tiling in candidates)
+            if dtype in ("int8", "float8_e4m3fn"):
+                doubled = [t for t in candidates if t[contraction] > deepest["bfloat16"]]
+                assert doubled and all(t[3] == 8 for t in doubled if t[out_rows] >= 128)
+        assert deepest["float32"] * 2 == deepest["bfloat16"]
+        assert deepest["int8"] == deepest["float8_e4m3fn"] == 2 * deepest["bfloat16"]
+    mixed = tuning.KernelProblem("gmm", 8192, 4096, 2048, 64, 64, "bfloat16", "int8",
+                                 "bfloat16", False)  # weight-only int8 widens: bf16's candidates
+    bf16 = dataclasses.replace(mixed, rhs_dtype="bfloat16")
+    assert space.candidates(mixed) == space.candidates(bf16)
+
+
+# --- group sizes the tuner times ---------------------------------------------------------------
+
+
+def test_several_skews_are_timed_together():
+    problem = tuning.KernelProblem("gmm", 1000, 8, 8, 10, 10, "float32", "float32", "float32", False)
+    vectors, described = _autotune.group_size_draws(problem, None, (0, 2.0), 3, 0)
+    assert described == "balanced + Dirichlet skew 2 (3 draws)"
+    assert len(vectors) == 4 and vectors[0].max() - vectors[0].min() <= 1
+    assert all(v.sum() == 1000 for v in vectors)
+
+
+def test_the_tuner_never_draws_the_benchmarks_sizes():
+    """kernelhub bench --tuning times the benchmark's skewed draw; the tuner's draws come from
+    a stream of their own, so a table cannot have been tuned on exactly those sizes."""
+    from kernelhub._cli._group_sizes import group_sizes
+
+    for groups in (8, 64, 256):
+        problem = tuning.KernelProblem("gmm", 4096, 8, 8, groups, groups, "float32", "float32",
+                                       "float32", False)
+        drawn, _ = _autotune.group_size_draws(problem, None, 2.0, 4, 0)
+        benchmark = group_sizes(4096, groups, "skewed")
+        assert not any(np.array_equal(vector, benchmark) for vector in drawn)
+
+
+# --- the benchmark and the command -------------------------------------------------------------
+
+
+def test_tuning_bench_times_both_steps_against_the_heuristic(tmp_path):
+    from kernelhub._cli import bench_tuning
+
+    key_table = tmp_path / "tiles.json"
+    assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "f32",
+                     "--ops", "tgmm", "--repeats", "1", "--draws", "1", "--min-gain", "0",
+                     "--output", str(key_table)]) == 0
+    table = tuning.load(key_table)
+    rows = bench_tuning.measure("transposed_grouped_matmul", 64, 32, 32, 4, "float32", "skewed",
+                                table, reps=1, draws=1, platform="xla")
+    assert [row[4] for row in rows] == list(bench_tuning.STEPS)
+    assert all(len(row) == len(bench_tuning.COLUMNS) and float(row[5]) > 0 for row in rows)
+    forward_tiling = next(entry.tiling for key, entry in table.entries.items()
+                          if key.pass_name == "forward")
+    changed = rows[0][8]
+    assert changed == "none" or changed == f"forward {'x'.join(map(str, forward_tiling))}"
+
+
+def test_tune_command_takes_several_problems_and_sharded_experts(tmp_path, capsys):
+    output = tmp_path / "tiles.json"
+    code = cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "8", "--local-groups", "2",
+                     "--dtypes", "f32", "--ops", "gmm", "tgmm", "--skew", "0", "2",
+                     "--forward-only", "--repeats", "1", "--draws", "1", "--output", str(output)])
+    assert code == 0
+    saved = tuning.load(output)
+    assert {entry.groups for entry in saved.entries.values()} == {
+        "balanced + Dirichlet skew 2 (1 draws)"}
+    assert {(key.problem.kernel, key.problem.num_groups, key.problem.local_groups)
+            for key in saved.entries} == {
+        ("gmm", 4, 2), ("gmm", 8, 2), ("tgmm", 4, 2), ("tgmm", 8, 2)}
+    with pytest.raises(SystemExit):
+        cli_main(["tune", "--groups", "4", "--local-groups", "8", "--shape", "64x32x32"])
+
+
+def test_tune_command_keys_the_result_dtype(tmp_path, capsys):
+    """A call's preferred_element_type is part of its key: bf16 operands tuned for a float32
+    result (the ops' default) and for a bf16 one are two entries, and a call finds its own."""
+    output = tmp_path / "tiles.json"
+    code = cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "bf16",
+                     "--out-dtypes", "bf16", "f32", "--forward-only", "--repeats", "1",
+                     "--draws", "1", "--output", str(output)])
+    assert code == 0
+    assert "bfloat16 -> float32" in capsys.readouterr().out
+    saved = tuning.load(output)
+    assert sorted(key.problem.out_dtype for key in saved.entries) == ["bfloat16", "float32"]
