@@ -28,4 +28,4 @@ from kernelhub import _runtime_checks  # noqa: E402
 from kernelhub.tuning import _active  # noqa: E402
 
 _runtime_checks.enabled()
-_active.active()
+_active.define_option()

@@ -165,6 +165,39 @@ def test_active_table_is_used_when_traced_and_retraced_per_table():
                      jnp.float32, contraction=K)
 
 
+_ENV_SCRIPT = """
+import sys
+import numpy as np
+import kernelhub
+gmm = kernelhub.get("grouped_matmul", platform="xla")  # the table file is not read yet
+lhs = np.ones((128, 64), np.float32); rhs = np.ones((3, 64, 64), np.float32)
+sizes = np.array([0, 37, 5, 41, 7], np.int32)
+try:
+    gmm(lhs, rhs, sizes, group_offset=1)
+except ValueError as error:
+    print("ValueError:", error)
+"""
+
+
+def test_kernelhub_tuning_names_a_table_file(tmp_path):
+    """KERNELHUB_TUNING=file is the table everywhere, read at the first lookup (not at import):
+    its (illegal) tiling reaches the kernel; a file that is not a table is a ValueError naming it."""
+    import subprocess
+    import sys
+
+    lhs, rhs, _, _ = _operands()
+    key = _forward_key(kernelhub.get("grouped_matmul", platform="xla"), lhs, rhs)
+    table, broken = tmp_path / "tiles.json", tmp_path / "broken.json"
+    tuning.Tuning({key: _entry((3, K, N))}).save(table)
+    broken.write_text("not json")
+    for path, expected in ((table, "tiling for the forward pass"), (broken, str(broken))):
+        env = dict(os.environ, KERNELHUB_TUNING=str(path), JAX_PLATFORMS="cpu")
+        result = subprocess.run([sys.executable, "-c", _ENV_SCRIPT], env=env, text=True,
+                                capture_output=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "ValueError:" in result.stdout and expected in result.stdout, result.stdout
+
+
 def test_a_miss_never_measures(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a lookup started a measurement")

@@ -28,6 +28,12 @@ def _option() -> Any:
     return _option_state
 
 
+def define_option() -> None:
+    """Makes the option without reading it (a KERNELHUB_TUNING file is loaded at its first
+    lookup); kernelhub/_public.py calls this before any trace."""
+    _option()
+
+
 class _Heuristic:
     """The active table inside `heuristic()`: no table at all, every choice the heuristic's."""
 
