@@ -45,21 +45,13 @@ FORMATS = (
 )
 
 
-@dataclasses.dataclass
-class QuantizedMeasurement:
-    shape: bench_gpu.Shape
-    format: str
-    flops: float
-    seconds: dict[str, float | None]
-    max_relative_error: float | None = None  # against the xla implementation of the same call
+class QuantizedMeasurement(bench_gpu.Measurement):
+    """A main-table measurement whose pass is gmm forward on one 8-bit format (`format`, kept
+    in `pass_name`); max_relative_error is against the xla implementation of the same call."""
 
-    def tflops(self, implementation: str) -> float | None:
-        seconds = self.seconds.get(implementation)
-        return None if not seconds else self.flops / seconds / 1e12
-
-    def ratio(self, implementation: str) -> float | None:
-        ours, theirs = self.seconds.get("kernelhub"), self.seconds.get(implementation)
-        return None if not ours or not theirs else theirs / ours
+    @property
+    def format(self) -> str:
+        return self.pass_name
 
 
 def measure_quantized(shape: bench_gpu.Shape, reps: int, warmup: int) -> list[QuantizedMeasurement]:
@@ -91,7 +83,7 @@ def measure_quantized(shape: bench_gpu.Shape, reps: int, warmup: int) -> list[Qu
             xla = _gmm(kernelhub.get("grouped_matmul", platform="xla"), shape, form)
             error = bench_gpu.relative_error(fns["kernelhub"]()[rows], xla(x8, w8, sizes)[rows])
         flops = 2.0 * (rows.stop - rows.start) * shape.k * shape.n
-        results.append(QuantizedMeasurement(shape, form.name, flops, seconds, error))
+        results.append(QuantizedMeasurement(shape, PATTERN, form.name, flops, seconds, error))
     return results
 
 

@@ -31,8 +31,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub import _jax_internals as internals
+from kernelhub.quantization import QUANTIZED_DTYPES
 
-_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+_FP8 = tuple(dtype for dtype in QUANTIZED_DTYPES if jnp.issubdtype(dtype, jnp.floating))
 _INT8 = jnp.dtype(jnp.int8)
 
 # Triton's smallest contraction tile for 8-bit operands (its frontend's rule; Pallas's lowering
