@@ -370,15 +370,18 @@ def test_int8_tiles_use_the_int8_mxu_only_where_there_is_one():
 
 @pytest.mark.slow
 @needs_libtpu
-@pytest.mark.parametrize("generation, quantized, shape", [
-    ("v5e", jnp.int8, "qwen3-moe"), ("v5p", jnp.int8, "deepseek-v3"), ("v4", jnp.int8, "odd"),
-    ("v6e", jnp.float8_e4m3fn, "qwen3-moe"), ("v4", jnp.float8_e5m2, "odd")])
-def test_quantized_operands_compile_for_tpu(generation, quantized, shape):
-    """int8 and fp8 tiles in the Mosaic kernels, forward and VJP (scales applied around them):
-    int8 x int8 on the int8 MXU of v5e, v5p and v6e, widened to bf16 on v4, which has none
-    (Mosaic rejects an int8 matmul there)."""
+@pytest.mark.parametrize("generation, quantized, shape, block_size", [
+    ("v5e", jnp.int8, "qwen3-moe", None), ("v5p", jnp.int8, "deepseek-v3", None),
+    ("v4", jnp.int8, "odd", None), ("v6e", jnp.float8_e4m3fn, "qwen3-moe", None),
+    ("v4", jnp.float8_e5m2, "odd", None), ("v5p", jnp.int8, "deepseek-v3", 128),
+    ("v6e", jnp.float8_e4m3fn, "qwen3-moe", 128), ("v5e", jnp.int8, "odd", 128)])
+def test_quantized_operands_compile_for_tpu(generation, quantized, shape, block_size):
+    """int8 and fp8 tiles in the Mosaic kernels, forward and VJP: int8 x int8 on the int8 MXU
+    of v5e, v5p and v6e, widened to bf16 on v4, which has none (Mosaic rejects an int8 matmul
+    there). One scale per row and column is applied around the kernels; 1x128 blocks along k
+    inside the forward kernel (the odd shape's k=520 ends in a partial block)."""
     _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape],
-                                               quantized=quantized))
+                                               quantized=quantized, block_size=block_size))
 
 
 @pytest.mark.slow

@@ -193,6 +193,57 @@ def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec, block_s
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
+# Contraction tiles inside scale blocks, scale blocks inside tiles, and a tile fitting neither
+# (cut to fit): lhs blocks of 256 and rhs blocks of 128 over a contraction of 416 (both last
+# blocks partial). Each kernel's tiling form; the XLA loops take their own default.
+_SCALE_BLOCK_TILINGS = {
+    "gmm": {"pallas": [(64, 128, 128), (64, 256, 128), (64, 384, 128)],
+            "triton": [(32, 64, 32), (32, 128, 32), (32, 512, 32)]},
+    "tgmm": {"pallas": [(128, 32, 128), (256, 32, 128), (384, 32, 128)],
+             "triton": [(64, 16, 16), (128, 16, 16), (512, 16, 16)]},
+}
+
+
+def _scale_block_tilings(op: str, spec) -> list:
+    return _SCALE_BLOCK_TILINGS[op].get(spec.platform.value, [None])
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(GMM))
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_gmm_scale_blocks_across_contraction_tiles(spec, transpose_rhs):
+    rng = np.random.default_rng(14)
+    m, k, n = 150, 416, 48
+    sizes = np.array([30, 50, 0, 45], np.int32)  # local groups 1..3: rows 30..125
+    lhs, rhs = gmm_arrays(rng, m, k, n, 3, transpose_rhs=transpose_rhs)
+    q_lhs = quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=256)
+    q_rhs = quantize(rhs, jnp.float8_e4m3fn, axis=2 if transpose_rhs else 1, block_size=128)
+    want = reference.gmm(dequantized(q_lhs), dequantized(q_rhs), sizes, group_offset=1,
+                         transpose_rhs=transpose_rhs)
+    for tiling in _scale_block_tilings("gmm", spec):
+        out = kernelhub.get(GMM, platform=spec.platform)(
+            q_lhs, q_rhs, jnp.asarray(sizes), group_offset=1, transpose_rhs=transpose_rhs,
+            tiling=tiling)
+        assert_close(out, want, jnp.float32, contraction=k)
+        np.testing.assert_array_equal(np.asarray(out)[np.r_[0:30, 125:m]], 0.0)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(TGMM))
+def test_tgmm_scale_blocks_across_contraction_tiles(spec):
+    rng = np.random.default_rng(15)
+    k, m, n = 24, 416, 16
+    sizes = np.array([100, 0, 250, 40], np.int32)  # groups end mid-block and mid-tile
+    q_lhs = quantize(jnp.asarray(normal(rng, (k, m), jnp.float32)), jnp.int8, axis=1,
+                     block_size=256)
+    q_rhs = quantize(jnp.asarray(normal(rng, (m, n), jnp.float32)), jnp.int8, axis=0,
+                     block_size=128)
+    want = reference.tgmm(dequantized(q_lhs), dequantized(q_rhs), sizes)
+    for tiling in _scale_block_tilings("tgmm", spec):
+        out = kernelhub.get(TGMM, platform=spec.platform)(q_lhs, q_rhs, jnp.asarray(sizes),
+                                                           tiling=tiling)
+        assert_close(out, want, jnp.float32, contraction=m)
+        np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
+
+
 @pytest.mark.parametrize("spec", quantized_implementations(GMM))
 def test_gmm_quantized_nan_stays_in_its_rows(spec):
     """A NaN in one row of lhs makes that row's scale NaN: it reaches that row's outputs only,
@@ -265,12 +316,12 @@ def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs, block
 
     def loss(lhs, rhs):
         q_lhs = quantize(lhs, jnp.int8, axis=1, block_size=block_size)
-        q_rhs = quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis)
+        q_rhs = quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=block_size)
         return jnp.sum(gmm(q_lhs, q_rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs) * d_out)
 
     d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
     q_lhs = dequantized(quantize(lhs, jnp.int8, axis=1, block_size=block_size))
-    q_rhs = dequantized(quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis))
+    q_rhs = dequantized(quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=block_size))
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out,
                                               transpose_rhs=transpose_rhs)
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
@@ -331,23 +382,43 @@ def test_quantized_operand_on_a_wrong_axis_names_the_argument(call, error, messa
         call(lhs, rhs, jnp.asarray([10, 6], jnp.int32))
 
 
-def test_forcing_a_platform_without_scale_blocks_is_an_error():
+@pytest.mark.parametrize("platform", ["pallas", "triton"])
+def test_forcing_a_kernel_on_scale_blocks_it_cannot_step_through_is_an_error(platform):
+    """Blocks of 4 elements (not a multiple of 16): only the XLA loops take them, and a forced
+    kernel says so rather than falling back."""
     rng = np.random.default_rng(10)
     lhs, rhs = gmm_arrays(rng, 16, 8, 4, 2)
-    gmm = kernelhub.get(GMM, platform="pallas")
-    with pytest.raises(kernelhub.NoImplementationError, match="does not support quantized_blocks"):
-        gmm(quantize(lhs, jnp.int8, axis=1, block_size=4), rhs, jnp.asarray([10, 6], jnp.int32))
-    # Unforced, a quantized call goes to an implementation that has the feature.
-    assert "quantized" in kernelhub.resolve(GMM, features=["quantized"]).features
+    gmm = kernelhub.get(GMM, platform=platform)
+    q_lhs = quantize(lhs, jnp.int8, axis=1, block_size=4)
+    with pytest.raises(kernelhub.NoImplementationError,
+                       match="does not support quantized_odd_blocks"):
+        gmm(q_lhs, rhs, jnp.asarray([10, 6], jnp.int32))
+    # Unforced, the call goes to an implementation that has the feature.
+    assert "quantized_odd_blocks" in kernelhub.resolve(
+        GMM, features=["quantized", "quantized_odd_blocks"]).features
+    sizes = np.array([10, 6], np.int32)
+    assert_close(kernelhub.grouped_matmul(q_lhs, rhs, jnp.asarray(sizes)),
+                 reference.gmm(dequantized(q_lhs), np.asarray(rhs), sizes), jnp.float32,
+                 contraction=8)
+
+
+@pytest.mark.parametrize("block_size, expected", [
+    (16, True), (32, True), (128, True), (384, True), (1024, True),
+    (4, False), (12, False), (48, False), (100, False), (200, False)])
+def test_which_scale_block_sizes_the_kernels_step_through(block_size, expected):
+    from kernelhub.ops._contraction_scales import fits_kernels
+    assert fits_kernels(block_size) is expected
 
 
 @pytest.mark.parametrize("block_size, kernels", [
     (None, {"cpu": {}, "tpu": {"mosaic": 3}, "cuda": {"triton": 3}}),
-    (16, {"cpu": {}, "tpu": {}, "cuda": {}})])
+    (16, {"cpu": {}, "tpu": {"mosaic": 3}, "cuda": {"triton": 3}}),
+    (12, {"cpu": {}, "tpu": {}, "cuda": {}})])
 def test_exported_quantized_gmm_holds_each_platforms_kernel_and_runs(block_size, kernels):
-    """One scale per row and column: the TPU branch holds the Mosaic kernels and the CUDA
-    branch the Triton kernels (forward and VJP). Scale blocks along k: the XLA loops on every
-    platform, for now. The artifact round-trips and runs here."""
+    """One scale per row and column, or scale blocks along k: the TPU branch holds the Mosaic
+    kernels and the CUDA branch the Triton kernels (forward and VJP). Blocks of 12 elements,
+    which no kernel steps through: the XLA loops on every platform. The artifact round-trips
+    and runs here."""
     import kernelhub.export
 
     rng = np.random.default_rng(12)

@@ -439,9 +439,10 @@ def test_narrow_dot_lowers_in_pallas_triton_kernels_with_this_jax():
     assert _narrow_dot.triton_lowering_missing() is None
 
 
-def _quantized_kernels(op, lhs_dtype, rhs_dtype, transpose_rhs=False):
+def _quantized_kernels(op, lhs_dtype, rhs_dtype, transpose_rhs=False, block_size=None):
     """The PTX reports of forward and backward (jax.vjp) of `op` at the Qwen3-MoE shape, with
-    lhs and rhs quantized per channel to these dtypes (None: left bf16)."""
+    lhs and rhs quantized per channel (or in blocks of `block_size` along the contraction) to
+    these dtypes (None: left bf16)."""
     from kernelhub._pallas.gpu import ptx_check
 
     if (reason := ptx_check.available()) is not None:
@@ -458,7 +459,8 @@ def _quantized_kernels(op, lhs_dtype, rhs_dtype, transpose_rhs=False):
     specs.append(jax.ShapeDtypeStruct((groups,), jnp.int32))
 
     def operand(x, dtype, axis):
-        return x if dtype is None else kernelhub.quantize(x, dtype, axis=axis)
+        return x if dtype is None else kernelhub.quantize(x, dtype, axis=axis,
+                                                          block_size=block_size)
 
     def step(lhs, rhs, sizes):
         def forward(lhs, rhs):
@@ -529,6 +531,23 @@ def test_quantized_tgmm_compiles_to_hopper_ptx(dtype, forward_wgmma):
 
     forward, *backward = _quantized_kernels(TGMM, dtype, dtype)
     assert forward.wgmma_types == {forward_wgmma}, forward
+    for report in (forward, *backward):
+        assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES and report.wgmma > 0, report
+    for report in backward:
+        assert not any(t.endswith(EIGHT_BIT_WGMMA) for t in report.wgmma_types), report
+
+
+@pytest.mark.parametrize("op, dtype, forward_wgmma", [
+    (GMM, E4M3, "f32.e4m3.e4m3"), (GMM, INT8, "s32.s8.s8"), (TGMM, E4M3, "f32.e4m3.e4m3")])
+def test_scale_blocks_compile_to_hopper_ptx(op, dtype, forward_wgmma):
+    """DeepSeek-style blocks of 128 along the contraction, scaled inside the forward kernel:
+    each block's 8-bit wgmma sums are scaled and added in float32, and the kernels fit shared
+    memory. The backward products dequantize the blocked operand (widened tiles)."""
+    from kernelhub._pallas.gpu import ptx_check
+
+    forward, *backward = _quantized_kernels(op, dtype, dtype, block_size=128)
+    assert forward.wgmma_types == {forward_wgmma}, forward
+    assert "mul.f32" in forward.ptx or "fma.rn.f32" in forward.ptx
     for report in (forward, *backward):
         assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES and report.wgmma > 0, report
     for report in backward:

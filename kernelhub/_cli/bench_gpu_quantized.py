@@ -9,7 +9,9 @@ int8 -> int32), scaled per row and column and cast to bf16 like kernelhub's resu
 
 Each format runs twice: weights [G, k, n] (N-major; Hopper's 8-bit wgmma reads operands K-major
 only, so their tiles are transposed through registers) and [G, n, k] with transpose_rhs
-(K-major: straight from memory to the tensor cores). Quantization itself is not timed.
+(K-major: straight from memory to the tensor cores). The e4m3 format runs a third time with
+DeepSeek-style scale blocks of 128 along k, scaled inside the kernel; its dense 8-bit floor is
+the per-channel one (cuBLAS has no block-scaled matmul here). Quantization itself is not timed.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Format:
     name: str
     dtype: Any
     transpose_rhs: bool  # weights [G, n, k]: K-major, as 8-bit wgmma reads them
+    block_size: int | None = None  # scale blocks along k (None: one scale per row / column)
 
 
 FORMATS = (
@@ -42,6 +45,7 @@ FORMATS = (
     Format("e4m3 x e4m3, K-major weights", jnp.float8_e4m3fn, True),
     Format("int8 x int8", jnp.int8, False),
     Format("int8 x int8, K-major weights", jnp.int8, True),
+    Format("e4m3 x e4m3, 128-blocks, K-major weights", jnp.float8_e4m3fn, True, 128),
 )
 
 
@@ -67,12 +71,15 @@ def measure_quantized(shape: bench_gpu.Shape, reps: int, warmup: int) -> list[Qu
     results = []
     for form in FORMATS:
         weights = jnp.swapaxes(w, 1, 2) if form.transpose_rhs else w
-        x8 = kernelhub.quantize(x, form.dtype, axis=1)
-        w8 = kernelhub.quantize(weights, form.dtype, axis=2 if form.transpose_rhs else 1)
+        rhs_axis = 2 if form.transpose_rhs else 1
+        x8 = kernelhub.quantize(x, form.dtype, axis=1, block_size=form.block_size)
+        w8 = kernelhub.quantize(weights, form.dtype, axis=rhs_axis, block_size=form.block_size)
         ours = _gmm(kernelhub.get("grouped_matmul", platform="triton"), shape, form)
-        # The dense 8-bit product's operands: the computed rows and the first expert.
-        dense_args = (x8.values[rows], w8.values[0], x8.scale[rows, 0],
-                      jnp.squeeze(w8.scale[0], 1 if form.transpose_rhs else 0),
+        # The dense 8-bit product's operands (per channel): the computed rows, the first expert.
+        x_floor = kernelhub.quantize(x, form.dtype, axis=1)
+        w_floor = kernelhub.quantize(weights, form.dtype, axis=rhs_axis)
+        dense_args = (x_floor.values[rows], w_floor.values[0], x_floor.scale[rows, 0],
+                      jnp.squeeze(w_floor.scale[0], 1 if form.transpose_rhs else 0),
                       form.transpose_rhs)
         fns = {"kernelhub": lambda f=ours, x8=x8, w8=w8: f(x8, w8, sizes),
                "dense bf16": lambda: dense_bf16(x_rows, w_first),

@@ -16,6 +16,7 @@ import numpy as np
 from kernelhub import _qwix
 from kernelhub._dtypes import dtype_among
 from kernelhub._runtime_checks import validate_values
+from kernelhub.ops._contraction_scales import fits_kernels
 from kernelhub.ops._tilings import SingleTiling, Tilings, as_tilings
 from kernelhub.quantization import QuantizedArray
 from kernelhub.tuning._active import active as active_tuning
@@ -87,9 +88,11 @@ def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int
 
 
 # The grouped matmuls' optional features: quantized operands with one scale along the
-# contraction (per row or column), and with several scale blocks along it.
+# contraction (per row or column), with several scale blocks along it, and with blocks of a
+# length the Pallas kernels cannot step through (kernelhub/ops/_contraction_scales.py).
 QUANTIZED = "quantized"
 QUANTIZED_BLOCKS = "quantized_blocks"
+QUANTIZED_ODD_BLOCKS = "quantized_odd_blocks"
 
 
 def features(arguments: dict[str, Any]) -> frozenset[str]:
@@ -98,9 +101,13 @@ def features(arguments: dict[str, Any]) -> frozenset[str]:
                  if isinstance(arguments.get(name), QuantizedArray)]
     if not quantized:
         return frozenset()
-    if any(operand.num_blocks > 1 for operand in quantized):
-        return frozenset({QUANTIZED, QUANTIZED_BLOCKS})
-    return frozenset({QUANTIZED})
+    used = {QUANTIZED}
+    blocked = [operand for operand in quantized if operand.num_blocks > 1]
+    if blocked:
+        used.add(QUANTIZED_BLOCKS)
+    if any(not fits_kernels(operand.block_size) for operand in blocked):
+        used.add(QUANTIZED_ODD_BLOCKS)
+    return frozenset(used)
 
 
 def element_type(value: Any) -> np.dtype:

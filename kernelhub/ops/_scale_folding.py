@@ -1,12 +1,16 @@
-"""Quantized operands for kernels that multiply plain arrays: their scales applied outside.
+"""Quantized operands for kernels that multiply int8 and fp8 arrays: where their scales go.
 
-A kernel that takes int8 and fp8 arrays as operands (converting each tile to a wider type
-in-kernel) but knows nothing of scales serves QuantizedArrays with one scale block along their
-quantized axis (kernelhub/quantization.py): such a scale varies along one axis of the product
-only. Where that axis is an output axis, the scale multiplies the kernel's float32 result
-(rows, columns, per group); where it is the contraction axis (the backward products, whose
-other operand is a float cotangent), it is folded into the other operand first. Either way the
-result is the float32 product of the dequantized operands, cast once.
+The Pallas kernels take int8 and fp8 arrays as operands (multiplied as stored or widened per
+tile) and apply scale blocks along the contraction themselves (`scales=`,
+kernelhub/ops/_contraction_scales.py). A QuantizedArray (kernelhub/quantization.py) with one
+scale along its quantized axis has a scale that varies along one axis of the product only:
+where that axis is an output axis, the scale multiplies the kernel's float32 result (rows,
+columns, per group); where it is the contraction axis (the backward products, whose other
+operand is a float cotangent), it is folded into the other operand first. An operand with
+several scale blocks along an output axis (again only in backward products, where the quantized
+operand is the gradient's other factor) has scales varying along both axes: it is dequantized to
+float32 first, a copy that lives for that one backward product. Either way the result is the
+float32 product of the dequantized operands, cast once.
 
 `folded(raw_gmm, raw_tgmm)` wraps such kernels into raw kernels with the contracts' arguments,
 for kernelhub.ops._autodiff.differentiable.
@@ -19,6 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from kernelhub.ops._contraction_scales import ContractionScales
 from kernelhub.ops._groups import computed_rows, local_bounds
 from kernelhub.quantization import QuantizedArray
 
@@ -41,6 +46,34 @@ def _scales(operand: QuantizedArray) -> jax.Array:
         raise ValueError("scale folding needs one scale block along the quantized axis; "
                          f"got {operand!r}")
     return jnp.squeeze(operand.scale, operand.axis)
+
+
+def _blocked_along(operand: Any, contraction_axis: int) -> bool:
+    """Whether `operand` is quantized with several scale blocks along the contraction."""
+    return (isinstance(operand, QuantizedArray) and operand.axis == contraction_axis
+            and operand.num_blocks > 1)
+
+
+def _unblocked_output_axis(operand: Any, contraction_axis: int) -> Any:
+    """`operand`, dequantized when it has several scale blocks along an output axis."""
+    if (isinstance(operand, QuantizedArray) and operand.axis != contraction_axis
+            and operand.num_blocks > 1):
+        return operand.dequantize()
+    return operand
+
+
+def _contraction_scales(lhs: Any, lhs_axis: int, rhs: Any, rhs_axis: int
+                        ) -> tuple[Any, Any, ContractionScales | None]:
+    """(lhs, rhs, their contraction scale blocks): a blocked operand becomes its values."""
+    if not (_blocked_along(lhs, lhs_axis) or _blocked_along(rhs, rhs_axis)):
+        return lhs, rhs, None
+    lhs_scale = rhs_scale = None
+    lhs_block = rhs_block = 0
+    if _blocked_along(lhs, lhs_axis):
+        lhs_scale, lhs_block, lhs = lhs.scale, lhs.block_size, lhs.values
+    if _blocked_along(rhs, rhs_axis):
+        rhs_scale, rhs_block, rhs = rhs.scale, rhs.block_size, rhs.values
+    return lhs, rhs, ContractionScales(lhs_scale, lhs_block, rhs_scale, rhs_block)
 
 
 def _float(operand: Any) -> jax.Array:
@@ -68,6 +101,9 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         m = lhs.shape[0]
         local_groups = rhs.shape[0]
         rhs_contraction = 2 if transpose_rhs else 1
+        lhs = _unblocked_output_axis(lhs, 1)
+        rhs = _unblocked_output_axis(rhs, rhs_contraction)
+        lhs, rhs, scales = _contraction_scales(lhs, 1, rhs, rhs_contraction)
         if group_offset is None:
             group_offset = jnp.zeros((), jnp.int32)
         groups = _row_groups(group_sizes, group_offset, local_groups, m)
@@ -89,7 +125,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
                 lhs = _float(lhs) * scale[groups]
             rhs = rhs.values
         out = raw_gmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
-                      transpose_rhs)
+                      transpose_rhs, **({} if scales is None else {"scales": scales}))
         if row_scale is not None:
             out = out * row_scale[:, None]
         if column_scale is not None:
@@ -104,6 +140,9 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         if not _is_quantized(lhs, rhs):
             return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                             num_actual_groups, existing_out)
+        lhs = _unblocked_output_axis(lhs, 1)
+        rhs = _unblocked_output_axis(rhs, 0)
+        lhs, rhs, scales = _contraction_scales(lhs, 1, rhs, 0)
         k_scale = n_scale = None
         if isinstance(lhs, QuantizedArray):  # [k, m]
             scale = _scales(lhs)
@@ -120,7 +159,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
                 lhs = _float(lhs) * scale[None, :]
             rhs = rhs.values
         out = raw_tgmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset,
-                       num_actual_groups, None)
+                       num_actual_groups, None, **({} if scales is None else {"scales": scales}))
         if k_scale is not None:
             out = out * k_scale[None, :, None]
         if n_scale is not None:

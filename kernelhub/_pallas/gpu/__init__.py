@@ -13,7 +13,7 @@ from kernelhub._pallas.gpu import tuning_space
 from kernelhub._registry import needs_device, register
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops._autodiff import differentiable
-from kernelhub.ops._checks import QUANTIZED
+from kernelhub.ops._checks import QUANTIZED, QUANTIZED_BLOCKS
 from kernelhub.ops._scale_folding import folded
 
 _GMM_STATIC = ("preferred_element_type", "tiling", "transpose_rhs")
@@ -39,14 +39,16 @@ def _raw_tgmm(interpret: bool):
 
 
 def _register(backend: str, interpret: bool, **how) -> tuple:
-    # Quantized operands with one scale along their quantized axis: the kernels multiply the
-    # int8/fp8 values and the scales are applied around them (kernelhub/ops/_scale_folding.py).
+    # Quantized operands: the kernels multiply the int8/fp8 values and apply scale blocks along
+    # the contraction; one scale per row or column is applied around them
+    # (kernelhub/ops/_scale_folding.py).
     raw = folded(_raw_gmm(interpret), _raw_tgmm(interpret))
     ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul,
                          tuning_space.space("triton-interpret" if interpret else "triton"))
-    gmm = register(GROUPED_MATMUL, "triton", backend, features=(QUANTIZED,), **how)(
+    features = (QUANTIZED, QUANTIZED_BLOCKS)
+    gmm = register(GROUPED_MATMUL, "triton", backend, features=features, **how)(
         jax.jit(ops.grouped_matmul, static_argnames=_GMM_STATIC))
-    tgmm = register(TRANSPOSED_GROUPED_MATMUL, "triton", backend, features=(QUANTIZED,), **how)(
+    tgmm = register(TRANSPOSED_GROUPED_MATMUL, "triton", backend, features=features, **how)(
         jax.jit(ops.transposed_grouped_matmul, static_argnames=_TGMM_STATIC))
     return gmm, tgmm
 

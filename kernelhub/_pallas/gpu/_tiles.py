@@ -8,6 +8,7 @@ plain `lax.div`/`lax.rem` (one Triton instruction each) replace Python's floor d
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +50,20 @@ def masked_load(ref, rows: jax.Array | None, cols: jax.Array | None) -> jax.Arra
     return plgpu.load(ref, mask=mask, other=jnp.zeros((), ref.dtype))
 
 
+def block_scales(ref, block_size: int | None, position: jax.Array,
+                 where: Callable[[jax.Array], tuple], inside: jax.Array | None) -> jax.Array | None:
+    """The float32 scale vector `ref.at[where(b)]` of the scale block b holding contraction index
+    `position` (0 where `inside` is False), or None for an operand without scale blocks."""
+    from jax.experimental.pallas import triton as plgpu
+
+    if block_size is None:
+        return None
+    vector = ref.at[where(div(position, block_size))]
+    if inside is None:
+        return plgpu.load(vector).astype(jnp.float32)
+    return plgpu.load(vector, mask=inside, other=jnp.zeros((), ref.dtype)).astype(jnp.float32)
+
+
 def compute_dtype(lhs_dtype, rhs_dtype) -> jnp.dtype:
     """The dtype tiles are widened to when they are not multiplied as stored (`tile_product`):
     int8 and fp8 count as the bf16 they widen to exactly (so int8 or fp8 with bf16 runs on bf16
@@ -87,6 +102,19 @@ class TileProduct:
         # and the blocks are summed in float32.
         block = _narrow_dot.accumulate(jnp.zeros(total.shape, jnp.int32), left, right, trans_b)
         return total + block.astype(jnp.float32)
+
+    def add_scaled(self, total: jax.Array, left: jax.Array, right: jax.Array,
+                   row_scale: jax.Array | None, col_scale: jax.Array | None,
+                   trans_b: bool = False) -> jax.Array:
+        """total + (left @ right) * row_scale[:, None] * col_scale[None, :], the product summed
+        as `add` sums it (from zero) and `total` float32: one contraction step inside a scale
+        block (kernelhub/ops/_contraction_scales.py). None scales are left out."""
+        part = self.result(self.add(self.zeros(total.shape), left, right, trans_b))
+        if row_scale is not None:
+            part = part * row_scale[:, None]
+        if col_scale is not None:
+            part = part * col_scale[None, :]
+        return total + part
 
     def result(self, total: jax.Array) -> jax.Array:
         return total.astype(jnp.float32)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from kernelhub.ops._contraction_scales import largest_power_of_two_dividing
+
 # tl.dot needs every operand dimension to be at least 16.
 MIN_BLOCK = 16
 # A larger tile no longer fits one streaming multiprocessor's registers and shared memory.
@@ -90,6 +92,18 @@ def from_tiling(tiling: Any, m: int, k: int, n: int, default: BlockConfig) -> Bl
     num_warps = compiler[0] if len(compiler) > 0 else default.num_warps
     num_stages = compiler[1] if len(compiler) > 1 else default.num_stages
     return validate(BlockConfig(block_m, block_k, block_n, num_warps, num_stages), chosen)
+
+
+def within_scale_blocks(config: BlockConfig, common_block: int, contraction: str) -> BlockConfig:
+    """`config` with its contraction block (`contraction`: "block_k" for gmm, "block_m" for
+    tgmm) cut to a power of two dividing `common_block`, so that every contraction step lies
+    inside one scale block of each scaled operand (kernelhub/ops/_contraction_scales.py)."""
+    step = largest_power_of_two_dividing(common_block)
+    if step < MIN_BLOCK:
+        raise ValueError(
+            f"scale blocks of {common_block} elements along the contraction: the Triton kernels "
+            f"need scale blocks whose length is a multiple of {MIN_BLOCK}")
+    return dataclasses.replace(config, **{contraction: min(getattr(config, contraction), step)})
 
 
 def _fit(block: int, dim: int) -> int:

@@ -6,6 +6,10 @@ for one n-tile, looping over k, and stores only the rows its segment owns. Visit
 no local group computes store zeros, or nothing at all when the output starts as existing_out
 (aliased, so no copy is made beyond the one XLA needs when existing_out is not donated).
 
+With scale blocks along k (`scales`, kernelhub/ops/_contraction_scales.py) each k step lies
+inside one block: its product is multiplied by the step's row scales (lhs) and column scales
+(the group's rhs) before it joins the float32 total.
+
 Programs are ordered in bands of SWIZZLE row visits: the programs running at once share a few
 lhs row tiles and sweep one group's weights, so both stay in L2.
 """
@@ -19,13 +23,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.gpu import _launch, _tiles, config, visits
+from kernelhub.ops._contraction_scales import NO_SCALES, ContractionScales, take_scale_refs
 from kernelhub.ops._groups import computed_rows
 
 SWIZZLE = 8
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
-                       group_offset=None, existing_out=None, transpose_rhs=False, *,
+                       group_offset=None, existing_out=None, transpose_rhs=False,
+                       scales: ContractionScales | None = None, *,
                        interpret: bool = False) -> jax.Array:
     """The forward kernel; arguments as validated by the contract's dispatcher."""
     out_dtype = jnp.dtype(preferred_element_type)
@@ -37,6 +43,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.gmm_heuristic(m, k, n, group_sizes.shape[0], jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
+    if scales is not None:
+        blocks = config.within_scale_blocks(blocks, scales.common_block, "block_k")
     product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret)
     if m == 0 or n == 0:
         return existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
@@ -49,10 +57,14 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     table = visits.visit_table(group_sizes, group_offset, local_groups, m, blocks.block_m, fill)
     num_visits = table.shape[1]
     n_tiles = -(-n // blocks.block_n)
+    scales = scales or NO_SCALES
+    lhs_block, rhs_block = scales.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, num_visits=num_visits, n_tiles=n_tiles,
-        transpose_rhs=transpose_rhs, product=product, fill=fill)
-    return _launch.pallas_triton(kernel, (table, lhs, rhs), existing_out, (m, n), out_dtype,
+        transpose_rhs=transpose_rhs, product=product, fill=fill,
+        lhs_block=lhs_block, rhs_block=rhs_block)
+    return _launch.pallas_triton(kernel, (table, lhs, rhs, *scales.arrays), existing_out, (m, n),
+                                 out_dtype,
                                  num_visits * n_tiles, blocks, interpret,
                                  "kernelhub_grouped_matmul")
 
@@ -69,10 +81,14 @@ def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.
 
 def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n: int, num_visits: int, n_tiles: int, transpose_rhs: bool,
-            product: _tiles.TileProduct, fill: bool) -> None:
+            product: _tiles.TileProduct, fill: bool, lhs_block: int | None,
+            rhs_block: int | None) -> None:
     from jax.experimental import pallas as pl
 
-    out_ref = refs[-1]  # refs[0] is existing_out when given: the same buffer as out_ref
+    # refs: the scales with blocks, existing_out when given (the output's buffer), the output.
+    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
+    out_ref = refs[-1]
+    scaled = lhs_block is not None or rhs_block is not None
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     visit, n_tile = _band_order(pl.program_id(0), num_visits, n_tiles)
     tile = table_ref[visits.TILE, visit]
@@ -102,9 +118,18 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
                 right = _tiles.masked_load(
                     rhs_ref.at[group, pl.ds(first_k, bk), pl.ds(first_col, bn)],
                     k_inside, col_inside)
-            return product.add(total, left, right, trans_b=transpose_rhs)
+            if not scaled:
+                return product.add(total, left, right, trans_b=transpose_rhs)
+            row_scale = _tiles.block_scales(
+                lhs_scale_ref, lhs_block, first_k, lambda b: (pl.ds(first_row, bm), b), row_inside)
+            col_scale = _tiles.block_scales(
+                rhs_scale_ref, rhs_block, first_k,
+                lambda b: ((group, pl.ds(first_col, bn), b) if transpose_rhs
+                           else (group, b, pl.ds(first_col, bn))), col_inside)
+            return product.add_scaled(total, left, right, row_scale, col_scale, transpose_rhs)
 
-        total = product.result(lax.fori_loop(0, -(-k // bk), step, product.zeros((bm, bn))))
+        start = jnp.zeros((bm, bn), jnp.float32) if scaled else product.zeros((bm, bn))
+        total = product.result(lax.fori_loop(0, -(-k // bk), step, start))
         _tiles.masked_store(out_block, total.astype(out_ref.dtype), owned, col_inside)
 
     if fill:

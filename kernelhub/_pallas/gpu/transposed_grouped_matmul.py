@@ -8,6 +8,10 @@ wholly inside the group go from memory to the tensor cores untouched (Triton pip
 through shared memory), and at most two edge chunks pass through registers, where a select sets
 the rows outside the group to exact zeros. An empty group runs no chunk and stores 0 (or
 existing_out, read and written in place through an alias).
+
+With scale blocks along m (`scales`, kernelhub/ops/_contraction_scales.py) a chunk lies inside
+one block: its product is multiplied by the block's scales of lhs's rows (k) and rhs's columns
+(n) before it joins the float32 total.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.gpu import _launch, _tiles, config
+from kernelhub.ops._contraction_scales import NO_SCALES, ContractionScales, take_scale_refs
 from kernelhub.ops._groups import local_bounds
 
 
 def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
                                   tiling=None, group_offset=None, num_actual_groups=None,
-                                  existing_out=None, *, interpret: bool = False) -> jax.Array:
+                                  existing_out=None, scales: ContractionScales | None = None, *,
+                                  interpret: bool = False) -> jax.Array:
     """The forward kernel; arguments as validated by the contract's dispatcher."""
     out_dtype = jnp.dtype(preferred_element_type)
     k, m = lhs.shape
@@ -35,6 +41,8 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.tgmm_heuristic(m, k, n, groups, jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
+    if scales is not None:
+        blocks = config.within_scale_blocks(blocks, scales.common_block, "block_m")
     product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_m, m, interpret)
     if k == 0 or n == 0:
         return existing_out if existing_out is not None else jnp.zeros((groups, k, n), out_dtype)
@@ -45,20 +53,27 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
     bounds = jnp.stack([starts, ends]).astype(jnp.int32)
     k_tiles, n_tiles = -(-k // blocks.block_k), -(-n // blocks.block_n)
+    scales = scales or NO_SCALES
+    lhs_block, rhs_block = scales.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, k_tiles=k_tiles, n_tiles=n_tiles,
-        product=product, has_existing=existing_out is not None)
-    return _launch.pallas_triton(kernel, (bounds, lhs, rhs), existing_out, (groups, k, n),
+        product=product, has_existing=existing_out is not None,
+        lhs_block=lhs_block, rhs_block=rhs_block)
+    return _launch.pallas_triton(kernel, (bounds, lhs, rhs, *scales.arrays), existing_out,
+                                 (groups, k, n),
                                  out_dtype, groups * k_tiles * n_tiles, blocks, interpret,
                                  "kernelhub_transposed_grouped_matmul")
 
 
 def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n: int, k_tiles: int, n_tiles: int, product: _tiles.TileProduct,
-            has_existing: bool) -> None:
+            has_existing: bool, lhs_block: int | None, rhs_block: int | None) -> None:
     from jax.experimental import pallas as pl
 
-    out_ref = refs[-1]  # refs[0] is existing_out when given: the same buffer as out_ref
+    # refs: the scales with blocks, existing_out when given (the output's buffer), the output.
+    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
+    out_ref = refs[-1]
+    scaled = lhs_block is not None or rhs_block is not None
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     program = pl.program_id(0)
     group = _tiles.div(program, k_tiles * n_tiles)
@@ -84,13 +99,19 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
             owned = (rows >= start) & (rows < end)
             left = jnp.where(owned[None, :], left, jnp.zeros((), left.dtype))
             right = jnp.where(owned[:, None], right, jnp.zeros((), right.dtype))
-        return product.add(total, left, right)
+        if not scaled:
+            return product.add(total, left, right)
+        row_scale = _tiles.block_scales(
+            lhs_scale_ref, lhs_block, first_row, lambda b: (pl.ds(first_k, bk), b), k_inside)
+        col_scale = _tiles.block_scales(
+            rhs_scale_ref, rhs_block, first_row, lambda b: (b, pl.ds(first_col, bn)), col_inside)
+        return product.add_scaled(total, left, right, row_scale, col_scale)
 
     # Chunks wholly inside [start, end): no row mask.
     first_full = _tiles.div(start + bm - 1, bm)
     full = jnp.maximum(_tiles.div(end, bm) - first_full, 0)
-    total = lax.fori_loop(0, full, lambda i, t: add_chunk(first_full + i, t, False),
-                          product.zeros((bk, bn)))
+    start_total = jnp.zeros((bk, bn), jnp.float32) if scaled else product.zeros((bk, bn))
+    total = lax.fori_loop(0, full, lambda i, t: add_chunk(first_full + i, t, False), start_total)
     # The partial chunks at the group's edges: the head (start unaligned) and the tail (end
     # unaligned), once when both fall in the same chunk.
     nonempty = end > start

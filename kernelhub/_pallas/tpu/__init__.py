@@ -23,7 +23,7 @@ from kernelhub._pallas.tpu import tuning_space
 from kernelhub._registry import needs_device, register
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops._autodiff import Differentiable, differentiable
-from kernelhub.ops._checks import QUANTIZED
+from kernelhub.ops._checks import QUANTIZED, QUANTIZED_BLOCKS
 from kernelhub.ops._scale_folding import folded
 
 
@@ -39,8 +39,9 @@ def interpreted(params: Any = True) -> Differentiable:
 
 
 def _jitted(interpret: Any) -> Differentiable:
-    # Quantized operands with one scale along their quantized axis: the kernels multiply the
-    # int8/fp8 values (widened to bf16 per tile) and the scales are applied around them.
+    # Quantized operands: the kernels multiply the int8/fp8 values (int8 on the MXU where it has
+    # int8, else widened to bf16 per tile) and apply scale blocks along the contraction; one
+    # scale per row or column is applied around them.
     raw = folded(functools.partial(_raw_grouped_matmul, interpret=interpret),
                  functools.partial(_raw_transposed_grouped_matmul, interpret=interpret))
     ops = differentiable(raw.grouped_matmul, raw.transposed_grouped_matmul,
@@ -53,17 +54,18 @@ def _jitted(interpret: Any) -> Differentiable:
     )
 
 
+_FEATURES = (QUANTIZED, QUANTIZED_BLOCKS)
 _compiled = _jitted(interpret=False)
 _emulated = interpreted(True)
 
 grouped_matmul = register(GROUPED_MATMUL, "pallas", "tpu", 10, requirement=needs_device("tpu"),
-                          features=(QUANTIZED,))(_compiled.grouped_matmul)
+                          features=_FEATURES)(_compiled.grouped_matmul)
 transposed_grouped_matmul = register(
     TRANSPOSED_GROUPED_MATMUL, "pallas", "tpu", 10, requirement=needs_device("tpu"),
-    features=(QUANTIZED,))(_compiled.transposed_grouped_matmul)
+    features=_FEATURES)(_compiled.transposed_grouped_matmul)
 
 interpreted_grouped_matmul = register(GROUPED_MATMUL, "pallas", "cpu", 0, interpret_only=True,
-                                      features=(QUANTIZED,))(_emulated.grouped_matmul)
+                                      features=_FEATURES)(_emulated.grouped_matmul)
 interpreted_transposed_grouped_matmul = register(
     TRANSPOSED_GROUPED_MATMUL, "pallas", "cpu", 0, interpret_only=True,
-    features=(QUANTIZED,))(_emulated.transposed_grouped_matmul)
+    features=_FEATURES)(_emulated.transposed_grouped_matmul)

@@ -105,16 +105,17 @@ def vmem_estimates(result: "CompileResult") -> dict[str, int]:
             for kernel, tiles in result.tilings.items() if kernel in problems}
 
 
-def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = None):
+def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = None,
+                  block_size: int | None = None):
     """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels)."""
     import kernelhub
 
     gmm = kernelhub.get("grouped_matmul", platform="pallas", backend="tpu")
 
     def forward(lhs, rhs, group_sizes, group_offset):
-        if quantized is not None:  # one scale per row of lhs and per column of each expert
-            lhs = kernelhub.quantize(lhs, quantized, axis=1)
-            rhs = kernelhub.quantize(rhs, quantized, axis=1)
+        if quantized is not None:  # scales per row of lhs and column of each expert, per block
+            lhs = kernelhub.quantize(lhs, quantized, axis=1, block_size=block_size)
+            rhs = kernelhub.quantize(rhs, quantized, axis=1, block_size=block_size)
         return gmm(lhs, rhs, group_sizes, preferred_element_type=dtype, group_offset=group_offset)
 
     def forward_and_backward(lhs, rhs, group_sizes, group_offset, d_out):
@@ -140,9 +141,11 @@ def argument_specs(shape: MoeShape, dtype: Any, backward: bool, device: Any) -> 
 
 
 def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
-                backward: bool = True, quantized: Any = None) -> CompileResult:
+                backward: bool = True, quantized: Any = None,
+                block_size: int | None = None) -> CompileResult:
     """Compiles the step for one chip of `generation` with the default tiling; with
-    `quantized` (int8 or an fp8 dtype), on both operands quantized to it per row and column."""
+    `quantized` (int8 or an fp8 dtype), on both operands quantized to it per row and column,
+    with `block_size` scale blocks along k."""
     from jax.experimental import topologies
 
     dtype = jnp.dtype(dtype)
@@ -157,7 +160,7 @@ def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
         device = topology.devices[0]
         # The kernels read the target chip from the default device while tracing (hardware.py).
         with jax.default_device(device):
-            lowered = step_function(shape, dtype, backward, quantized).lower(
+            lowered = step_function(shape, dtype, backward, quantized, block_size).lower(
                 *argument_specs(shape, dtype, backward, device))
         compiled = lowered.compile()
         result.compiled = True

@@ -5,6 +5,9 @@ An output block stays in VMEM while consecutive items share its row tile: the fi
 fills it with zeros or existing_out, each multiplying item then overwrites just its group's rows
 (a select, so a NaN elsewhere stays out). Contraction blocks that run past k are masked to zero
 on both operands; blocks past m or n only feed rows and columns that are never written back.
+With scale blocks along k (`scales`: kernelhub/_pallas/tpu/scale_blocks.py) each contraction
+tile's product is summed in float32 sub-slice by sub-slice, each scaled by its lhs row scales
+and its group's rhs column scales.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._manual_axes import shape_dtype_like
+from kernelhub._pallas.tpu import scale_blocks
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, keep_first, kernel_name,
     needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import GmmField
+from kernelhub.ops._contraction_scales import ContractionScales, take_scale_refs
 from kernelhub.ops._groups import computed_rows
 
 
@@ -37,7 +42,8 @@ def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
                    preferred_element_type: Any, tiling: Any, group_offset: jax.Array | None,
-                   existing_out: jax.Array | None, transpose_rhs: bool, *,
+                   existing_out: jax.Array | None, transpose_rhs: bool,
+                   scales: ContractionScales | None = None, *,
                    interpret: Any = False) -> jax.Array:
     """The raw forward kernel: arguments as the dispatcher normalises them."""
     out_dtype = jnp.dtype(preferred_element_type)
@@ -46,7 +52,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             lhs.astype(widened(lhs.dtype)), rhs.astype(widened(rhs.dtype)), group_sizes,
             widened(out_dtype), tiling, group_offset,
             None if existing_out is None else existing_out.astype(widened(out_dtype)),
-            transpose_rhs, interpret=interpret)
+            transpose_rhs, scales, interpret=interpret)
         return out.astype(out_dtype)
     problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, transpose_rhs)
     m, k, n = problem.m, problem.k, problem.n
@@ -60,6 +66,9 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         return jnp.where(computed[:, None], jnp.zeros_like(base), base)
 
     options = call_options(problem, tiling, interpret)
+    if scales is not None:
+        options = options.with_contraction_tile(
+            "tk", scale_blocks.fitting_tile(options.tiles.tk, k, scales.block_sizes))
     tm, tk, tn = options.tiles.as_tuple()
     k_tiles, n_tiles = -(-k // tk), -(-n // tn)
     plan = schedule_lib.gmm_schedule(group_sizes, group_offset, problem.local_groups, m, tm, k_tiles)
@@ -88,6 +97,23 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         pl.BlockSpec((None, tn, tk) if transpose_rhs else (None, tk, tn), rhs_index),
     ]
     operands = [lhs, rhs]
+    lhs_scales = rhs_scales = None
+    if scales is not None and scales.lhs is not None:
+        lhs_scales = scale_blocks.TileScales(scales.lhs_block, tk, k)
+        in_specs.append(pl.BlockSpec(
+            (lhs_scales.entries, tm, 1),
+            lambda ni, item, kk, table: (lhs_scales.block_index(k_block(item, kk, table)),
+                                         field(table, GmmField.LHS_TILE, item), 0)))
+        operands.append(lhs_scales.leading(scales.lhs, 1)[:, :, None])
+    if scales is not None and scales.rhs is not None:
+        rhs_scales = scale_blocks.TileScales(scales.rhs_block, tk, k)
+        in_specs.append(pl.BlockSpec(
+            (None, rhs_scales.entries, 1, tn),
+            lambda ni, item, kk, table: (field(table, GmmField.GROUP, item),
+                                         rhs_scales.block_index(k_block(item, kk, table)), 0, ni)))
+        # [G, blocks, n] from either layout, then the blocks leading within a group.
+        by_column = jnp.swapaxes(scales.rhs, 1, 2) if transpose_rhs else scales.rhs
+        operands.append(jnp.moveaxis(rhs_scales.leading(by_column, 1), 0, 1)[:, :, None, :])
     aliases = {}
     if existing_out is not None:
         in_specs.append(out_spec)
@@ -95,9 +121,13 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
     compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)
+    blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)
     kernel = functools.partial(
         _kernel, read=plan.reader, tm=tm, tk=tk, k=k, k_tiles=k_tiles,
-        transpose_rhs=transpose_rhs, compute=compute, has_existing=existing_out is not None)
+        transpose_rhs=transpose_rhs, compute=compute, has_existing=existing_out is not None,
+        lhs_block=None if lhs_scales is None else lhs_scales.block,
+        rhs_block=None if rhs_scales is None else rhs_scales.block,
+        slices=scale_blocks.sub_slices(tk, k, blocks) if blocks else None)
     call = pl.pallas_call(
         kernel,
         out_shape=shape_dtype_like((m, n), out_dtype, lhs),
@@ -106,7 +136,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             grid=(n_tiles, plan.items, k_tiles),
             in_specs=in_specs,
             out_specs=out_spec,
-            scratch_shapes=[pltpu.VMEM((tm, tn), accumulator_dtype(compute))],
+            scratch_shapes=[pltpu.VMEM(
+                (tm, tn), jnp.float32 if scales is not None else accumulator_dtype(compute))],
         ),
         input_output_aliases=aliases,
         # Items revisit an output block back to back, and contraction steps accumulate: only
@@ -126,9 +157,10 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
 
 
 def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_rhs, compute,
-            has_existing):
+            has_existing, lhs_block, rhs_block, slices):
     from jax.experimental import pallas as pl
 
+    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
     if has_existing:
         existing_ref, out_ref, acc_ref = refs
     else:
@@ -150,9 +182,22 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
             lhs = keep_first(lhs, valid, axis=1)
             rhs = keep_first(rhs, valid, axis=1 if transpose_rhs else 0)
         contracting = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
-        product = lax.dot_general(lhs, rhs, (contracting, ((), ())),
-                                  preferred_element_type=acc_ref.dtype,
-                                  precision=contraction_precision(compute))
+
+        def dot(lhs, rhs, result_dtype):
+            return lax.dot_general(lhs, rhs, (contracting, ((), ())),
+                                   preferred_element_type=result_dtype,
+                                   precision=contraction_precision(compute))
+
+        if slices is None:
+            product = dot(lhs, rhs, acc_ref.dtype)
+        else:
+            def multiply(start, size):
+                part = slice(start, start + size)
+                return dot(lhs[:, part], rhs[:, part] if transpose_rhs else rhs[part, :],
+                           accumulator_dtype(compute))
+
+            product = scale_blocks.scaled_sum(multiply, slices, acc_ref.shape, lhs_scale_ref,
+                                              lhs_block, rhs_scale_ref, rhs_block)
 
         @pl.when(kk == 0)
         def _start():

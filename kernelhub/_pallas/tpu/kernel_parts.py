@@ -20,6 +20,11 @@ class CallOptions:
     interpret: Any
     int8_mxu: bool  # int8 x int8 tiles multiply as int8 with int32 sums
 
+    def with_contraction_tile(self, name: str, size: int) -> CallOptions:
+        """These options with the contraction tile (`name`: "tk" for gmm, "tm" for tgmm) cut to
+        `size`."""
+        return dataclasses.replace(self, tiles=dataclasses.replace(self.tiles, **{name: size}))
+
     @property
     def alias_existing(self) -> bool:
         """Whether existing_out may share the output's buffer (input_output_aliases).

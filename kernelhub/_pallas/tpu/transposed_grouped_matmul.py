@@ -5,7 +5,9 @@ Grid (column tiles, output-row tiles, items); the items come from `schedule.tgmm
 lhs is read as it lies, [k, m] blocks of (tk, tm): no transposed copy. Each item adds one row
 tile's products to a float32 accumulator, with the rows outside its group zeroed in both
 operands (zeroing one would let 0 * NaN through); the group's last item writes the block, plus
-existing_out. An empty group's single item writes zeros (or existing_out).
+existing_out. An empty group's single item writes zeros (or existing_out). With scale blocks
+along m (`scales`: kernelhub/_pallas/tpu/scale_blocks.py) a row tile's product is summed in
+float32 sub-slice by sub-slice, each scaled by its lhs row scales and rhs column scales.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._manual_axes import shape_dtype_like
+from kernelhub._pallas.tpu import scale_blocks
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, kernel_name,
     needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import TgmmField
+from kernelhub.ops._contraction_scales import ContractionScales, take_scale_refs
 
 
 def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: Any,
@@ -37,8 +41,9 @@ def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype
 def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
                               preferred_element_type: Any, tiling: Any,
                               group_offset: jax.Array | None, num_actual_groups: int | None,
-                              existing_out: jax.Array | None, *, interpret: Any = False
-                              ) -> jax.Array:
+                              existing_out: jax.Array | None,
+                              scales: ContractionScales | None = None, *,
+                              interpret: Any = False) -> jax.Array:
     """The raw forward kernel: arguments as the dispatcher normalises them."""
     out_dtype = jnp.dtype(preferred_element_type)
     if needs_widening(lhs.dtype, rhs.dtype, out_dtype):
@@ -46,7 +51,7 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             lhs.astype(widened(lhs.dtype)), rhs.astype(widened(rhs.dtype)), group_sizes,
             widened(out_dtype), tiling, group_offset, num_actual_groups,
             None if existing_out is None else existing_out.astype(widened(out_dtype)),
-            interpret=interpret)
+            scales, interpret=interpret)
         return out.astype(out_dtype)
     actual = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
     problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, actual)
@@ -57,6 +62,9 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
         return existing_out if existing_out is not None else jnp.zeros((actual, k, n), out_dtype)
 
     options = call_options(problem, tiling, interpret)
+    if scales is not None:
+        options = options.with_contraction_tile(
+            "tm", scale_blocks.fitting_tile(options.tiles.tm, m, scales.block_sizes))
     tm, tk, tn = options.tiles.as_tuple()
     k_tiles, n_tiles = -(-k // tk), -(-n // tn)
     plan = schedule_lib.tgmm_schedule(group_sizes, group_offset, actual, m, tm)
@@ -77,15 +85,34 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
     out_spec = pl.BlockSpec((None, tk, tn), out_index)
     in_specs = [pl.BlockSpec((tk, tm), lhs_index), pl.BlockSpec((tm, tn), rhs_index)]
     operands = [lhs, rhs]
+    lhs_scales = rhs_scales = None
+    if scales is not None and scales.lhs is not None:  # [k, blocks]
+        lhs_scales = scale_blocks.TileScales(scales.lhs_block, tm, m)
+        in_specs.append(pl.BlockSpec(
+            (lhs_scales.entries, tk, 1),
+            lambda ni, ki, item, table: (
+                lhs_scales.block_index(field(table, TgmmField.TILE, item)), ki, 0)))
+        operands.append(lhs_scales.leading(scales.lhs, 1)[:, :, None])
+    if scales is not None and scales.rhs is not None:  # [blocks, n]
+        rhs_scales = scale_blocks.TileScales(scales.rhs_block, tm, m)
+        in_specs.append(pl.BlockSpec(
+            (rhs_scales.entries, 1, tn),
+            lambda ni, ki, item, table: (
+                rhs_scales.block_index(field(table, TgmmField.TILE, item)), 0, ni)))
+        operands.append(rhs_scales.leading(scales.rhs, 0)[:, None, :])
+    blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)
     aliases = {}
     if existing_out is not None:
         in_specs.append(out_spec)
         operands.append(existing_out)
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
-    kernel = functools.partial(_kernel, read=plan.reader, tm=tm,
-                               compute=compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu),
-                               has_existing=existing_out is not None)
+    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)
+    kernel = functools.partial(
+        _kernel, read=plan.reader, tm=tm, compute=compute, has_existing=existing_out is not None,
+        lhs_block=None if lhs_scales is None else lhs_scales.block,
+        rhs_block=None if rhs_scales is None else rhs_scales.block,
+        slices=scale_blocks.sub_slices(tm, m, blocks) if blocks else None)
     call = pl.pallas_call(
         kernel,
         out_shape=shape_dtype_like((actual, k, n), out_dtype, lhs),
@@ -94,8 +121,8 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             grid=(n_tiles, k_tiles, plan.items),
             in_specs=in_specs,
             out_specs=out_spec,
-            scratch_shapes=[pltpu.VMEM((tk, tn), accumulator_dtype(
-                compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)))],
+            scratch_shapes=[pltpu.VMEM(
+                (tk, tn), jnp.float32 if scales is not None else accumulator_dtype(compute))],
         ),
         input_output_aliases=aliases,
         # Every output block belongs to one (column, row) tile pair: those axes are independent.
@@ -114,9 +141,11 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
     return call(plan.table, *operands)
 
 
-def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing):
+def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs_block,
+            rhs_block, slices):
     from jax.experimental import pallas as pl
 
+    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
     if has_existing:
         existing_ref, out_ref, acc_ref = refs
     else:
@@ -135,9 +164,21 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing):
         lhs, rhs = lhs_ref[...].astype(compute), rhs_ref[...].astype(compute)
         lhs = jnp.where(row_mask(lhs.shape, 1, first_row, start, end), lhs, jnp.zeros_like(lhs))
         rhs = jnp.where(row_mask(rhs.shape, 0, first_row, start, end), rhs, jnp.zeros_like(rhs))
-        acc_ref[...] += lax.dot_general(lhs, rhs, (((1,), (0,)), ((), ())),
-                                        preferred_element_type=acc_ref.dtype,
-                                        precision=contraction_precision(compute))
+
+        def dot(lhs, rhs, result_dtype):
+            return lax.dot_general(lhs, rhs, (((1,), (0,)), ((), ())),
+                                   preferred_element_type=result_dtype,
+                                   precision=contraction_precision(compute))
+
+        if slices is None:
+            acc_ref[...] += dot(lhs, rhs, acc_ref.dtype)
+            return
+        def multiply(start, size):
+            part = slice(start, start + size)
+            return dot(lhs[:, part], rhs[part, :], accumulator_dtype(compute))
+
+        acc_ref[...] += scale_blocks.scaled_sum(multiply, slices, acc_ref.shape, lhs_scale_ref,
+                                                lhs_block, rhs_scale_ref, rhs_block)
 
     @pl.when(field(TgmmField.LAST, item) == 1)
     def _store():

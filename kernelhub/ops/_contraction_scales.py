@@ -1,0 +1,88 @@
+"""Scale blocks along the contraction, applied inside the Pallas kernels.
+
+An operand quantized with several scale blocks along its contraction axis (kernelhub/
+quantization.py: `block_size` elements share a scale) cannot have its scales applied around a
+kernel: they change within one output element's sum. The kernels take its values and these
+scales instead, and split the contraction into steps that each lie inside one block of every
+scaled operand. Each step's product of the stored values (int32 sums for int8 x int8, exact
+float32 sums of fp8 or bf16-widened products otherwise) is multiplied by the step's row and
+column scales and added into a float32 total: the contract's "each k-block's product scaled and
+summed in float32".
+
+Block sizes the kernels step through (`fits_kernels`): multiples of 16 that are powers of two or
+multiples of 128, which covers the usual 32 (MX formats), 64 and 128 (DeepSeek-style 1x128 and
+128x128). A Triton contraction block is then a power of two dividing the scale block; a TPU
+contraction tile, a multiple of 128, holds whole scale blocks or lies inside one. Other sizes
+run on the XLA implementation (feature QUANTIZED_ODD_BLOCKS, kernelhub/ops/_checks.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+
+# The smallest contraction step of any kernel: Triton's dot needs 16.
+_SMALLEST_STEP = 16
+_TPU_LANES = 128
+
+
+class ContractionScales(NamedTuple):
+    """The scale-blocked operands of one kernel call, in the contracts' layouts.
+
+    lhs: gmm [m, blocks] (lhs quantized along k); tgmm [k, blocks] (lhs quantized along m).
+    rhs: gmm [G, blocks, n], or [G, n, blocks] with transpose_rhs; tgmm [blocks, n].
+    Each None when that operand has no scale blocks along the contraction.
+    """
+
+    lhs: jax.Array | None
+    lhs_block: int
+    rhs: jax.Array | None
+    rhs_block: int
+
+    @property
+    def arrays(self) -> tuple[jax.Array, ...]:
+        """The scale arrays a kernel takes, after lhs and rhs: lhs's, then rhs's, when given."""
+        return tuple(scale for scale in (self.lhs, self.rhs) if scale is not None)
+
+    @property
+    def operand_blocks(self) -> tuple[int | None, int | None]:
+        """(lhs's block size, rhs's), None for an operand without scale blocks."""
+        return (self.lhs_block if self.lhs is not None else None,
+                self.rhs_block if self.rhs is not None else None)
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        return tuple(block for scale, block in ((self.lhs, self.lhs_block),
+                                                (self.rhs, self.rhs_block)) if scale is not None)
+
+    @property
+    def common_block(self) -> int:
+        """The largest length every operand's scale blocks are made of: a contraction step
+        within one block of each divides it."""
+        return math.gcd(*self.block_sizes)
+
+
+NO_SCALES = ContractionScales(None, 0, None, 0)
+
+
+def take_scale_refs(refs: Any, lhs_block: int | None, rhs_block: int | None
+                    ) -> tuple[Any, Any, list]:
+    """(lhs scale ref, rhs scale ref, the refs after them) from a kernel's refs following lhs
+    and rhs, where the scale arrays come first (`ContractionScales.arrays`)."""
+    refs = list(refs)
+    lhs_ref = refs.pop(0) if lhs_block is not None else None
+    rhs_ref = refs.pop(0) if rhs_block is not None else None
+    return lhs_ref, rhs_ref, refs
+
+
+def fits_kernels(block_size: int) -> bool:
+    """Whether the Pallas kernels step through scale blocks of `block_size` (module docstring)."""
+    if block_size % _SMALLEST_STEP:
+        return False
+    return block_size & (block_size - 1) == 0 or block_size % _TPU_LANES == 0
+
+
+def largest_power_of_two_dividing(value: int) -> int:
+    return value & -value
