@@ -143,8 +143,12 @@ class QuantizedArray:
 
     def __repr__(self) -> str:
         blocks = "one scale" if self.block_size is None else f"blocks of {self.block_size}"
-        return (f"QuantizedArray({self.dtype}{list(self.shape)}, {blocks} along axis "
-                f"{self.axis})")
+        # jax rebuilds this pytree around placeholders (jaxpr printing does), which have no
+        # dtype or shape: say what there is.
+        values = self.values
+        if hasattr(values, "dtype") and hasattr(values, "shape"):
+            values = f"{jnp.dtype(values.dtype)}{list(values.shape)}"
+        return f"QuantizedArray({values}, {blocks} along axis {self.axis})"
 
 
 @jax.custom_jvp

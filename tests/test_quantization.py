@@ -328,6 +328,102 @@ def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs, block
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=m)
 
 
+# Backward products meet the blocks along an output axis: tiles inside one block, holding
+# several, and fitting neither (cut to fit), for the lhs gradient (gmm) and the rhs gradient
+# (tgmm) of gmm, and both gradients (gmm) of tgmm.
+_OUTPUT_BLOCK_TILINGS = {
+    "gmm": {"pallas": [{"lhs_gradient": (64, 128, 128), "rhs_gradient": (128, 64, 128)},
+                       {"lhs_gradient": (64, 128, 384), "rhs_gradient": (128, 256, 128)},
+                       {"lhs_gradient": (64, 128, 256), "rhs_gradient": (128, 96, 128)}],
+            "triton": [{"lhs_gradient": (32, 16, 32), "rhs_gradient": (32, 64, 16)},
+                       {"lhs_gradient": (32, 16, 128), "rhs_gradient": (32, 256, 16)}]},
+    "tgmm": {"pallas": [{"lhs_gradient": (32, 128, 128), "rhs_gradient": (64, 128, 128)},
+                        {"lhs_gradient": (256, 128, 128), "rhs_gradient": (96, 128, 128)}],
+             "triton": [{"lhs_gradient": (32, 16, 16), "rhs_gradient": (64, 16, 16)},
+                        {"lhs_gradient": (256, 16, 16), "rhs_gradient": (128, 16, 16)}]},
+}
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(GMM))
+def test_gmm_gradients_with_scale_blocks_along_output_axes(spec):
+    rng = np.random.default_rng(17)
+    m, k, n = 150, 416, 48
+    sizes = np.array([30, 50, 0, 45], np.int32)
+    lhs, rhs = gmm_arrays(rng, m, k, n, 3)
+    d_out = jnp.asarray(normal(rng, (m, n), jnp.float32))
+    gmm = kernelhub.get(GMM, platform=spec.platform)
+
+    def quantized(lhs, rhs):
+        return (quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=128),
+                quantize(rhs, jnp.float8_e4m3fn, axis=1, block_size=64))
+
+    q_lhs, q_rhs = (dequantized(q) for q in quantized(lhs, rhs))
+    want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out, group_offset=1)
+    for tiling in _OUTPUT_BLOCK_TILINGS["gmm"].get(spec.platform.value, [None]):
+        d_lhs, d_rhs = jax.grad(lambda a, b: jnp.sum(
+            gmm(*quantized(a, b), jnp.asarray(sizes), group_offset=1, tiling=tiling) * d_out),
+            argnums=(0, 1))(lhs, rhs)
+        assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
+        assert_close(d_rhs, want_rhs, jnp.float32, contraction=m)
+
+
+@pytest.mark.parametrize("spec", quantized_implementations(TGMM))
+def test_tgmm_gradients_with_scale_blocks_along_output_axes(spec):
+    rng = np.random.default_rng(18)
+    k, m, n = 24, 416, 16
+    sizes = np.array([100, 0, 250, 40], np.int32)
+    lhs = jnp.asarray(normal(rng, (k, m), jnp.float32))
+    rhs = jnp.asarray(normal(rng, (m, n), jnp.float32))
+    d_out = jnp.asarray(normal(rng, (4, k, n), jnp.float32))
+    tgmm = kernelhub.get(TGMM, platform=spec.platform)
+
+    def quantized(lhs, rhs):
+        return (quantize(lhs, jnp.int8, axis=1, block_size=128),
+                quantize(rhs, jnp.int8, axis=0, block_size=64))
+
+    q_lhs, q_rhs = (dequantized(q) for q in quantized(lhs, rhs))
+    want_lhs, want_rhs, _ = reference.tgmm_vjp(q_lhs, q_rhs, sizes, d_out)
+    for tiling in _OUTPUT_BLOCK_TILINGS["tgmm"].get(spec.platform.value, [None]):
+        d_lhs, d_rhs = jax.grad(lambda a, b: jnp.sum(
+            tgmm(*quantized(a, b), jnp.asarray(sizes), tiling=tiling) * d_out),
+            argnums=(0, 1))(lhs, rhs)
+        assert_close(d_lhs, want_lhs, jnp.float32, contraction=n * 4)
+        assert_close(d_rhs, want_rhs, jnp.float32, contraction=k * 4)
+
+
+@pytest.mark.parametrize("platform", ["triton", "pallas"])
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_block_scaled_weights_are_never_dequantized_whole_in_the_backward(platform,
+                                                                          transpose_rhs):
+    """The lhs gradient multiplies the cotangent by the weights, whose 128-blocks along k now
+    lie along an output axis: the kernel dequantizes them tile by tile. No equation outside the
+    kernels widens the fp8 weights."""
+    rng = np.random.default_rng(16)
+    m, k, n = 64, 256, 32
+    lhs, rhs = gmm_arrays(rng, m, k, n, 2, transpose_rhs)
+    sizes = jnp.asarray([30, 34], jnp.int32)
+    gmm = kernelhub.get(GMM, platform=platform)
+    rhs_axis = 2 if transpose_rhs else 1
+
+    def loss(lhs, rhs):
+        q_rhs = quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=128)
+        q_lhs = quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=128)
+        return jnp.sum(gmm(q_lhs, q_rhs, sizes, transpose_rhs=transpose_rhs) ** 2)
+
+    # Interpret-mode kernels widen tiles; a whole-array convert is the weights dequantized.
+    program = jax.jit(jax.grad(loss, argnums=0)).lower(lhs, rhs).as_text()
+    weights = "x".join(map(str, rhs.shape))
+    assert f"tensor<{weights}xf8E4M3FN>) -> tensor<{weights}xf32>" not in program
+    assert "QuantizedArray" in str(jax.make_jaxpr(loss)(lhs, rhs))  # a jaxpr holding one prints
+    d_lhs = jax.grad(loss, argnums=0)(lhs, rhs)
+    q_lhs = dequantized(quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=128))
+    q_rhs = dequantized(quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=128))
+    out = reference.gmm(q_lhs, q_rhs, np.asarray(sizes), transpose_rhs=transpose_rhs)
+    want, _, _ = reference.gmm_vjp(q_lhs, q_rhs, np.asarray(sizes), 2 * out,
+                                   transpose_rhs=transpose_rhs)
+    assert_close(d_lhs, want, jnp.float32, contraction=n)
+
+
 @pytest.mark.parametrize("spec", quantized_implementations(TGMM))
 @pytest.mark.parametrize("block_size", [None, 32])
 def test_tgmm_gradients_pass_straight_through_quantize(spec, block_size):

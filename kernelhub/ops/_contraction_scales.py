@@ -67,14 +67,36 @@ class ContractionScales(NamedTuple):
 NO_SCALES = ContractionScales(None, 0, None, 0)
 
 
-def take_scale_refs(refs: Any, lhs_block: int | None, rhs_block: int | None
-                    ) -> tuple[Any, Any, list]:
-    """(lhs scale ref, rhs scale ref, the refs after them) from a kernel's refs following lhs
-    and rhs, where the scale arrays come first (`ContractionScales.arrays`)."""
+class OutputBlockScales(NamedTuple):
+    """Operands with scale blocks along an output axis: in the backward products, where the
+    quantized operand meets a float cotangent along what was an output axis of the forward
+    product (so its scales vary along this product's contraction too). The kernels load each
+    tile's scale vector along the contraction, the output tile lying inside one block, and
+    multiply the widened tile by it: the operand dequantized tile by tile, never as a whole.
+
+    lhs: gmm [row blocks, k] (lhs quantized along m); tgmm [k blocks, m] (lhs quantized along k).
+    rhs: gmm [G, k, n blocks], or [G, n blocks, k] with transpose_rhs; tgmm [m, n blocks].
+    """
+
+    lhs: jax.Array | None
+    lhs_block: int
+    rhs: jax.Array | None
+    rhs_block: int
+
+    arrays = ContractionScales.arrays
+    operand_blocks = ContractionScales.operand_blocks
+
+
+NO_OUTPUT_BLOCKS = OutputBlockScales(None, 0, None, 0)
+
+
+def take_scale_refs(refs: Any, *blocks: int | None) -> tuple[Any, ...]:
+    """From a kernel's refs following lhs and rhs, where the scale arrays come first (one per
+    block size in `blocks` that is not None, as `arrays` orders them): one ref or None per
+    block size, then the list of the refs after them."""
     refs = list(refs)
-    lhs_ref = refs.pop(0) if lhs_block is not None else None
-    rhs_ref = refs.pop(0) if rhs_block is not None else None
-    return lhs_ref, rhs_ref, refs
+    taken = tuple(refs.pop(0) if block is not None else None for block in blocks)
+    return (*taken, refs)
 
 
 def fits_kernels(block_size: int) -> bool:

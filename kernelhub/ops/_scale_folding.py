@@ -8,9 +8,9 @@ where that axis is an output axis, the scale multiplies the kernel's float32 res
 columns, per group); where it is the contraction axis (the backward products, whose other
 operand is a float cotangent), it is folded into the other operand first. An operand with
 several scale blocks along an output axis (again only in backward products, where the quantized
-operand is the gradient's other factor) has scales varying along both axes: it is dequantized to
-float32 first, a copy that lives for that one backward product. Either way the result is the
-float32 product of the dequantized operands, cast once.
+operand is the gradient's other factor) has scales varying along both axes: the kernels take it
+as `output_blocks=` (OutputBlockScales) and dequantize it tile by tile. In every case the
+result is the float32 product of the dequantized operands, cast once.
 
 `folded(raw_gmm, raw_tgmm)` wraps such kernels into raw kernels with the contracts' arguments,
 for kernelhub.ops._autodiff.differentiable.
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernelhub.ops._contraction_scales import ContractionScales
+from kernelhub.ops._contraction_scales import ContractionScales, OutputBlockScales
 from kernelhub.ops._groups import computed_rows, local_bounds
 from kernelhub.quantization import QuantizedArray
 
@@ -54,26 +54,37 @@ def _blocked_along(operand: Any, contraction_axis: int) -> bool:
             and operand.num_blocks > 1)
 
 
-def _unblocked_output_axis(operand: Any, contraction_axis: int) -> Any:
-    """`operand`, dequantized when it has several scale blocks along an output axis."""
-    if (isinstance(operand, QuantizedArray) and operand.axis != contraction_axis
-            and operand.num_blocks > 1):
-        return operand.dequantize()
-    return operand
+def _blocked_across(operand: Any, contraction_axis: int) -> bool:
+    """Whether `operand` is quantized with several scale blocks along an output axis."""
+    return (isinstance(operand, QuantizedArray) and operand.axis != contraction_axis
+            and operand.num_blocks > 1)
 
 
-def _contraction_scales(lhs: Any, lhs_axis: int, rhs: Any, rhs_axis: int
-                        ) -> tuple[Any, Any, ContractionScales | None]:
-    """(lhs, rhs, their contraction scale blocks): a blocked operand becomes its values."""
-    if not (_blocked_along(lhs, lhs_axis) or _blocked_along(rhs, rhs_axis)):
+def _take_blocked(lhs: Any, rhs: Any, lhs_blocked: bool, rhs_blocked: bool, kind: Any
+                  ) -> tuple[Any, Any, Any]:
+    """(lhs, rhs, `kind` (ContractionScales or OutputBlockScales) of the blocked ones' scales,
+    or None when neither is): a blocked operand becomes its values."""
+    if not (lhs_blocked or rhs_blocked):
         return lhs, rhs, None
     lhs_scale = rhs_scale = None
     lhs_block = rhs_block = 0
-    if _blocked_along(lhs, lhs_axis):
+    if lhs_blocked:
         lhs_scale, lhs_block, lhs = lhs.scale, lhs.block_size, lhs.values
-    if _blocked_along(rhs, rhs_axis):
+    if rhs_blocked:
         rhs_scale, rhs_block, rhs = rhs.scale, rhs.block_size, rhs.values
-    return lhs, rhs, ContractionScales(lhs_scale, lhs_block, rhs_scale, rhs_block)
+    return lhs, rhs, kind(lhs_scale, lhs_block, rhs_scale, rhs_block)
+
+
+def _kernel_scales(lhs: Any, lhs_axis: int, rhs: Any, rhs_axis: int
+                   ) -> tuple[Any, Any, dict[str, Any]]:
+    """(lhs, rhs, the kernel's keywords for their scale blocks along and across the
+    contraction): blocked operands become their values."""
+    lhs, rhs, output_blocks = _take_blocked(lhs, rhs, _blocked_across(lhs, lhs_axis),
+                                            _blocked_across(rhs, rhs_axis), OutputBlockScales)
+    lhs, rhs, scales = _take_blocked(lhs, rhs, _blocked_along(lhs, lhs_axis),
+                                     _blocked_along(rhs, rhs_axis), ContractionScales)
+    options = {"scales": scales, "output_blocks": output_blocks}
+    return lhs, rhs, {name: value for name, value in options.items() if value is not None}
 
 
 def _float(operand: Any) -> jax.Array:
@@ -90,8 +101,9 @@ def _row_groups(group_sizes, group_offset, local_groups: int, rows: int) -> jax.
 
 
 def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
-    """Raw kernels taking one-block QuantizedArrays, from raw kernels taking plain arrays
-    (int8 and fp8 ones included) in their place."""
+    """Raw kernels taking QuantizedArrays, from raw kernels taking plain arrays (int8 and fp8
+    ones included) in their place, `scales=` (ContractionScales) and `output_blocks=`
+    (OutputBlockScales)."""
 
     def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
             transpose_rhs):
@@ -101,9 +113,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         m = lhs.shape[0]
         local_groups = rhs.shape[0]
         rhs_contraction = 2 if transpose_rhs else 1
-        lhs = _unblocked_output_axis(lhs, 1)
-        rhs = _unblocked_output_axis(rhs, rhs_contraction)
-        lhs, rhs, scales = _contraction_scales(lhs, 1, rhs, rhs_contraction)
+        lhs, rhs, kernel_options = _kernel_scales(lhs, 1, rhs, rhs_contraction)
         if group_offset is None:
             group_offset = jnp.zeros((), jnp.int32)
         groups = _row_groups(group_sizes, group_offset, local_groups, m)
@@ -125,7 +135,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
                 lhs = _float(lhs) * scale[groups]
             rhs = rhs.values
         out = raw_gmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
-                      transpose_rhs, **({} if scales is None else {"scales": scales}))
+                      transpose_rhs, **kernel_options)
         if row_scale is not None:
             out = out * row_scale[:, None]
         if column_scale is not None:
@@ -140,9 +150,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         if not _is_quantized(lhs, rhs):
             return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                             num_actual_groups, existing_out)
-        lhs = _unblocked_output_axis(lhs, 1)
-        rhs = _unblocked_output_axis(rhs, 0)
-        lhs, rhs, scales = _contraction_scales(lhs, 1, rhs, 0)
+        lhs, rhs, kernel_options = _kernel_scales(lhs, 1, rhs, 0)
         k_scale = n_scale = None
         if isinstance(lhs, QuantizedArray):  # [k, m]
             scale = _scales(lhs)
@@ -159,7 +167,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
                 lhs = _float(lhs) * scale[None, :]
             rhs = rhs.values
         out = raw_tgmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset,
-                       num_actual_groups, None, **({} if scales is None else {"scales": scales}))
+                       num_actual_groups, None, **kernel_options)
         if k_scale is not None:
             out = out * k_scale[None, :, None]
         if n_scale is not None:

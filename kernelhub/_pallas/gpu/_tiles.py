@@ -64,6 +64,14 @@ def block_scales(ref, block_size: int | None, position: jax.Array,
     return plgpu.load(vector, mask=inside, other=jnp.zeros((), ref.dtype)).astype(jnp.float32)
 
 
+def scaled_by(tile: jax.Array, vector: jax.Array | None, axis: int) -> jax.Array:
+    """The 2-D `tile` in float32 times `vector` running along its `axis` (unchanged for None):
+    a tile dequantized by the scales of one output block (OutputBlockScales)."""
+    if vector is None:
+        return tile
+    return tile.astype(jnp.float32) * (vector[:, None] if axis == 0 else vector[None, :])
+
+
 def compute_dtype(lhs_dtype, rhs_dtype) -> jnp.dtype:
     """The dtype tiles are widened to when they are not multiplied as stored (`tile_product`):
     int8 and fp8 count as the bf16 they widen to exactly (so int8 or fp8 with bf16 runs on bf16
@@ -118,6 +126,10 @@ class TileProduct:
 
     def result(self, total: jax.Array) -> jax.Array:
         return total.astype(jnp.float32)
+
+
+# Tiles dequantized in the kernel (scaled_by) are float32: multiplied as such (TF32 on a GPU).
+FLOAT32_TILES = TileProduct(jnp.dtype(jnp.float32), jnp.dtype(jnp.float32))
 
 
 def tile_product(lhs_dtype, rhs_dtype, contraction_block: int, contraction: int,

@@ -106,6 +106,20 @@ def within_scale_blocks(config: BlockConfig, common_block: int, contraction: str
     return dataclasses.replace(config, **{contraction: min(getattr(config, contraction), step)})
 
 
+def within_all_scale_blocks(config: BlockConfig, scales: Any, output_blocks: Any,
+                            contraction: str, rows: str) -> BlockConfig:
+    """`config` cut so that each contraction step lies inside one block of every operand with
+    contraction scale blocks (`scales`, or None), and each output tile inside one block of an
+    operand blocked along it (`output_blocks`): its rows (`rows`: "block_m" for gmm, "block_k"
+    for tgmm) for lhs, its columns for rhs."""
+    if scales is not None:
+        config = within_scale_blocks(config, scales.common_block, contraction)
+    for name, block in zip((rows, "block_n"), output_blocks.operand_blocks):
+        if block is not None:
+            config = within_scale_blocks(config, block, name)
+    return config
+
+
 def _fit(block: int, dim: int) -> int:
     """Shrinks a block to the smallest power of two covering `dim` (never below MIN_BLOCK)."""
     return max(MIN_BLOCK, min(block, _next_power_of_two(dim)))

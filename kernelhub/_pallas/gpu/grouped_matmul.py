@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.gpu import _launch, _tiles, config, visits
-from kernelhub.ops._contraction_scales import NO_SCALES, ContractionScales, take_scale_refs
+from kernelhub.ops._contraction_scales import (
+    NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 from kernelhub.ops._groups import computed_rows
 
 SWIZZLE = 8
@@ -31,7 +32,8 @@ SWIZZLE = 8
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
                        group_offset=None, existing_out=None, transpose_rhs=False,
-                       scales: ContractionScales | None = None, *,
+                       scales: ContractionScales | None = None,
+                       output_blocks: OutputBlockScales | None = None, *,
                        interpret: bool = False) -> jax.Array:
     """The forward kernel; arguments as validated by the contract's dispatcher."""
     out_dtype = jnp.dtype(preferred_element_type)
@@ -43,9 +45,11 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.gmm_heuristic(m, k, n, group_sizes.shape[0], jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
-    if scales is not None:
-        blocks = config.within_scale_blocks(blocks, scales.common_block, "block_k")
+    output_blocks = output_blocks or NO_OUTPUT_BLOCKS
+    blocks = config.within_all_scale_blocks(blocks, scales, output_blocks, "block_k", "block_m")
     product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret)
+    if output_blocks.arrays:
+        product = _tiles.FLOAT32_TILES
     if m == 0 or n == 0:
         return existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
     if k == 0:  # empty sums: the computed rows are 0
@@ -59,14 +63,15 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     n_tiles = -(-n // blocks.block_n)
     scales = scales or NO_SCALES
     lhs_block, rhs_block = scales.operand_blocks
+    lhs_row_block, rhs_column_block = output_blocks.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, num_visits=num_visits, n_tiles=n_tiles,
         transpose_rhs=transpose_rhs, product=product, fill=fill,
-        lhs_block=lhs_block, rhs_block=rhs_block)
-    return _launch.pallas_triton(kernel, (table, lhs, rhs, *scales.arrays), existing_out, (m, n),
-                                 out_dtype,
-                                 num_visits * n_tiles, blocks, interpret,
-                                 "kernelhub_grouped_matmul")
+        lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
+        rhs_column_block=rhs_column_block)
+    return _launch.pallas_triton(
+        kernel, (table, lhs, rhs, *scales.arrays, *output_blocks.arrays), existing_out, (m, n),
+        out_dtype, num_visits * n_tiles, blocks, interpret, "kernelhub_grouped_matmul")
 
 
 def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.Array, jax.Array]:
@@ -82,11 +87,13 @@ def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.
 def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n: int, num_visits: int, n_tiles: int, transpose_rhs: bool,
             product: _tiles.TileProduct, fill: bool, lhs_block: int | None,
-            rhs_block: int | None) -> None:
+            rhs_block: int | None, lhs_row_block: int | None,
+            rhs_column_block: int | None) -> None:
     from jax.experimental import pallas as pl
 
     # refs: the scales with blocks, existing_out when given (the output's buffer), the output.
-    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
+    lhs_scale_ref, rhs_scale_ref, lhs_row_ref, rhs_column_ref, refs = take_scale_refs(
+        refs, lhs_block, rhs_block, lhs_row_block, rhs_column_block)
     out_ref = refs[-1]
     scaled = lhs_block is not None or rhs_block is not None
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
@@ -118,6 +125,16 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
                 right = _tiles.masked_load(
                     rhs_ref.at[group, pl.ds(first_k, bk), pl.ds(first_col, bn)],
                     k_inside, col_inside)
+            # Output-axis scale blocks: the row tile (lhs) or column tile (rhs) lies in one block,
+            # whose scales vary along k.
+            left = _tiles.scaled_by(left, _tiles.block_scales(
+                lhs_row_ref, lhs_row_block, first_row, lambda b: (b, pl.ds(first_k, bk)),
+                k_inside), axis=1)
+            right = _tiles.scaled_by(right, _tiles.block_scales(
+                rhs_column_ref, rhs_column_block, first_col,
+                lambda b: ((group, b, pl.ds(first_k, bk)) if transpose_rhs
+                           else (group, pl.ds(first_k, bk), b)), k_inside),
+                axis=1 if transpose_rhs else 0)
             if not scaled:
                 return product.add(total, left, right, trans_b=transpose_rhs)
             row_scale = _tiles.block_scales(

@@ -23,13 +23,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.gpu import _launch, _tiles, config
-from kernelhub.ops._contraction_scales import NO_SCALES, ContractionScales, take_scale_refs
+from kernelhub.ops._contraction_scales import (
+    NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 from kernelhub.ops._groups import local_bounds
 
 
 def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
                                   tiling=None, group_offset=None, num_actual_groups=None,
-                                  existing_out=None, scales: ContractionScales | None = None, *,
+                                  existing_out=None, scales: ContractionScales | None = None,
+                                  output_blocks: OutputBlockScales | None = None, *,
                                   interpret: bool = False) -> jax.Array:
     """The forward kernel; arguments as validated by the contract's dispatcher."""
     out_dtype = jnp.dtype(preferred_element_type)
@@ -41,9 +43,11 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
     default = config.tgmm_heuristic(m, k, n, groups, jnp.dtype(compute_dtype).itemsize)
     blocks = config.from_tiling(tiling, m, k, n, default)
-    if scales is not None:
-        blocks = config.within_scale_blocks(blocks, scales.common_block, "block_m")
+    output_blocks = output_blocks or NO_OUTPUT_BLOCKS
+    blocks = config.within_all_scale_blocks(blocks, scales, output_blocks, "block_m", "block_k")
     product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_m, m, interpret)
+    if output_blocks.arrays:
+        product = _tiles.FLOAT32_TILES
     if k == 0 or n == 0:
         return existing_out if existing_out is not None else jnp.zeros((groups, k, n), out_dtype)
     if m == 0:  # every group is empty
@@ -55,23 +59,27 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=
     k_tiles, n_tiles = -(-k // blocks.block_k), -(-n // blocks.block_n)
     scales = scales or NO_SCALES
     lhs_block, rhs_block = scales.operand_blocks
+    lhs_row_block, rhs_column_block = output_blocks.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, k_tiles=k_tiles, n_tiles=n_tiles,
         product=product, has_existing=existing_out is not None,
-        lhs_block=lhs_block, rhs_block=rhs_block)
-    return _launch.pallas_triton(kernel, (bounds, lhs, rhs, *scales.arrays), existing_out,
-                                 (groups, k, n),
+        lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
+        rhs_column_block=rhs_column_block)
+    return _launch.pallas_triton(kernel, (bounds, lhs, rhs, *scales.arrays,
+                                          *output_blocks.arrays), existing_out, (groups, k, n),
                                  out_dtype, groups * k_tiles * n_tiles, blocks, interpret,
                                  "kernelhub_transposed_grouped_matmul")
 
 
 def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n: int, k_tiles: int, n_tiles: int, product: _tiles.TileProduct,
-            has_existing: bool, lhs_block: int | None, rhs_block: int | None) -> None:
+            has_existing: bool, lhs_block: int | None, rhs_block: int | None,
+            lhs_row_block: int | None, rhs_column_block: int | None) -> None:
     from jax.experimental import pallas as pl
 
     # refs: the scales with blocks, existing_out when given (the output's buffer), the output.
-    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
+    lhs_scale_ref, rhs_scale_ref, lhs_row_ref, rhs_column_ref, refs = take_scale_refs(
+        refs, lhs_block, rhs_block, lhs_row_block, rhs_column_block)
     out_ref = refs[-1]
     scaled = lhs_block is not None or rhs_block is not None
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
@@ -95,6 +103,14 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
                                   k_inside, in_array)
         right = _tiles.masked_load(rhs_ref.at[pl.ds(first_row, bm), pl.ds(first_col, bn)],
                                    in_array, col_inside)
+        # Output-axis scale blocks: the k tile (lhs) or n tile (rhs) lies in one block, whose
+        # scales vary along m.
+        left = _tiles.scaled_by(left, _tiles.block_scales(
+            lhs_row_ref, lhs_row_block, first_k, lambda b: (b, pl.ds(first_row, bm)), in_array),
+            axis=1)
+        right = _tiles.scaled_by(right, _tiles.block_scales(
+            rhs_column_ref, rhs_column_block, first_col, lambda b: (pl.ds(first_row, bm), b),
+            in_array), axis=0)
         if edge:
             owned = (rows >= start) & (rows < end)
             left = jnp.where(owned[None, :], left, jnp.zeros((), left.dtype))

@@ -27,7 +27,9 @@ from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, keep_first, kernel_name,
     needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import GmmField
-from kernelhub.ops._contraction_scales import ContractionScales, take_scale_refs
+from kernelhub._pallas.tpu.tiling import LANES
+from kernelhub.ops._contraction_scales import (
+    NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 from kernelhub.ops._groups import computed_rows
 
 
@@ -43,7 +45,8 @@ def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
                    preferred_element_type: Any, tiling: Any, group_offset: jax.Array | None,
                    existing_out: jax.Array | None, transpose_rhs: bool,
-                   scales: ContractionScales | None = None, *,
+                   scales: ContractionScales | None = None,
+                   output_blocks: OutputBlockScales | None = None, *,
                    interpret: Any = False) -> jax.Array:
     """The raw forward kernel: arguments as the dispatcher normalises them."""
     out_dtype = jnp.dtype(preferred_element_type)
@@ -52,7 +55,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             lhs.astype(widened(lhs.dtype)), rhs.astype(widened(rhs.dtype)), group_sizes,
             widened(out_dtype), tiling, group_offset,
             None if existing_out is None else existing_out.astype(widened(out_dtype)),
-            transpose_rhs, scales, interpret=interpret)
+            transpose_rhs, scales, output_blocks, interpret=interpret)
         return out.astype(out_dtype)
     problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, transpose_rhs)
     m, k, n = problem.m, problem.k, problem.n
@@ -66,9 +69,11 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         return jnp.where(computed[:, None], jnp.zeros_like(base), base)
 
     options = call_options(problem, tiling, interpret)
-    if scales is not None:
-        options = options.with_contraction_tile(
-            "tk", scale_blocks.fitting_tile(options.tiles.tk, k, scales.block_sizes))
+    scales, output_blocks = scales or NO_SCALES, output_blocks or NO_OUTPUT_BLOCKS
+    lhs_row_block, rhs_column_block = output_blocks.operand_blocks
+    options = scale_blocks.fitted_tiles(
+        options, {"tm": (m, tiling_lib.row_granule(problem)), "tk": (k, LANES), "tn": (n, LANES)},
+        {"tk": scales.operand_blocks, "tm": (lhs_row_block,), "tn": (rhs_column_block,)})
     tm, tk, tn = options.tiles.as_tuple()
     k_tiles, n_tiles = -(-k // tk), -(-n // tn)
     plan = schedule_lib.gmm_schedule(group_sizes, group_offset, problem.local_groups, m, tm, k_tiles)
@@ -98,14 +103,14 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
     ]
     operands = [lhs, rhs]
     lhs_scales = rhs_scales = None
-    if scales is not None and scales.lhs is not None:
+    if scales.lhs is not None:
         lhs_scales = scale_blocks.TileScales(scales.lhs_block, tk, k)
         in_specs.append(pl.BlockSpec(
             (lhs_scales.entries, tm, 1),
             lambda ni, item, kk, table: (lhs_scales.block_index(k_block(item, kk, table)),
                                          field(table, GmmField.LHS_TILE, item), 0)))
         operands.append(lhs_scales.leading(scales.lhs, 1)[:, :, None])
-    if scales is not None and scales.rhs is not None:
+    if scales.rhs is not None:
         rhs_scales = scale_blocks.TileScales(scales.rhs_block, tk, k)
         in_specs.append(pl.BlockSpec(
             (None, rhs_scales.entries, 1, tn),
@@ -114,6 +119,30 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         # [G, blocks, n] from either layout, then the blocks leading within a group.
         by_column = jnp.swapaxes(scales.rhs, 1, 2) if transpose_rhs else scales.rhs
         operands.append(jnp.moveaxis(rhs_scales.leading(by_column, 1), 0, 1)[:, :, None, :])
+    lhs_rows = rhs_columns = None
+    if lhs_row_block is not None:  # [row blocks, k] as [blocks, 1, k]
+        lhs_rows = scale_blocks.TileScales(lhs_row_block, tm, m)
+        in_specs.append(pl.BlockSpec(
+            (lhs_rows.entries, 1, tk),
+            lambda ni, item, kk, table: (
+                lhs_rows.block_index(field(table, GmmField.LHS_TILE, item)), 0,
+                k_block(item, kk, table))))
+        operands.append(lhs_rows.leading(output_blocks.lhs, 0)[:, None, :])
+    if rhs_column_block is not None:
+        # [G, k, column blocks] as [G, blocks, k, 1]; transposed, [G, blocks, k] as [G, blocks,
+        # 1, k]: each entry a vector along k, as the rhs tile holds k.
+        rhs_columns = scale_blocks.TileScales(rhs_column_block, tn, n)
+        entry = (1, tk) if transpose_rhs else (tk, 1)
+        in_specs.append(pl.BlockSpec(
+            (None, rhs_columns.entries, *entry),
+            lambda ni, item, kk, table: (
+                field(table, GmmField.GROUP, item), rhs_columns.block_index(ni),
+                *((0, k_block(item, kk, table)) if transpose_rhs
+                  else (k_block(item, kk, table), 0)))))
+        blocks_leading = jnp.moveaxis(rhs_columns.leading(
+            output_blocks.rhs, 1 if transpose_rhs else 2), 0, 1)
+        operands.append(blocks_leading[:, :, None, :] if transpose_rhs
+                        else blocks_leading[..., None])
     aliases = {}
     if existing_out is not None:
         in_specs.append(out_spec)
@@ -121,13 +150,16 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
     compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)
+    if output_blocks.arrays:  # tiles dequantized in VMEM
+        compute = jnp.float32
     blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)
     kernel = functools.partial(
         _kernel, read=plan.reader, tm=tm, tk=tk, k=k, k_tiles=k_tiles,
         transpose_rhs=transpose_rhs, compute=compute, has_existing=existing_out is not None,
         lhs_block=None if lhs_scales is None else lhs_scales.block,
         rhs_block=None if rhs_scales is None else rhs_scales.block,
-        slices=scale_blocks.sub_slices(tk, k, blocks) if blocks else None)
+        slices=scale_blocks.sub_slices(tk, k, blocks) if blocks else None,
+        lhs_rows=lhs_rows, rhs_columns=rhs_columns)
     call = pl.pallas_call(
         kernel,
         out_shape=shape_dtype_like((m, n), out_dtype, lhs),
@@ -137,7 +169,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             in_specs=in_specs,
             out_specs=out_spec,
             scratch_shapes=[pltpu.VMEM(
-                (tm, tn), jnp.float32 if scales is not None else accumulator_dtype(compute))],
+                (tm, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute))],
         ),
         input_output_aliases=aliases,
         # Items revisit an output block back to back, and contraction steps accumulate: only
@@ -157,10 +189,11 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
 
 
 def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_rhs, compute,
-            has_existing, lhs_block, rhs_block, slices):
+            has_existing, lhs_block, rhs_block, slices, lhs_rows, rhs_columns):
     from jax.experimental import pallas as pl
 
-    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
+    lhs_scale_ref, rhs_scale_ref, lhs_row_ref, rhs_column_ref, refs = take_scale_refs(
+        refs, lhs_block, rhs_block, lhs_rows, rhs_columns)
     if has_existing:
         existing_ref, out_ref, acc_ref = refs
     else:
@@ -177,6 +210,13 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
 
     def multiply(mask_past_k: bool):
         lhs, rhs = lhs_ref[...].astype(compute), rhs_ref[...].astype(compute)
+        # Output-axis scale blocks (rows of lhs, columns of rhs): dequantized here, before the
+        # mask, which then also clears scales read past k.
+        if lhs_rows is not None:
+            lhs = lhs * scale_blocks.across_tile(lhs_row_ref, lhs_rows, lhs.shape, axis=0)
+        if rhs_columns is not None:
+            rhs = rhs * scale_blocks.across_tile(rhs_column_ref, rhs_columns, rhs.shape,
+                                                 axis=0 if transpose_rhs else 1)
         if mask_past_k:  # the last contraction block runs past k: zero both operands there
             valid = k - kk * tk
             lhs = keep_first(lhs, valid, axis=1)

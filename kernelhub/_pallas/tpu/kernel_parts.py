@@ -20,9 +20,8 @@ class CallOptions:
     interpret: Any
     int8_mxu: bool  # int8 x int8 tiles multiply as int8 with int32 sums
 
-    def with_contraction_tile(self, name: str, size: int) -> CallOptions:
-        """These options with the contraction tile (`name`: "tk" for gmm, "tm" for tgmm) cut to
-        `size`."""
+    def with_tile(self, name: str, size: int) -> CallOptions:
+        """These options with one tile (`name`: "tm", "tk" or "tn") set to `size`."""
         return dataclasses.replace(self, tiles=dataclasses.replace(self.tiles, **{name: size}))
 
     @property

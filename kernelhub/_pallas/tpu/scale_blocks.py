@@ -23,7 +23,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
+from kernelhub._pallas.tpu.kernel_parts import CallOptions
 from kernelhub._pallas.tpu.tiling import LANES
 
 
@@ -31,24 +33,40 @@ def fits(tile: int, block: int, contraction: int) -> bool:
     return tile >= contraction or tile % block == 0 or block % tile == 0
 
 
-def fitting_tile(tile: int, contraction: int, blocks: tuple[int, ...]) -> int:
-    """The largest contraction tile up to `tile` that fits every scale block (a multiple of
-    LANES: block sizes the kernels take always let LANES itself fit)."""
+def fitting_tile(tile: int, length: int, blocks: tuple[int, ...], granule: int = LANES) -> int:
+    """The largest tile up to `tile`, a multiple of `granule` (the axis' layout rule), that fits
+    every scale block along an axis of `length` (block sizes the kernels take always let the
+    granule itself fit)."""
     candidate = tile
-    while not all(fits(candidate, block, contraction) for block in blocks):
-        candidate = (candidate - 1) // LANES * LANES
+    while not all(fits(candidate, block, length) for block in blocks):
+        candidate = (candidate - 1) // granule * granule
         if candidate <= 0:
-            raise ValueError(f"no contraction tile fits scale blocks of {blocks} elements")
+            raise ValueError(f"no tile fits scale blocks of {blocks} elements")
     return candidate
+
+
+def fitted_tiles(options: CallOptions, lengths: dict[str, tuple[int, int]],
+                 blocks: dict[str, tuple[int | None, ...]]) -> CallOptions:
+    """`options` with each tile named in `blocks` ("tm", "tk", "tn") cut by `fitting_tile` to
+    the scale blocks running along its axis (None entries: operands without), its axis'
+    (length, granule) from `lengths`."""
+    for name, sizes in blocks.items():
+        sizes = tuple(size for size in sizes if size is not None)
+        if sizes:
+            length, granule = lengths[name]
+            options = options.with_tile(
+                name, fitting_tile(getattr(options.tiles, name), length, sizes, granule))
+    return options
 
 
 @dataclasses.dataclass(frozen=True)
 class TileScales:
-    """How one scaled operand's scale entries line up with the contraction tiles."""
+    """How one scaled operand's scale entries line up with the tiles of the axis its blocks run
+    along (the contraction, or an output axis in backward products)."""
 
     block: int  # the operand's scale block size
-    tile: int  # the contraction tile
-    contraction: int  # the contraction's length
+    tile: int  # the tile along that axis
+    contraction: int  # that axis' length
 
     @property
     def single_tile(self) -> bool:
@@ -67,7 +85,9 @@ class TileScales:
             return jnp.zeros_like(tile_index)
         if self.tile % self.block == 0:
             return tile_index
-        return tile_index // (self.block // self.tile)
+        # lax.div: Python's floor division lowers through `sign`, which Mosaic lowers only
+        # knowing the TPU (so not when exporting for one from elsewhere); these are >= 0.
+        return lax.div(tile_index, jnp.asarray(self.block // self.tile, tile_index.dtype))
 
     def leading(self, scale: jax.Array, block_axis: int) -> jax.Array:
         """`scale` with its block axis moved to the front and padded with zeros to whole tiles
@@ -105,3 +125,18 @@ def scaled_sum(multiply: Callable[[int, int], jax.Array], slices: list[tuple[int
             part = part * rhs_scale_ref[start // rhs_block]
         total = total + part
     return total
+
+
+def across_tile(entries_ref: Any, tiles: TileScales, shape: tuple[int, int],
+                axis: int) -> jax.Array:
+    """The float32 [rows, columns] scales of a tile whose `axis` (an output axis) runs across
+    scale blocks: entry j of `entries_ref` (a [1, columns] or [rows, 1] vector, varying along
+    the contraction) for the elements of the tile's j-th block. Multiplying the tile by it
+    dequantizes the tile (OutputBlockScales, kernelhub/ops/_contraction_scales.py)."""
+    scale = jnp.broadcast_to(entries_ref[0], shape)
+    if tiles.entries == 1:
+        return scale
+    block = lax.div(lax.broadcasted_iota(jnp.int32, shape, axis), jnp.int32(tiles.block))
+    for entry in range(1, tiles.entries):
+        scale = jnp.where(block == entry, jnp.broadcast_to(entries_ref[entry], shape), scale)
+    return scale

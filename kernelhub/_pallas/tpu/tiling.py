@@ -87,14 +87,14 @@ def sublanes(dtype: Any) -> int:
     return 8 * (4 // np.dtype(dtype).itemsize)
 
 
-def _row_granule(problem: Problem) -> int:
+def row_granule(problem: Problem) -> int:
     """What tm must be a multiple of (unless it spans all m rows)."""
     if problem.kernel.row_axis_on_lanes:
         return LANES
     return max(sublanes(problem.lhs_dtype), sublanes(problem.out_dtype))
 
 
-def _depth_granule(problem: Problem) -> int:
+def depth_granule(problem: Problem) -> int:
     """What tk must be a multiple of (unless it spans all k)."""
     if problem.kernel.row_axis_on_lanes:  # tgmm: tk is the sublane axis of lhs and out blocks
         return max(sublanes(problem.lhs_dtype), sublanes(problem.out_dtype))
@@ -115,8 +115,8 @@ def check(tiling: Any, problem: Problem, source: str = "tiling") -> Tiles:
         )
     tiles = _clamp(Tiles(*(int(t) for t in tiling)), problem)
     rules = (
-        ("tm", tiles.tm, problem.m, "m", _row_granule(problem)),
-        ("tk", tiles.tk, problem.k, "k", _depth_granule(problem)),
+        ("tm", tiles.tm, problem.m, "m", row_granule(problem)),
+        ("tk", tiles.tk, problem.k, "k", depth_granule(problem)),
         ("tn", tiles.tn, problem.n, "n", LANES),
     )
     for name, tile, axis, axis_name, granule in rules:
@@ -202,11 +202,11 @@ def estimated_seconds(tiles: Tiles, problem: Problem, chip: Chip) -> float:
 def legal_tilings(problem: Problem) -> list[tuple[int, int, int]]:
     """The (tm, tk, tn) the default and the autotuner choose among, smallest first."""
     on_lanes = problem.kernel.row_axis_on_lanes
-    row_granule, depth_granule = _row_granule(problem), _depth_granule(problem)
-    row_sizes = _ROW_CANDIDATES if on_lanes else (row_granule, 64, *_ROW_CANDIDATES)
-    depth_sizes = (depth_granule, 64, *_ROW_CANDIDATES, 2048) if on_lanes else _LANE_CANDIDATES
-    rows = _axis_candidates(problem.m, row_granule, row_sizes)
-    depth = _axis_candidates(problem.k, depth_granule, depth_sizes)
+    row_step, depth_step = row_granule(problem), depth_granule(problem)
+    row_sizes = _ROW_CANDIDATES if on_lanes else (row_step, 64, *_ROW_CANDIDATES)
+    depth_sizes = (depth_step, 64, *_ROW_CANDIDATES, 2048) if on_lanes else _LANE_CANDIDATES
+    rows = _axis_candidates(problem.m, row_step, row_sizes)
+    depth = _axis_candidates(problem.k, depth_step, depth_sizes)
     cols = _axis_candidates(problem.n, LANES, _LANE_CANDIDATES)
     return list(itertools.product(rows, depth, cols))
 
@@ -236,7 +236,7 @@ def default_for_interpret(problem: Problem) -> Tiles:
     About one group's rows per row tile gives several row tiles and tiles shared by groups;
     emulation costs grow with both the grid's steps and the blocks' sizes, hence the caps.
     """
-    granule = _row_granule(problem)
+    granule = row_granule(problem)
     expected_rows = max(problem.m // problem.num_groups, 1)
     tm = granule
     while tm * 2 <= min(expected_rows, 256):

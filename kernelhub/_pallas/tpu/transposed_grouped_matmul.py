@@ -27,7 +27,9 @@ from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, kernel_name,
     needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import TgmmField
-from kernelhub.ops._contraction_scales import ContractionScales, take_scale_refs
+from kernelhub._pallas.tpu.tiling import LANES
+from kernelhub.ops._contraction_scales import (
+    NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 
 
 def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: Any,
@@ -42,7 +44,8 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
                               preferred_element_type: Any, tiling: Any,
                               group_offset: jax.Array | None, num_actual_groups: int | None,
                               existing_out: jax.Array | None,
-                              scales: ContractionScales | None = None, *,
+                              scales: ContractionScales | None = None,
+                              output_blocks: OutputBlockScales | None = None, *,
                               interpret: Any = False) -> jax.Array:
     """The raw forward kernel: arguments as the dispatcher normalises them."""
     out_dtype = jnp.dtype(preferred_element_type)
@@ -51,7 +54,7 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             lhs.astype(widened(lhs.dtype)), rhs.astype(widened(rhs.dtype)), group_sizes,
             widened(out_dtype), tiling, group_offset, num_actual_groups,
             None if existing_out is None else existing_out.astype(widened(out_dtype)),
-            scales, interpret=interpret)
+            scales, output_blocks, interpret=interpret)
         return out.astype(out_dtype)
     actual = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
     problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, actual)
@@ -62,9 +65,11 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
         return existing_out if existing_out is not None else jnp.zeros((actual, k, n), out_dtype)
 
     options = call_options(problem, tiling, interpret)
-    if scales is not None:
-        options = options.with_contraction_tile(
-            "tm", scale_blocks.fitting_tile(options.tiles.tm, m, scales.block_sizes))
+    scales, output_blocks = scales or NO_SCALES, output_blocks or NO_OUTPUT_BLOCKS
+    lhs_row_block, rhs_column_block = output_blocks.operand_blocks
+    options = scale_blocks.fitted_tiles(
+        options, {"tm": (m, LANES), "tk": (k, tiling_lib.depth_granule(problem)), "tn": (n, LANES)},
+        {"tm": scales.operand_blocks, "tk": (lhs_row_block,), "tn": (rhs_column_block,)})
     tm, tk, tn = options.tiles.as_tuple()
     k_tiles, n_tiles = -(-k // tk), -(-n // tn)
     plan = schedule_lib.tgmm_schedule(group_sizes, group_offset, actual, m, tm)
@@ -86,20 +91,35 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
     in_specs = [pl.BlockSpec((tk, tm), lhs_index), pl.BlockSpec((tm, tn), rhs_index)]
     operands = [lhs, rhs]
     lhs_scales = rhs_scales = None
-    if scales is not None and scales.lhs is not None:  # [k, blocks]
+    if scales.lhs is not None:  # [k, blocks]
         lhs_scales = scale_blocks.TileScales(scales.lhs_block, tm, m)
         in_specs.append(pl.BlockSpec(
             (lhs_scales.entries, tk, 1),
             lambda ni, ki, item, table: (
                 lhs_scales.block_index(field(table, TgmmField.TILE, item)), ki, 0)))
         operands.append(lhs_scales.leading(scales.lhs, 1)[:, :, None])
-    if scales is not None and scales.rhs is not None:  # [blocks, n]
+    if scales.rhs is not None:  # [blocks, n]
         rhs_scales = scale_blocks.TileScales(scales.rhs_block, tm, m)
         in_specs.append(pl.BlockSpec(
             (rhs_scales.entries, 1, tn),
             lambda ni, ki, item, table: (
                 rhs_scales.block_index(field(table, TgmmField.TILE, item)), 0, ni)))
         operands.append(rhs_scales.leading(scales.rhs, 0)[:, None, :])
+    lhs_rows = rhs_columns = None
+    if lhs_row_block is not None:  # [k blocks, m] as [blocks, 1, m]
+        lhs_rows = scale_blocks.TileScales(lhs_row_block, tk, k)
+        in_specs.append(pl.BlockSpec(
+            (lhs_rows.entries, 1, tm),
+            lambda ni, ki, item, table: (lhs_rows.block_index(ki), 0,
+                                         field(table, TgmmField.TILE, item))))
+        operands.append(lhs_rows.leading(output_blocks.lhs, 0)[:, None, :])
+    if rhs_column_block is not None:  # [m, n blocks] as [blocks, m, 1]
+        rhs_columns = scale_blocks.TileScales(rhs_column_block, tn, n)
+        in_specs.append(pl.BlockSpec(
+            (rhs_columns.entries, tm, 1),
+            lambda ni, ki, item, table: (rhs_columns.block_index(ni),
+                                         field(table, TgmmField.TILE, item), 0)))
+        operands.append(rhs_columns.leading(output_blocks.rhs, 1)[..., None])
     blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)
     aliases = {}
     if existing_out is not None:
@@ -108,11 +128,14 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
     compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)
+    if output_blocks.arrays:  # tiles dequantized in VMEM
+        compute = jnp.float32
     kernel = functools.partial(
         _kernel, read=plan.reader, tm=tm, compute=compute, has_existing=existing_out is not None,
         lhs_block=None if lhs_scales is None else lhs_scales.block,
         rhs_block=None if rhs_scales is None else rhs_scales.block,
-        slices=scale_blocks.sub_slices(tm, m, blocks) if blocks else None)
+        slices=scale_blocks.sub_slices(tm, m, blocks) if blocks else None,
+        lhs_rows=lhs_rows, rhs_columns=rhs_columns)
     call = pl.pallas_call(
         kernel,
         out_shape=shape_dtype_like((actual, k, n), out_dtype, lhs),
@@ -122,7 +145,7 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             in_specs=in_specs,
             out_specs=out_spec,
             scratch_shapes=[pltpu.VMEM(
-                (tk, tn), jnp.float32 if scales is not None else accumulator_dtype(compute))],
+                (tk, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute))],
         ),
         input_output_aliases=aliases,
         # Every output block belongs to one (column, row) tile pair: those axes are independent.
@@ -142,10 +165,11 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
 
 
 def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs_block,
-            rhs_block, slices):
+            rhs_block, slices, lhs_rows, rhs_columns):
     from jax.experimental import pallas as pl
 
-    lhs_scale_ref, rhs_scale_ref, refs = take_scale_refs(refs, lhs_block, rhs_block)
+    lhs_scale_ref, rhs_scale_ref, lhs_row_ref, rhs_column_ref, refs = take_scale_refs(
+        refs, lhs_block, rhs_block, lhs_rows, rhs_columns)
     if has_existing:
         existing_ref, out_ref, acc_ref = refs
     else:
@@ -162,6 +186,12 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs
         first_row = field(TgmmField.TILE, item) * tm
         start, end = field(TgmmField.ROW_START, item), field(TgmmField.ROW_END, item)
         lhs, rhs = lhs_ref[...].astype(compute), rhs_ref[...].astype(compute)
+        # Output-axis scale blocks (k rows of lhs, n columns of rhs): dequantized here, before
+        # the row masks, which then also clear scales of rows outside the group.
+        if lhs_rows is not None:
+            lhs = lhs * scale_blocks.across_tile(lhs_row_ref, lhs_rows, lhs.shape, axis=0)
+        if rhs_columns is not None:
+            rhs = rhs * scale_blocks.across_tile(rhs_column_ref, rhs_columns, rhs.shape, axis=1)
         lhs = jnp.where(row_mask(lhs.shape, 1, first_row, start, end), lhs, jnp.zeros_like(lhs))
         rhs = jnp.where(row_mask(rhs.shape, 0, first_row, start, end), rhs, jnp.zeros_like(rhs))
 
