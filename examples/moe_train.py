@@ -3,6 +3,7 @@
     python examples/moe_train.py                  # CPU, or whatever jax's default backend is
     python examples/moe_train.py --steps 50
     python examples/moe_train.py --quantize fp8   # expert matmuls on fp8 (or int8) operands
+    python examples/moe_train.py --quantize fp8-blocks  # fp8 with DeepSeek-style scale blocks
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/moe_train.py  # a mesh
 
 The block: a router picks top_k experts per token, the token choices are sorted by expert, each
@@ -11,8 +12,10 @@ and the answers are unsorted and combined with the router's weights. The student
 to imitate a fixed random teacher network on random inputs, so the loss must fall.
 
 With --quantize, each expert matmul quantizes its rows and weights first (per row and per
-output column, kernelhub.quantize): float8_e4m3fn for fp8, int8 for int8. The gradients pass
-straight through the quantization to the float weights, which the optimizer keeps.
+output column, kernelhub.quantize): float8_e4m3fn for fp8, int8 for int8; fp8-blocks gives
+each row and each column one scale per 16 elements along k (DeepSeek-V3 uses 128; this toy's
+k is 32 or 64). The gradients pass straight through the quantization to the float weights,
+which the optimizer keeps.
 
 With one device the block runs as is; with several, the experts are sharded over a mesh axis
 with one of kernelhub.parallel's layouts. The matmuls come from kernelhub.get, so the same file
@@ -50,11 +53,13 @@ class Config:
     learning_rate: float = 3e-3
     layout: str = "auto"  # auto, local, replicated or routed
     capacity_factor: float | None = None  # None: a capacity that never drops a token
-    quantize: str = "none"  # none, int8 or fp8: the expert matmuls' operands
+    quantize: str = "none"  # none, int8, fp8 or fp8-blocks: the expert matmuls' operands
     seed: int = 0
 
 
-QUANTIZED_DTYPES = {"none": None, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+# --quantize: (dtype, scale block along k; None for one scale per row or column), or None.
+QUANTIZED_FORMATS = {"none": None, "int8": (jnp.int8, None), "fp8": (jnp.float8_e4m3fn, None),
+                     "fp8-blocks": (jnp.float8_e4m3fn, 16)}
 
 
 def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
@@ -73,12 +78,13 @@ def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
 def swiglu_experts(rows, group_sizes, experts, group_offset, quantize="none"):
     """A kernelhub.parallel.ExpertFn: each expert's SwiGLU feed-forward on its rows."""
     gmm = kernelhub.get("grouped_matmul")
-    dtype = QUANTIZED_DTYPES[quantize]
+    form = QUANTIZED_FORMATS[quantize]
 
     def matmul(lhs, weights):
-        if dtype is not None:  # along k, the axis each product sums over
-            lhs = kernelhub.quantize(lhs, dtype, axis=1)
-            weights = kernelhub.quantize(weights, dtype, axis=1)
+        if form is not None:  # along k, the axis each product sums over
+            dtype, block_size = form
+            lhs = kernelhub.quantize(lhs, dtype, axis=1, block_size=block_size)
+            weights = kernelhub.quantize(weights, dtype, axis=1, block_size=block_size)
         return gmm(lhs, weights, group_sizes, group_offset=group_offset)
 
     gate = matmul(rows, experts["gate"])
@@ -197,7 +203,8 @@ def _train(config: Config, layout: Layout, log: Callable[[str], None]) -> dict[s
         return optax.apply_updates(params, updates), state, loss, dropped
 
     mesh_text = "one device" if layout.mesh is None else f"mesh {dict(layout.mesh.shape)}"
-    features = () if config.quantize == "none" else ("quantized",)
+    features = {"none": (), "fp8-blocks": ("quantized", "quantized_blocks")}.get(
+        config.quantize, ("quantized",))
     kernel = kernelhub.resolve("grouped_matmul", features=features).platform.value
     log(f"layout={layout.name} on {mesh_text} ({jax.default_backend()}), "
         f"grouped_matmul={kernel}, expert matmuls quantized: {config.quantize}, "
@@ -235,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--capacity-factor", type=float, default=None,
                         help="routed layout: exchange capacity as a multiple of even routing "
                              "(default: a capacity that never drops)")
-    parser.add_argument("--quantize", default=defaults.quantize, choices=tuple(QUANTIZED_DTYPES),
+    parser.add_argument("--quantize", default=defaults.quantize, choices=tuple(QUANTIZED_FORMATS),
                         help="run the expert matmuls on int8 or fp8 (e4m3) operands")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)

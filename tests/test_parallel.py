@@ -135,7 +135,7 @@ def test_example_trains_and_loss_falls():
     assert result["steps_per_second"] > 0
 
 
-@pytest.mark.parametrize("quantize", ["int8", "fp8"])
+@pytest.mark.parametrize("quantize", ["int8", "fp8", "fp8-blocks"])
 def test_example_trains_with_quantized_expert_matmuls(quantize):
     """Straight-through gradients train the float weights about as well as float matmuls."""
     example = load_example()

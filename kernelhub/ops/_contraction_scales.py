@@ -1,4 +1,5 @@
-"""Scale blocks along the contraction, applied inside the Pallas kernels.
+"""Scale blocks applied inside the Pallas kernels: along the contraction, and (in backward
+products) along an output axis.
 
 An operand quantized with several scale blocks along its contraction axis (kernelhub/
 quantization.py: `block_size` elements share a scale) cannot have its scales applied around a
@@ -14,6 +15,10 @@ multiples of 128, which covers the usual 32 (MX formats), 64 and 128 (DeepSeek-s
 128x128). A Triton contraction block is then a power of two dividing the scale block; a TPU
 contraction tile, a multiple of 128, holds whole scale blocks or lies inside one. Other sizes
 run on the XLA implementation (feature QUANTIZED_ODD_BLOCKS, kernelhub/ops/_checks.py).
+
+In a backward product the blocked operand meets a float cotangent, its blocks now along an
+output axis (`OutputBlockScales`): each output tile lies in one block or holds whole ones, and
+the kernels dequantize its tiles by the blocks' scale vectors along the contraction.
 """
 
 from __future__ import annotations
