@@ -40,6 +40,9 @@ QUANTIZED_DTYPES = tuple(_LARGEST)
 # Every value of these dtypes is a bfloat16 exactly, so kernels may widen quantized tiles to
 # bfloat16 (and multiply on bf16 units, summing in float32) without changing a product.
 EXACT_IN_BFLOAT16 = (jnp.dtype(jnp.bfloat16), *QUANTIZED_DTYPES)
+# int8 x int8 sums stay exact in int32 while terms * 128 * 128 < 2**31 (-128 is a valid value):
+# a longer contraction sums shorter runs exactly and adds them in float32, in every kernel.
+MAX_EXACT_INT32_TERMS = 2**31 // (128 * 128) - 1
 _DTYPE_NAMES = "int8, float8_e4m3fn or float8_e5m2"
 _SOURCE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 

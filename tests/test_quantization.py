@@ -276,6 +276,25 @@ def test_gmm_int8_sums_are_exact_over_a_long_contraction(spec):
     np.testing.assert_array_equal(np.asarray(out, np.float64), exact.astype(np.float32))
 
 
+@pytest.mark.parametrize("op, spec", [
+    pytest.param(op, p.values[0], id=f"{op}-{p.id}")
+    for op in (GMM, TGMM) for p in quantized_implementations(op)])
+def test_int8_sums_longer_than_int32_holds_stay_exact(op, spec):
+    """131200 products of -128 * -128 sum to 2**21 * 1025, past int32 (which would wrap to a
+    negative number) but exact in float32: no implementation sums that long a contraction in
+    int32; runs of it are summed exactly and added in float32."""
+    k = 131200
+    lhs = QuantizedArray(jnp.full((8, k), -128, jnp.int8), jnp.ones((8, 1)), axis=1)
+    if op == GMM:
+        rhs = QuantizedArray(jnp.full((1, k, 8), -128, jnp.int8), jnp.ones((1, 1, 8)), axis=1)
+        sizes = jnp.asarray([8], jnp.int32)
+    else:
+        rhs = QuantizedArray(jnp.full((k, 8), -128, jnp.int8), jnp.ones((1, 8)), axis=0)
+        sizes = jnp.asarray([k], jnp.int32)
+    out = kernelhub.get(op, platform=spec.platform)(lhs, rhs, sizes)
+    np.testing.assert_array_equal(np.asarray(out, np.float64), float(2**21 * 1025))
+
+
 @pytest.mark.parametrize("spec", quantized_implementations(TGMM))
 @pytest.mark.parametrize("dtype", QUANTIZED)
 @pytest.mark.parametrize("block_size", [None, 16])

@@ -225,10 +225,10 @@ def test_narrow_dots_in_interpret_mode(lhs_dtype, rhs_dtype, transpose_rhs):
 def test_int8_contraction_past_exact_int32_sums(monkeypatch):
     """Past MAX_EXACT_INT32_TERMS products an int32 total could wrap: each block's sum stays
     exact in int32 and the blocks add in float32 (here the limit is lowered to reach it)."""
-    from kernelhub._pallas.gpu import _narrow_dot
+    from kernelhub import quantization
     from kernelhub._pallas.gpu.transposed_grouped_matmul import raw_transposed_grouped_matmul
 
-    monkeypatch.setattr(_narrow_dot, "MAX_EXACT_INT32_TERMS", 64)
+    monkeypatch.setattr(quantization, "MAX_EXACT_INT32_TERMS", 64)
     rng = np.random.default_rng(8)
     k, m, n = 48, 150, 32
     sizes = np.array([70, 0, 75], np.int32)

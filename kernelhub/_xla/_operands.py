@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._xla import _row_chunks
+from kernelhub import quantization
 from kernelhub.quantization import EXACT_IN_BFLOAT16, QuantizedArray, expand_scale
 
 
@@ -106,12 +107,13 @@ def scales_factor_out(*operands: tuple[Any, int]) -> bool:
                for operand, axis in operands if isinstance(operand, QuantizedArray))
 
 
-def carrier_dtype(*operands: Any) -> tuple[Any, Any]:
-    """(the dtype the values are multiplied in, the dtype their products are summed in)."""
+def carrier_dtype(*operands: Any, contraction: int) -> tuple[Any, Any]:
+    """(the dtype the values are multiplied in, the dtype their products are summed in), for a
+    product summing `contraction` terms."""
     if not any(isinstance(operand, QuantizedArray) for operand in operands):
         return compute_dtype(*operands), jnp.dtype(jnp.float32)
     dtypes = {jnp.dtype(operand.dtype) for operand in operands}
-    if dtypes == {jnp.dtype(jnp.int8)}:
+    if dtypes == {jnp.dtype(jnp.int8)} and contraction <= quantization.MAX_EXACT_INT32_TERMS:
         return jnp.dtype(jnp.int8), jnp.dtype(jnp.int32)
     exact_in_bf16 = all(jnp.dtype(operand.dtype) in EXACT_IN_BFLOAT16 for operand in operands)
     return jnp.dtype(jnp.bfloat16 if exact_in_bf16 else jnp.float32), jnp.dtype(jnp.float32)

@@ -35,7 +35,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32
     # the scales applied to the sums; otherwise each part is dequantized first.
     factored = _operands.scales_factor_out((lhs, 1), (rhs, 2 if transpose_rhs else 1))
     if factored:
-        compute_dtype, sum_dtype = _operands.carrier_dtype(lhs, rhs)
+        compute_dtype, sum_dtype = _operands.carrier_dtype(lhs, rhs, contraction=k)
     else:
         compute_dtype, sum_dtype = _operands.compute_dtype(lhs, rhs), jnp.float32
 

@@ -39,8 +39,6 @@ _INT8 = jnp.dtype(jnp.int8)
 # Triton's smallest contraction tile for 8-bit operands (its frontend's rule; Pallas's lowering
 # does not check it).
 MIN_CONTRACTION_BLOCK = 32
-# int8 x int8 sums stay exact in int32 while terms * 128 * 128 < 2**31 (-128 is a valid value).
-MAX_EXACT_INT32_TERMS = 2**31 // (128 * 128) - 1
 
 
 def accumulator_dtype(lhs_dtype, rhs_dtype) -> jnp.dtype | None:

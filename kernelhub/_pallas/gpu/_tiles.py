@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub import quantization
 from kernelhub.quantization import EXACT_IN_BFLOAT16
 
 
@@ -144,7 +145,7 @@ def tile_product(lhs_dtype, rhs_dtype, contraction_block: int, contraction: int,
     if (narrow is None or contraction_block < _narrow_dot.MIN_CONTRACTION_BLOCK
             or not (interpret or _narrow_dot.triton_lowering_missing() is None)):
         return TileProduct(compute_dtype(lhs_dtype, rhs_dtype), jnp.dtype(jnp.float32))
-    if narrow == jnp.int32 and contraction > _narrow_dot.MAX_EXACT_INT32_TERMS:
+    if narrow == jnp.int32 and contraction > quantization.MAX_EXACT_INT32_TERMS:
         return TileProduct(None, jnp.dtype(jnp.float32))
     return TileProduct(None, narrow)
 

@@ -169,7 +169,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             in_specs=in_specs,
             out_specs=out_spec,
             scratch_shapes=[pltpu.VMEM(
-                (tm, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute))],
+                (tm, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute, k))],
         ),
         input_output_aliases=aliases,
         # Items revisit an output block back to back, and contraction steps accumulate: only
@@ -229,7 +229,7 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
                                    precision=contraction_precision(compute))
 
         if slices is None:
-            product = dot(lhs, rhs, acc_ref.dtype)
+            product = dot(lhs, rhs, accumulator_dtype(compute)).astype(acc_ref.dtype)
         else:
             def multiply(start, size):
                 part = slice(start, start + size)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.tpu import hardware, tiling as tiling_lib
+from kernelhub import quantization
 from kernelhub.quantization import EXACT_IN_BFLOAT16
 
 
@@ -81,10 +82,12 @@ def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False) -> Any
     return jnp.float32
 
 
-def accumulator_dtype(compute: Any) -> Any:
-    """What the products of `compute` tiles are summed in: int32 for int8 (exact), else
-    float32."""
-    return jnp.int32 if jnp.dtype(compute) == jnp.dtype(jnp.int8) else jnp.float32
+def accumulator_dtype(compute: Any, contraction: int = 0) -> Any:
+    """What the products of `compute` tiles are summed in over a `contraction` (0: one tile's):
+    int32 for int8, exact while the contraction has at most MAX_EXACT_INT32_TERMS terms; else
+    float32 (a longer int8 contraction adds its tiles' exact int32 sums in float32)."""
+    int8 = jnp.dtype(compute) == jnp.dtype(jnp.int8)
+    return jnp.int32 if int8 and contraction <= quantization.MAX_EXACT_INT32_TERMS else jnp.float32
 
 
 def contraction_precision(compute: Any) -> lax.Precision | None:

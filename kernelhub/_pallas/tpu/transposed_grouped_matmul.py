@@ -145,7 +145,7 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             in_specs=in_specs,
             out_specs=out_spec,
             scratch_shapes=[pltpu.VMEM(
-                (tk, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute))],
+                (tk, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute, m))],
         ),
         input_output_aliases=aliases,
         # Every output block belongs to one (column, row) tile pair: those axes are independent.
@@ -201,7 +201,7 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs
                                    precision=contraction_precision(compute))
 
         if slices is None:
-            acc_ref[...] += dot(lhs, rhs, acc_ref.dtype)
+            acc_ref[...] += dot(lhs, rhs, accumulator_dtype(compute)).astype(acc_ref.dtype)
             return
         def multiply(start, size):
             part = slice(start, start + size)
