@@ -171,7 +171,7 @@ E4M3, E5M2, INT8 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8
 
 
 def test_which_tiles_are_multiplied_as_stored():
-    from kernelhub._pallas.gpu import _narrow_dot
+    from kernelhub import quantization
     from kernelhub._pallas.gpu._tiles import TileProduct, tile_product
 
     f32, i32, bf16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.int32), jnp.dtype(jnp.bfloat16)
@@ -183,7 +183,7 @@ def test_which_tiles_are_multiplied_as_stored():
     assert tile_product(jnp.float32, E4M3, 64, 100, True) == TileProduct(f32, f32)
     assert tile_product(INT8, E4M3, 64, 100, True) == TileProduct(bf16, f32)
     # Too long a contraction for exact int32 sums: int32 per block, float32 across blocks.
-    limit = _narrow_dot.MAX_EXACT_INT32_TERMS
+    limit = quantization.MAX_EXACT_INT32_TERMS
     assert tile_product(INT8, INT8, 64, limit + 1, True) == TileProduct(None, f32)
     assert tile_product(INT8, INT8, 64, limit, True) == TileProduct(None, i32)
 
