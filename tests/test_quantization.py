@@ -245,14 +245,16 @@ def test_tgmm_scale_blocks_across_contraction_tiles(spec):
 
 
 @pytest.mark.parametrize("spec", quantized_implementations(GMM))
-def test_gmm_quantized_nan_stays_in_its_rows(spec):
-    """A NaN in one row of lhs makes that row's scale NaN: it reaches that row's outputs only,
-    also where scales are applied around the kernel."""
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_gmm_quantized_nan_stays_in_its_rows(spec, block_size):
+    """A NaN in one row of lhs makes that row's scale (of its block) NaN: it reaches that row's
+    outputs only, where scales are applied around the kernel and inside it."""
     rng = np.random.default_rng(13)
-    lhs, rhs = gmm_arrays(rng, 24, 16, 8, 2)
+    lhs, rhs = gmm_arrays(rng, 24, 32, 8, 2)
     lhs = lhs.at[3, 5].set(jnp.nan)
     out = np.asarray(kernelhub.get(GMM, platform=spec.platform)(
-        quantize(lhs, jnp.int8, axis=1), quantize(rhs, jnp.float8_e4m3fn, axis=1),
+        quantize(lhs, jnp.int8, axis=1, block_size=block_size),
+        quantize(rhs, jnp.float8_e4m3fn, axis=1, block_size=block_size),
         jnp.asarray([10, 8], jnp.int32)))
     assert np.isnan(out[3]).all()
     assert np.isfinite(np.delete(out, 3, axis=0)).all()

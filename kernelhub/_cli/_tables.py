@@ -40,6 +40,16 @@ def write(path: Path | str, text: str) -> None:
     path.write_text(text)
 
 
+def run_header(option: str, details: str) -> str:
+    """A report's first line: the command, the date, jax's version and backend, then `details`."""
+    import datetime
+
+    import jax
+
+    return (f"kernelhub bench --{option}, {datetime.date.today()}, jax {jax.__version__}, "
+            f"{jax.default_backend()}, {details}")
+
+
 def report(console: Console, header: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
            out: Path | str | None, notes: str = "") -> None:
     """Prints the table (and `notes` under it); with `out`, writes it as markdown there too."""

@@ -8,7 +8,6 @@ best of a few rounds. A small MoE shape and the benchmark's shape.
 from __future__ import annotations
 
 import argparse
-import datetime
 import time
 from collections.abc import Callable
 
@@ -61,8 +60,8 @@ def run_compile(args: argparse.Namespace) -> int:
     for shape in SHAPES:
         with console.status(f"compiling at {shape}"):
             rows += measure(*shape, dtype, rounds)
-    header = (f"kernelhub bench --compile, {datetime.date.today()}, jax {jax.__version__}, "
-              f"{jax.default_backend()}, {dtype}; trace + lower + compile, caches cleared, best "
-              f"of {rounds}; {kernelhub.resolve('grouped_matmul').platform.value}")
+    header = _tables.run_header(
+        "compile", f"{dtype}; trace + lower + compile, caches cleared, best of {rounds}; "
+        f"{kernelhub.resolve('grouped_matmul').platform.value}")
     _tables.report(console, header, COLUMNS, rows, args.out)
     return 0

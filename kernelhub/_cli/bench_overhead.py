@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import statistics
 from collections.abc import Callable
 
@@ -73,8 +72,7 @@ def run_overhead(args: argparse.Namespace) -> int:
     console = _tables.console()
     reps = args.reps or 300
     rows = [measure(op, reps, rounds=5).cells() for op in args.ops]
-    header = (f"kernelhub bench --overhead, {datetime.date.today()}, jax {jax.__version__}, "
-              f"{jax.default_backend()}; best of 5 rounds of the median of {reps} interleaved "
-              f"eager calls")
+    header = _tables.run_header(
+        "overhead", f"best of 5 rounds of the median of {reps} interleaved eager calls")
     _tables.report(console, header, COLUMNS, rows, args.out)
     return 0

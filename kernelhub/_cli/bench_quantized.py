@@ -7,7 +7,6 @@ matmul of the same FLOPs) in one process, balanced groups, at the benchmark's sh
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import statistics
 from collections.abc import Callable
@@ -69,9 +68,9 @@ def run_quantized(args: argparse.Namespace) -> int:
         with console.status(f"quantized gmm, {count} groups"):
             rows += measure(count, reps, args.platform)
     chosen = kernelhub.resolve("grouped_matmul", platform=args.platform, features=["quantized"])
-    header = (f"kernelhub bench --quantized, {datetime.date.today()}, jax {jax.__version__}, "
-              f"{jax.default_backend()}, gmm {M}x{K}x{N}, balanced groups, median of {reps} turns; "
-              f"{chosen.platform.value}/{chosen.backend.value}")
+    header = _tables.run_header(
+        "quantized", f"gmm {M}x{K}x{N}, balanced groups, median of {reps} turns; "
+        f"{chosen.platform.value}/{chosen.backend.value}")
     notes = ("bf16: the same gmm on bfloat16 operands; floor: a bfloat16 batched matmul of the same "
              "FLOPs. Outputs float32.")
     _tables.report(console, header, COLUMNS, rows, args.out, notes)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -122,9 +121,9 @@ def run_tuning(args: argparse.Namespace) -> int:
                                         draws, args.platform)
     source = str(args.tuning_table) if table else (
         f"the table shipped for {jax.devices()[0].device_kind!r}")
-    header = (f"kernelhub bench --tuning, {datetime.date.today()}, jax {jax.__version__}, "
-              f"{jax.default_backend()}, {m}x{k}x{n}, tuned: {source}; best of {draws} input "
-              f"draws, median of {reps} turns each")
+    header = _tables.run_header(
+        "tuning", f"{m}x{k}x{n}, tuned: {source}; best of {draws} input draws, median of {reps} "
+        f"turns each")
     notes = ("heuristic: every kernel on its implementation's heuristic tiling; speed-up: "
              "heuristic ms / tuned ms; tilings changed: the passes the table tiles otherwise.")
     _tables.report(console, header, COLUMNS, rows, args.out, notes)
