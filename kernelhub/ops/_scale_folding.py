@@ -116,7 +116,6 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         lhs, rhs, kernel_options = _kernel_scales(lhs, 1, rhs, rhs_contraction)
         if group_offset is None:
             group_offset = jnp.zeros((), jnp.int32)
-        groups = _row_groups(group_sizes, group_offset, local_groups, m)
         row_scale = column_scale = None
         if isinstance(lhs, QuantizedArray):
             scale = _scales(lhs)
@@ -129,11 +128,15 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
             lhs = lhs.values
         if isinstance(rhs, QuantizedArray):
             scale = _scales(rhs)  # [local_groups, the axis the scale varies over]
+            groups = _row_groups(group_sizes, group_offset, local_groups, m)
             if rhs.axis == rhs_contraction:  # one scale per output column and group
                 column_scale = scale[groups]
             else:  # one scale per k and group: folded into each row of lhs
                 lhs = _float(lhs) * scale[groups]
             rhs = rhs.values
+        if row_scale is None and column_scale is None:  # every scale applied in the kernel
+            return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                           existing_out, transpose_rhs, **kernel_options)
         out = raw_gmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
                       transpose_rhs, **kernel_options)
         if row_scale is not None:
@@ -166,6 +169,9 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
             else:  # one scale per m: folded into lhs's columns
                 lhs = _float(lhs) * scale[None, :]
             rhs = rhs.values
+        if k_scale is None and n_scale is None:  # every scale applied in the kernel
+            return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                            num_actual_groups, existing_out, **kernel_options)
         out = raw_tgmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset,
                        num_actual_groups, None, **kernel_options)
         if k_scale is not None:
