@@ -401,6 +401,17 @@ def test_gpu_benchmark_report_with_fake_timings():
     assert record["tflops"]["kernelhub"] == pytest.approx(600.0)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_gpu_benchmark_inputs_keep_the_benchmarked_dtype(dtype):
+    """Every operand is drawn in the dtype the table names (a numpy float64 scale once made the
+    weights float32, so that the first H100 run timed bf16 x f32 gmms on TF32 tiles)."""
+    from kernelhub._cli import bench_gpu
+
+    problem = bench_gpu.make_problem(bench_gpu.SMOKE_SHAPES[0], "balanced", dtype)
+    for name in ("lhs", "lhs_t", "rhs", "d_out"):
+        assert getattr(problem, name).dtype == jnp.dtype(dtype), name
+
+
 def test_gpu_benchmark_passes_run_and_agree_with_ragged_dot_in_smoke_mode():
     from kernelhub._cli import bench_gpu
 

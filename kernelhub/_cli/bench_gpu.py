@@ -141,17 +141,24 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
                     print(one_line(result), flush=True)
                     measurements.append(result)
         quantized_rows = []
+
+        def write_reports() -> None:
+            (out / "gpu_bench.md").write_text(
+                markdown_report(measurements, header) + "\n"
+                + "\n".join(quantized.markdown_lines(quantized_rows)))
+            (out / "gpu_bench.json").write_text(json.dumps(
+                {"header": header, "results": [as_record(m) for m in measurements],
+                 "quantized": [quantized.as_record(m) for m in quantized_rows]}, indent=1))
+
+        # Written after the main table and again after each quantized shape, so that a run cut
+        # short by a time limit still leaves what it measured.
+        write_reports()
+        plotted = plot(measurements, out / "gpu_bench.png")
         for shape in shapes:
             for result in quantized.measure_quantized(shape, reps, warmup):
                 print(quantized.one_line(result), flush=True)
                 quantized_rows.append(result)
-        (out / "gpu_bench.md").write_text(
-            markdown_report(measurements, header) + "\n"
-            + "\n".join(quantized.markdown_lines(quantized_rows)))
-        (out / "gpu_bench.json").write_text(json.dumps(
-            {"header": header, "results": [as_record(m) for m in measurements],
-             "quantized": [quantized.as_record(m) for m in quantized_rows]}, indent=1))
-        plotted = plot(measurements, out / "gpu_bench.png")
+            write_reports()
         print(f"wrote {out / 'gpu_bench.md'}, {out / 'gpu_bench.json'}"
               + (f", {out / 'gpu_bench.png'}" if plotted else " (no plot: matplotlib is missing)"))
     if "sweep" in parts:
@@ -191,7 +198,9 @@ def make_problem(shape: Shape, pattern: str, dtype: Any) -> Problem:
     local = sizes[shape.offset: shape.offset + shape.local]
     keys = jax.random.split(jax.random.key(0), 3)
     lhs = jax.random.normal(keys[0], (shape.m, shape.k), dtype)
-    rhs = jax.random.normal(keys[1], (shape.local, shape.k, shape.n), dtype) / np.sqrt(shape.k)
+    # A Python float keeps dtype (a numpy float64 would promote the weights to float32).
+    rhs = jax.random.normal(keys[1], (shape.local, shape.k, shape.n), dtype) / float(np.sqrt(shape.k))
+    assert rhs.dtype == lhs.dtype == jnp.dtype(dtype), (lhs.dtype, rhs.dtype)
     d_out = jax.random.normal(keys[2], (shape.m, shape.n), dtype)
     return Problem(jnp.asarray(sizes), jnp.asarray(local), lhs, jnp.asarray(lhs.T), rhs, d_out,
                    int(sizes[: shape.offset].sum()), int(local.sum()))

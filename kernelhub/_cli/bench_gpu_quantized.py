@@ -64,7 +64,7 @@ def measure_quantized(shape: bench_gpu.Shape, reps: int, warmup: int) -> list[Qu
     rows = slice(first_row, first_row + int(sizes[shape.offset: shape.offset + shape.local].sum()))
     keys = jax.random.split(jax.random.key(1), 2)
     x = jax.random.normal(keys[0], (shape.m, shape.k), jnp.bfloat16)
-    w = jax.random.normal(keys[1], (shape.local, shape.k, shape.n), jnp.bfloat16) / np.sqrt(shape.k)
+    w = jax.random.normal(keys[1], (shape.local, shape.k, shape.n), jnp.bfloat16) / float(np.sqrt(shape.k))
     dense_bf16 = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16))
     dense_8bit = jax.jit(_dense_8bit, static_argnums=4)
     x_rows, w_first = x[rows], w[0]

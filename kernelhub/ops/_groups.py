@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, Int
+
+
+def running_sum(values: Int[Array, "..."], axis: int = 0, *, limit: int | None = None) -> jax.Array:
+    """The inclusive running sum of integer `values` along `axis`, as a log-depth scan.
+
+    Not jnp.cumsum: jax 0.11 lowers cumsum for CUDA through a composite whose fallback is a
+    sequential while loop, and a GPU runs each step of such a loop after a round trip to the
+    host. With `limit`, the values are first clipped to [0, limit] and the sums saturate at it,
+    so that no int32 sum wraps (a + min(b, limit - a) is min(a + b, limit) without overflow, and
+    associative on [0, limit]).
+    """
+    if limit is None:
+        return lax.associative_scan(jnp.add, values, axis=axis)
+    capped = jnp.clip(values, 0, limit)
+    return lax.associative_scan(lambda a, b: a + jnp.minimum(b, limit - a), capped, axis=axis)
 
 
 def group_bounds(group_sizes: Int[Array, "G"], rows: int) -> tuple[Int[Array, "G"], Int[Array, "G"]]:
     """(starts, ends): group g owns rows [starts[g], ends[g]), clamped into [0, rows]."""
-    ends = jnp.minimum(jnp.cumsum(jnp.maximum(group_sizes, 0)), rows).astype(jnp.int32)
+    ends = running_sum(group_sizes.astype(jnp.int32), limit=rows)
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
     return starts, ends
 

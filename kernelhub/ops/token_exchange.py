@@ -17,6 +17,7 @@ from jaxtyping import Integer, Shaped
 
 from kernelhub._define import define_op
 from kernelhub.ops import _checks
+from kernelhub.ops._groups import running_sum
 
 NAME = "token_exchange"
 
@@ -87,7 +88,7 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
     devices = _axis_size(arguments["axis_name"])
     send_sizes = _run_bounds("send_sizes", arguments["send_sizes"], devices)
     if arguments["send_offsets"] is None:
-        send_offsets = jnp.cumsum(send_sizes) - send_sizes
+        send_offsets = running_sum(send_sizes) - send_sizes
     else:
         send_offsets = _run_bounds("send_offsets", arguments["send_offsets"], devices)
     _check_runs_fit(arguments["send_sizes"], arguments["send_offsets"], rows.shape[0])

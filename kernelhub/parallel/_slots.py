@@ -13,6 +13,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from kernelhub.ops._groups import running_sum
+
 
 class SlotOrder(NamedTuple):
     """A permutation of the sources * capacity slot entries.
@@ -27,7 +29,7 @@ class SlotOrder(NamedTuple):
 
 
 def _exclusive_cumsum(values: Array, axis: int) -> Array:
-    return jnp.cumsum(values, axis=axis) - values
+    return running_sum(values, axis) - values
 
 
 def expert_order(counts: Int[Array, "sources local_experts"], capacity: int) -> SlotOrder:
@@ -36,7 +38,7 @@ def expert_order(counts: Int[Array, "sources local_experts"], capacity: int) -> 
     A source's counts are cut at `capacity` in expert order, as the exchange cut its run.
     """
     sources, _ = counts.shape
-    kept_end = jnp.minimum(jnp.cumsum(counts, axis=1), capacity)
+    kept_end = running_sum(counts, 1, limit=capacity)
     kept = jnp.diff(kept_end, axis=1, prepend=0)
     kept_start = kept_end - kept
     kept_total = kept_end[:, -1]
@@ -75,9 +77,10 @@ def rows_from_returned(
     and gets exactly 0.
     """
     devices, capacity, _ = returned.shape
-    run_end = jnp.cumsum(send_sizes)
+    run_end = running_sum(send_sizes)
     row = jnp.arange(rows, dtype=jnp.int32)
-    device = jnp.minimum(jnp.searchsorted(run_end, row, side="right"), devices - 1)
+    device = jnp.minimum(
+        jnp.searchsorted(run_end, row, side="right", method="compare_all"), devices - 1)
     within = row - (run_end - send_sizes)[device]
     answered = (within < capacity) & (row < run_end[-1])
     picked = returned[device, jnp.clip(within, 0, capacity - 1)]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub.ops._groups import local_bounds
+from kernelhub.ops._groups import local_bounds, running_sum
 
 # Row 1 of the visit table: what a visit does with its rows.
 FILL = -1  # rows of no local group: write zeros
@@ -58,7 +58,7 @@ def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: i
     tiles = jnp.where(last > first, (last + block_m - 1) // block_m - first // block_m, 0)
     if not fill_uncomputed:
         tiles = tiles.at[0].set(0).at[-1].set(0)
-    ends = jnp.cumsum(tiles)
+    ends = running_sum(tiles)
     begins = ends - tiles
 
     count = visit_count(m, block_m, local_groups, fill_uncomputed)
