@@ -59,7 +59,9 @@ _SUBMODULES = ("export", "ops", "parallel", "quantization", "testing", "tuning")
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("kernelhub._public"), name)
+        value = getattr(importlib.import_module("kernelhub._public"), name)
+        globals()[name] = value  # later lookups find it without coming here
+        return value
     if name in _SUBMODULES:
         return importlib.import_module(f"kernelhub.{name}")
     raise AttributeError(f"module 'kernelhub' has no attribute {name!r}")

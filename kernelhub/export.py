@@ -8,7 +8,7 @@
     blob = exported.serialize()            # later, anywhere: jax.export.deserialize(blob).call(...)
 
 Each call of an op is lowered once per platform with the implementation chosen for that
-platform (kernelhub/_per_platform.py): the Pallas Mosaic kernels in the TPU branch, the Triton
+platform (kernelhub/_core/lowering.py): the Pallas Mosaic kernels in the TPU branch, the Triton
 kernels in the CUDA branch, the XLA loops in the CPU branch. Forcing a platform (argument or
 KERNELHUB_PLATFORM) pins one implementation in every branch instead.
 """
@@ -21,8 +21,9 @@ from typing import Any
 
 import jax
 
-from kernelhub import _jax_internals
-from kernelhub._pallas.gpu.cuda_export import triton_call_targets
+from kernelhub import _loader
+from kernelhub._core import jax_internals as _jax_internals
+from kernelhub._verify.cuda_lowering import triton_call_targets
 
 DEFAULT_PLATFORMS = ("cpu", "tpu", "cuda")
 MOSAIC_TARGET = "tpu_custom_call"
@@ -44,6 +45,7 @@ def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAUL
            **kwargs: Any) -> jax.export.Exported:
     """`jax.export.export(jax.jit(fn), platforms=...)(*args, **kwargs)` with the checks that
     kernelhub's ops need lifted. `args` may be arrays or jax.ShapeDtypeStruct."""
+    _loader.load()
     jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
     return jax.export.export(jitted, platforms=tuple(platforms),
                              disabled_checks=disabled_checks())(*args, **kwargs)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernelhub._dtypes import dtype_among
+from kernelhub._core.dtypes import dtype_among
 
 # The largest magnitude of each quantized dtype: a block's absolute maximum maps onto it.
 _LARGEST = {

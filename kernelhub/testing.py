@@ -34,8 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernelhub import _dispatch, _registry
-from kernelhub._registry import Backend, KernelSpec
+from kernelhub import _loader
+from kernelhub._core import dispatch as _dispatch
+from kernelhub._core import registry as _registry
+from kernelhub._core.registry import Backend, KernelSpec
 
 __all__ = [
     "Case", "Report", "check_implementations", "default_tolerance", "relative_error",
@@ -78,8 +80,7 @@ def _describe(value: Any) -> str:
 def runnable_implementations(op: Any) -> list[KernelSpec]:
     """Every implementation of `op` that can run on this machine's default backend, the
     interpret-mode ones included."""
-    import kernelhub._public  # noqa: F401  (the built-in ops and implementations, registered)
-
+    _loader.load()
     here = _dispatch.running_backend()
     return [spec for spec in _registry.implementations(op)
             if spec.backend in (here, Backend.ANY) and spec.available]
@@ -260,6 +261,7 @@ def check_implementations(
     Returns:
       A Report; `report.assert_ok()` raises with the table when anything disagrees.
     """
+    _loader.load()
     definition = _registry.op_definition(op)
     specs = list(runnable_implementations(definition.name) if implementations is None else implementations)
     allowed = _tolerance_function(tolerance)

@@ -86,13 +86,13 @@ for stage in "${stages[@]}"; do
       fi
       ;;
     bench)
-      run_stage bench "$PYTHON" -m kernelhub._cli.bench_gpu --gpu-out "$RESULTS" --gpu-parts bench "${smoke[@]}"
+      run_stage bench "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench "${smoke[@]}"
       ;;
     sweep)
-      run_stage sweep "$PYTHON" -m kernelhub._cli.bench_gpu --gpu-out "$RESULTS" --gpu-parts sweep "${smoke[@]}"
+      run_stage sweep "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts sweep "${smoke[@]}"
       ;;
     tune)
-      # name:shape:groups:local groups, as bench_gpu's SHAPES (deepseek-v3 sharded 8 ways)
+      # name:shape:groups:local groups, as the GPU benchmark's SHAPES (deepseek-v3 sharded 8 ways)
       if [ ${#smoke[@]} -gt 0 ]; then
         tune_shapes=("smoke:96x32x48:4:4")
         tune_flags=(--platform triton --repeats 1 --draws 1)
@@ -109,7 +109,7 @@ for stage in "${stages[@]}"; do
           --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
           --markdown "$RESULTS/tuning-$tune_name.md"
       done
-      "$PYTHON" -c "import jax; from kernelhub.tuning import _table; print('ship tuning.json as kernelhub/tuning/defaults/' + _table._file_name(jax.devices()[0].device_kind))" | tee -a "$summary"
+      "$PYTHON" -c "import jax; from kernelhub._grouped_matmul import tables; print('ship tuning.json as kernelhub/tuning/defaults/' + tables._file_name(jax.devices()[0].device_kind))" | tee -a "$summary"
       ;;
     *)
       note "unknown stage $stage (expected tests, bench, sweep or tune)"

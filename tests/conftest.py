@@ -56,9 +56,9 @@ def _no_forced_platform(monkeypatch):
     """Tests choose implementations explicitly; an outer KERNELHUB_PLATFORM must not leak in."""
     monkeypatch.delenv("KERNELHUB_PLATFORM", raising=False)
     monkeypatch.delenv("KERNELHUB_RUNTIME_CHECKS", raising=False)
-    kernelhub._dispatch.reread_environment()
+    kernelhub._core.dispatch.reread_environment()
     yield
-    kernelhub._dispatch.reread_environment()
+    kernelhub._core.dispatch.reread_environment()
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def platform_variable(monkeypatch):
             monkeypatch.delenv("KERNELHUB_PLATFORM", raising=False)
         else:
             monkeypatch.setenv("KERNELHUB_PLATFORM", value)
-        kernelhub._dispatch.reread_environment()
+        kernelhub._core.dispatch.reread_environment()
 
     return set_variable
 

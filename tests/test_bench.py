@@ -5,16 +5,16 @@ No timing here: speed lives in `kernelhub bench`, not in tests.
 
 from __future__ import annotations
 
-from kernelhub._cli import bench
+from kernelhub._cli.bench import cpu
 
 
 def _result(groups: int, sizes: str, ours: float, floor: float, peer: float | None = None):
-    case = bench.Case("transposed_grouped_matmul", 4096, 1024, 1024, groups, "bfloat16", sizes)
-    return bench.Result(case, ours, floor, peer)
+    case = cpu.Case("transposed_grouped_matmul", 4096, 1024, 1024, groups, "bfloat16", sizes)
+    return cpu.Result(case, ours, floor, peer)
 
 
 def test_cases_of_one_shape_share_its_best_floor():
-    results = bench.shared_floors([
+    results = cpu.shared_floors([
         _result(8, "balanced", ours=0.020, floor=0.026),  # the floor's slow state
         _result(8, "skewed", ours=0.022, floor=0.010),  # its fast state
         _result(64, "balanced", ours=0.110, floor=0.100),
@@ -25,22 +25,22 @@ def test_cases_of_one_shape_share_its_best_floor():
 
 
 def test_table_cells_give_both_ragged_dot_ratios():
-    cells = bench._cells(_result(64, "skewed", ours=0.100, floor=0.080, peer=1.6))
-    assert cells[bench.COLUMNS.index("time / floor")] == "1.25"
-    assert cells[bench.COLUMNS.index("ragged_dot / kernelhub")] == "16x"
-    assert cells[bench.COLUMNS.index("ragged_dot / floor")] == "20x"
-    no_peer = bench._cells(_result(256, "skewed", ours=0.3, floor=0.3))
+    cells = cpu._cells(_result(64, "skewed", ours=0.100, floor=0.080, peer=1.6))
+    assert cells[cpu.COLUMNS.index("time / floor")] == "1.25"
+    assert cells[cpu.COLUMNS.index("ragged_dot / kernelhub")] == "16x"
+    assert cells[cpu.COLUMNS.index("ragged_dot / floor")] == "20x"
+    no_peer = cpu._cells(_result(256, "skewed", ours=0.3, floor=0.3))
     assert no_peer[-3:] == ["-", "-", "-"]
-    table = bench.markdown([_result(8, "balanced", 0.02, 0.01)], "header")
-    assert table.splitlines()[2] == "| " + " | ".join(bench.COLUMNS) + " |"
+    table = cpu.markdown([_result(8, "balanced", 0.02, 0.01)], "header")
+    assert table.splitlines()[2] == "| " + " | ".join(cpu.COLUMNS) + " |"
 
 
 def test_quantized_bench_gives_a_row_per_format(monkeypatch):
-    from kernelhub._cli import bench_quantized
+    from kernelhub._cli.bench import quantized
 
-    monkeypatch.setattr(bench_quantized, "M", 64)
-    monkeypatch.setattr(bench_quantized, "K", 256)
-    monkeypatch.setattr(bench_quantized, "N", 32)
-    rows = bench_quantized.measure(groups=2, reps=1, platform=None)
-    assert [row[0] for row in rows] == list(bench_quantized.FORMATS)
-    assert all(len(row) == len(bench_quantized.COLUMNS) and float(row[2]) > 0 for row in rows)
+    monkeypatch.setattr(quantized, "M", 64)
+    monkeypatch.setattr(quantized, "K", 256)
+    monkeypatch.setattr(quantized, "N", 32)
+    rows = quantized.measure(groups=2, reps=1, platform=None)
+    assert [row[0] for row in rows] == list(quantized.FORMATS)
+    assert all(len(row) == len(quantized.COLUMNS) and float(row[2]) > 0 for row in rows)

@@ -18,8 +18,8 @@ from jaxtyping import Array, Float
 
 import kernelhub
 import kernelhub.export
-from kernelhub import _registry
-from kernelhub._registry import Platform
+from kernelhub._core import registry as _registry
+from kernelhub._core.registry import Platform
 
 _names = itertools.count()
 ROOT = pathlib.Path(__file__).resolve().parents[1]

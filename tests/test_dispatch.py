@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import kernelhub
-from kernelhub import _registry
-from kernelhub._registry import Backend, Platform
+from kernelhub._core import registry as _registry
+from kernelhub._core.registry import Backend, Platform
 
 LHS, RHS, SIZES = jnp.ones((8, 4)), jnp.ones((2, 4, 3)), jnp.array([3, 5], jnp.int32)
 
@@ -116,13 +116,13 @@ def test_backend_any_is_not_a_target():
         kernelhub.resolve("grouped_matmul", backend="any")
 
 
-def test_the_environment_never_leaks_into_the_unforced_per_platform_choice(platform_variable):
+def test_the_environment_never_leaks_into_the_unforced_per_target_choice(platform_variable):
     """`kernelhub list` asks for the per-platform choices while KERNELHUB_PLATFORM may be set;
     a later unforced call must still see each platform's own best."""
     platform_variable("pallas")
-    forced = kernelhub._dispatch.per_platform("grouped_matmul", _registry.version())
+    forced = kernelhub._core.dispatch.per_target("grouped_matmul", _registry.version())
     platform_variable(None)
-    unforced = kernelhub._dispatch.choices("grouped_matmul", None, None)
+    unforced = kernelhub._core.dispatch.choices("grouped_matmul", None, None)
     assert forced == unforced
     assert unforced.of("cpu").platform is Platform.XLA
     assert unforced.of("tpu").platform is Platform.PALLAS

@@ -16,7 +16,8 @@ import kernelhub
 import kernelhub.export
 import reference
 from conftest import assert_close
-from kernelhub import _per_platform, _registry
+from kernelhub._core import lowering
+from kernelhub._core import registry as _registry
 from strategies import normal
 
 GMM = "grouped_matmul"
@@ -102,10 +103,10 @@ def test_resolve_names_what_each_platforms_lowering_uses(op):
         args = (jnp.ones((4, 8)), jnp.ones((8, 3)), jnp.array([3, 5], jnp.int32))
     jaxpr = jax.make_jaxpr(kernelhub.get(op))(*args)
     calls = [eqn for eqn in _equations(jaxpr.jaxpr)
-             if eqn.primitive is _per_platform.kernelhub_call_p]
+             if eqn.primitive is lowering.kernelhub_call_p]
     assert calls
-    for platform in _per_platform.LOWERING_PLATFORMS:
-        expected = kernelhub.resolve(op, backend=_registry.backend_of_jax_platform(platform))
+    for platform in lowering.TARGETS:
+        expected = kernelhub.resolve(op, backend=_registry.backend_of_target(platform))
         assert all(eqn.params["choices"].of(platform) == expected for eqn in calls), platform
     assert calls[0].params["choices"].of("tpu").platform is kernelhub.Platform.PALLAS
     assert calls[0].params["choices"].of("cuda").platform is kernelhub.Platform.TRITON

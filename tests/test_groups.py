@@ -1,4 +1,4 @@
-"""Where each group's rows lie (kernelhub/ops/_groups.py): the running sums every implementation
+"""Where each group's rows lie (kernelhub/_grouped_matmul/groups.py): the running sums every implementation
 and every gradient builds on."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelhub.ops._groups import group_bounds, running_sum
+from kernelhub._grouped_matmul.groups import group_bounds, running_sum
 
 INT32_MAX = 2**31 - 1
 

@@ -22,9 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernelhub
+from kernelhub._grouped_matmul.problem import Kernel, Problem
 import reference
 from conftest import assert_close
-from kernelhub._pallas.tpu import ahead_of_time, hardware, interpreted, schedule, tiling
+from kernelhub._pallas.tpu import hardware, interpreted, schedule, tiling
+from kernelhub._verify import tpu_ahead_of_time as ahead_of_time
 from strategies import PATTERNS, normal, sizes_for
 
 GMM = "grouped_matmul"
@@ -291,10 +293,10 @@ def test_tiles_larger_than_the_problem_are_cut_to_it():
 def test_default_tiles_are_legal_and_fit_vmem(generation, shape):
     chip = hardware.chip_named(generation)
     s = ahead_of_time.SHAPES[shape]
-    for kernel, (m, k, n) in ((tiling.Kernel.FORWARD, (s.m, s.k, s.n)),
-                              (tiling.Kernel.TRANSPOSED_RHS, (s.m, s.n, s.k)),
-                              (tiling.Kernel.WEIGHT_GRADIENT, (s.m, s.k, s.n))):
-        problem = tiling.Problem(kernel, m, k, n, s.experts, s.local_experts, jnp.bfloat16,
+    for kernel, (m, k, n) in ((Kernel.GMM, (s.m, s.k, s.n)),
+                              (Kernel.GMM_TRANSPOSED_RHS, (s.m, s.n, s.k)),
+                              (Kernel.TGMM, (s.m, s.k, s.n))):
+        problem = Problem(kernel, m, k, n, s.experts, s.local_experts, jnp.bfloat16,
                                  jnp.bfloat16, jnp.float32, True)
         tiles = tiling.default_for_chip(problem, chip)
         assert tiling.check(tiles.as_tuple(), problem) == tiles
@@ -429,7 +431,7 @@ def test_lowering_outside_a_tpu_context_uses_portable_tiles():
     lowered = ahead_of_time.step_function(shape, jnp.bfloat16, False).lower(
         *ahead_of_time.argument_specs(shape, jnp.bfloat16, False, device))
     tiles = ahead_of_time.kernel_tiles(lowered.compile().as_text())
-    problem = tiling.Problem(tiling.Kernel.FORWARD, shape.m, shape.k, shape.n, shape.experts,
+    problem = Problem(Kernel.GMM, shape.m, shape.k, shape.n, shape.experts,
                              shape.local_experts, jnp.bfloat16, jnp.bfloat16, jnp.bfloat16, False)
     assert tiles == {"gmm": tiling.default_for_chip(problem, hardware.PORTABLE).as_tuple()}
 

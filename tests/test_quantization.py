@@ -17,6 +17,7 @@ import kernelhub
 import reference
 from conftest import assert_close, implementation_params
 from kernelhub import QuantizedArray, quantize
+from kernelhub._grouped_matmul import names
 from kernelhub.ops import _checks
 from strategies import normal
 
@@ -332,7 +333,7 @@ def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs, block
     d_out = jnp.asarray(normal(rng, (m, n), jnp.float32))
     gmm = kernelhub.get(GMM, platform=spec.platform)
     rhs_axis = 2 if transpose_rhs else 1
-    if block_size is not None and _checks.QUANTIZED_BLOCKS not in spec.features:
+    if block_size is not None and names.QUANTIZED_BLOCKS not in spec.features:
         pytest.skip("no scale blocks on this implementation")
 
     def loss(lhs, rhs):
@@ -455,7 +456,7 @@ def test_tgmm_gradients_pass_straight_through_quantize(spec, block_size):
     rhs = jnp.asarray(normal(rng, (m, n), jnp.float32))
     d_out = jnp.asarray(normal(rng, (3, k, n), jnp.float32))
     tgmm = kernelhub.get(TGMM, platform=spec.platform)
-    if block_size is not None and _checks.QUANTIZED_BLOCKS not in spec.features:
+    if block_size is not None and names.QUANTIZED_BLOCKS not in spec.features:
         pytest.skip("no scale blocks on this implementation")
 
     def loss(lhs, rhs):
@@ -523,7 +524,7 @@ def test_forcing_a_kernel_on_scale_blocks_it_cannot_step_through_is_an_error(pla
     (16, True), (32, True), (128, True), (384, True), (1024, True),
     (4, False), (12, False), (48, False), (100, False), (200, False)])
 def test_which_scale_block_sizes_the_kernels_step_through(block_size, expected):
-    from kernelhub.ops._contraction_scales import fits_kernels
+    from kernelhub._grouped_matmul.contraction_scales import fits_kernels
     assert fits_kernels(block_size) is expected
 
 

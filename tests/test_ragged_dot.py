@@ -22,7 +22,7 @@ import kernelhub.export
 import ragged_reference
 from conftest import implementation_params
 from kernelhub import testing
-from kernelhub._pallas.tpu import ahead_of_time
+from kernelhub._verify import tpu_ahead_of_time as ahead_of_time
 from strategies import normal
 
 GENERAL = "ragged_dot_general"

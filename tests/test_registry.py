@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import pytest
 
 import kernelhub
-from kernelhub import _registry
-from kernelhub._registry import Backend, Platform
+from kernelhub._core import registry as _registry
+from kernelhub._core.registry import Backend, Platform
 
 
 def _gmm_like(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,

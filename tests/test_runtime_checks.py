@@ -59,7 +59,7 @@ def test_runtime_check_from_environment():
         try:
             jax.block_until_ready(f(2))
         except jax.errors.JaxRuntimeError as error:
-            print("CAUGHT", kernelhub._runtime_checks.problem_in(error))
+            print("CAUGHT", kernelhub._core.runtime_checks.problem_in(error))
     """)
     env = {**os.environ, "KERNELHUB_RUNTIME_CHECKS": "1", "JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

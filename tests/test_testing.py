@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from jaxtyping import Array, Float
 
 import kernelhub
-from kernelhub import _registry, testing
+from kernelhub import testing
+from kernelhub._core import registry as _registry
 
 _names = itertools.count()
 

@@ -11,7 +11,7 @@ from jaxtyping import Array, Float
 import kernelhub
 import reference
 from conftest import assert_close
-from kernelhub import _registry
+from kernelhub._core import registry as _registry
 from strategies import normal
 
 SIZES = np.array([3, 0, 5, 1], np.int32)  # 9 of 11 rows: the last two belong to no group

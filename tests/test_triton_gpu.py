@@ -18,8 +18,11 @@ import pytest
 
 import kernelhub
 import reference
+from kernelhub._grouped_matmul.groups import NO_OFFSET
+from kernelhub._grouped_matmul.problem import Kernel, Problem
 from conftest import assert_close
-from kernelhub._pallas.gpu import config, cuda_export, visits
+from kernelhub._pallas.gpu import config, visits
+from kernelhub._verify import cuda_lowering as cuda_export
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
@@ -62,22 +65,27 @@ def test_tiling_forms():
     assert config.from_tiling((16, 32, 64, 8, 2), 10, 10, 10, default).as_tiling() == (16, 32, 64, 8, 2)
 
 
+def _problem(kernel: Kernel, m: int, k: int, n: int, groups: int, dtype: str) -> Problem:
+    return Problem(kernel, m, k, n, groups, groups, dtype, dtype, dtype, False)
+
+
 @pytest.mark.parametrize("m, k, n, groups", [
     (8192, 4096, 14336, 8), (16384, 7168, 2048, 256), (8192, 2048, 768, 128), (1000, 520, 200, 7),
     (1, 1, 1, 1), (72, 40, 3, 9),
 ])
-@pytest.mark.parametrize("itemsize", [2, 4])
-def test_heuristics_give_valid_configs_that_fit_the_shape(m, k, n, groups, itemsize):
-    for heuristic in (config.gmm_heuristic, config.tgmm_heuristic):
-        blocks = config.validate(heuristic(m, k, n, groups, itemsize), "heuristic")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_heuristics_give_valid_configs_that_fit_the_shape(m, k, n, groups, dtype):
+    for kernel in Kernel:
+        blocks = config.validate(config.heuristic(_problem(kernel, m, k, n, groups, dtype)),
+                                 "heuristic")
         for block, dim in ((blocks.block_m, m), (blocks.block_k, k), (blocks.block_n, n)):
             assert block <= max(config.MIN_BLOCK, 2 * dim)
 
 
 def test_heuristic_follows_group_sizes():
-    mixtral = config.gmm_heuristic(8192, 4096, 14336, 8, 2)
+    mixtral = config.gmm_heuristic(_problem(Kernel.GMM, 8192, 4096, 14336, 8, "bfloat16"))
     assert (mixtral.block_m, mixtral.block_n, mixtral.num_warps) == (128, 256, 8)
-    deepseek = config.gmm_heuristic(16384, 7168, 2048, 256, 2)
+    deepseek = config.gmm_heuristic(_problem(Kernel.GMM, 16384, 7168, 2048, 256, "bfloat16"))
     assert deepseek.block_m == 64  # 64 rows per expert on average
 
 
@@ -209,8 +217,8 @@ def test_narrow_dots_in_interpret_mode(lhs_dtype, rhs_dtype, transpose_rhs):
     rhs = _narrow_values(rng, (4, n, k) if transpose_rhs else (4, k, n), rhs_dtype)
 
     def gmm(lhs, rhs, sizes):
-        return raw_grouped_matmul(lhs, rhs, sizes, tiling=(32, 32, 32),
-                                  transpose_rhs=transpose_rhs, interpret=True)
+        return raw_grouped_matmul(lhs, rhs, sizes, jnp.float32, (32, 32, 32), NO_OFFSET, None,
+                                  transpose_rhs, interpret=True)
 
     assert "kernelhub_narrow_dot" in str(jax.make_jaxpr(gmm)(lhs, rhs, sizes))
     out = gmm(lhs, rhs, jnp.asarray(sizes))
@@ -234,8 +242,8 @@ def test_int8_contraction_past_exact_int32_sums(monkeypatch):
     sizes = np.array([70, 0, 75], np.int32)
     lhs = _narrow_values(rng, (k, m), INT8)
     rhs = _narrow_values(rng, (m, n), INT8)
-    out = raw_transposed_grouped_matmul(lhs, rhs, jnp.asarray(sizes), tiling=(32, 32, 32),
-                                        interpret=True)
+    out = raw_transposed_grouped_matmul(lhs, rhs, jnp.asarray(sizes), jnp.float32, (32, 32, 32),
+                                        NO_OFFSET, len(sizes), None, interpret=True)
     expected = reference.tgmm(np.asarray(lhs, np.float64), np.asarray(rhs, np.float64), sizes)
     np.testing.assert_array_equal(np.asarray(out, np.float64), expected)
 
@@ -341,7 +349,7 @@ def test_lowers_for_cuda_with_existing_out_and_transposed_rhs():
 def test_compiles_to_hopper_ptx(shape, op):
     """The kernels of forward and backward compile for sm_90 within shared memory, on tensor
     cores, with vectorised pipelined loads. Needs the `triton` package (else skipped)."""
-    from kernelhub._pallas.gpu import ptx_check
+    from kernelhub._verify import ptx as ptx_check
 
     if (reason := ptx_check.available()) is not None:
         pytest.skip(reason)
@@ -367,7 +375,7 @@ def test_compiles_to_hopper_ptx(shape, op):
 
 
 def test_gpu_benchmark_refuses_without_a_gpu(capsys, tmp_path):
-    from kernelhub._cli import bench_gpu
+    from kernelhub._cli.bench import gpu as bench_gpu
 
     if bench_gpu.gpu_missing() is None:
         pytest.skip("a GPU is present")
@@ -379,7 +387,7 @@ def test_gpu_benchmark_refuses_without_a_gpu(capsys, tmp_path):
 
 
 def test_gpu_benchmark_report_with_fake_timings():
-    from kernelhub._cli import bench_gpu
+    from kernelhub._cli.bench import gpu as bench_gpu
 
     mixtral, qwen = bench_gpu.SHAPES[0], bench_gpu.SHAPES[2]
     flops = 2.0 * mixtral.m * mixtral.k * mixtral.n
@@ -405,7 +413,7 @@ def test_gpu_benchmark_report_with_fake_timings():
 def test_gpu_benchmark_inputs_keep_the_benchmarked_dtype(dtype):
     """Every operand is drawn in the dtype the table names (a numpy float64 scale once made the
     weights float32, so that the first H100 run timed bf16 x f32 gmms on TF32 tiles)."""
-    from kernelhub._cli import bench_gpu
+    from kernelhub._cli.bench import gpu as bench_gpu
 
     problem = bench_gpu.make_problem(bench_gpu.SMOKE_SHAPES[0], "balanced", dtype)
     for name in ("lhs", "lhs_t", "rhs", "d_out"):
@@ -413,7 +421,7 @@ def test_gpu_benchmark_inputs_keep_the_benchmarked_dtype(dtype):
 
 
 def test_gpu_benchmark_passes_run_and_agree_with_ragged_dot_in_smoke_mode():
-    from kernelhub._cli import bench_gpu
+    from kernelhub._cli.bench import gpu as bench_gpu
 
     shard = bench_gpu.SMOKE_SHAPES[1]  # 2 local experts of 8: group_offset and skipped rows
     results = bench_gpu.measure_shape(shard, "skewed", jnp.float32, reps=1, warmup=0)
@@ -428,8 +436,8 @@ def test_gpu_benchmark_passes_run_and_agree_with_ragged_dot_in_smoke_mode():
 def test_gpu_benchmark_quantized_rows_run_in_smoke_mode():
     """The 8-bit rows (kernelhub's quantized gmm beside dense bf16 and dense 8-bit matmuls) run
     end to end; kernelhub's result matches the xla implementation's up to the bf16 output."""
-    from kernelhub._cli import bench_gpu
-    from kernelhub._cli import bench_gpu_quantized as quantized
+    from kernelhub._cli.bench import gpu as bench_gpu
+    from kernelhub._cli.bench import gpu_quantized as quantized
 
     shard = bench_gpu.SMOKE_SHAPES[1]
     results = quantized.measure_quantized(shard, reps=1, warmup=0)
@@ -454,7 +462,7 @@ def _quantized_kernels(op, lhs_dtype, rhs_dtype, transpose_rhs=False, block_size
     """The PTX reports of forward and backward (jax.vjp) of `op` at the Qwen3-MoE shape, with
     lhs and rhs quantized per channel (or in blocks of `block_size` along the contraction) to
     these dtypes (None: left bf16)."""
-    from kernelhub._pallas.gpu import ptx_check
+    from kernelhub._verify import ptx as ptx_check
 
     if (reason := ptx_check.available()) is not None:
         pytest.skip(reason)
@@ -506,7 +514,7 @@ def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmm
     for CUDA: int8 x int8 and fp8 x fp8 forward kernels multiply on Hopper's 8-bit wgmma, with
     the contraction's fp8 partial sums promoted to float32 (kernelhub/_pallas/gpu/_narrow_dot.py);
     every kernel fits shared memory. Needs the `triton` package (else skipped)."""
-    from kernelhub._pallas.gpu import ptx_check
+    from kernelhub._verify import ptx as ptx_check
 
     forward, *backward = _quantized_kernels(GMM, lhs_dtype, rhs_dtype, transpose_rhs)
     for report in (forward, *backward):
@@ -538,7 +546,7 @@ def test_quantized_tgmm_compiles_to_hopper_ptx(dtype, forward_wgmma):
     """tgmm of two operands quantized along m (scales per k and per n, outside the kernel): the
     forward kernel sums the rows on 8-bit wgmma too. (With fp8, its 128-row k tiles on one
     warpgroup make Triton promote between wgmmas, and ptxas serializes them: docs/gpu.md.)"""
-    from kernelhub._pallas.gpu import ptx_check
+    from kernelhub._verify import ptx as ptx_check
 
     forward, *backward = _quantized_kernels(TGMM, dtype, dtype)
     assert forward.wgmma_types == {forward_wgmma}, forward
@@ -554,7 +562,7 @@ def test_scale_blocks_compile_to_hopper_ptx(op, dtype, forward_wgmma):
     """DeepSeek-style blocks of 128 along the contraction, scaled inside the forward kernel:
     each block's 8-bit wgmma sums are scaled and added in float32, and the kernels fit shared
     memory. The backward products dequantize the blocked operand (widened tiles)."""
-    from kernelhub._pallas.gpu import ptx_check
+    from kernelhub._verify import ptx as ptx_check
 
     forward, *backward = _quantized_kernels(op, dtype, dtype, block_size=128)
     assert forward.wgmma_types == {forward_wgmma}, forward

@@ -21,7 +21,8 @@ import reference
 from conftest import assert_close, call, implementation_params
 from kernelhub import tuning
 from kernelhub.cli import main as cli_main
-from kernelhub.tuning import _autotune, _table
+from kernelhub._grouped_matmul import active_table, tables as _table
+from kernelhub.tuning import _autotune
 
 M, K, N = 96, 48, 40
 SIZES = np.array([0, 37, 5, 41, 7], np.int32)  # an empty group, unaligned sizes, sum 90 < 96
@@ -99,7 +100,7 @@ def test_per_pass_tilings_change_no_result(spec):
     candidates, not the heuristic's) still matches the float64 reference, edges included."""
     lhs, rhs, existing, d_out = _operands(2)
     recorder = _autotune.Recorder()
-    with kernelhub.tuning._active.activated(recorder):
+    with active_table.activated(recorder):
         _gmm_vjp(call(spec), lhs, rhs, existing, d_out)
     per_pass = _non_default_tilings(recorder)
     out, grads = _gmm_vjp(lambda *a, **kw: call(spec)(*a, **kw, tiling=per_pass),
@@ -136,7 +137,7 @@ def test_tgmm_per_pass_tilings_change_no_result(spec):
         return out, pullback(jnp.asarray(d_out))
 
     recorder = _autotune.Recorder()
-    with kernelhub.tuning._active.activated(recorder):
+    with active_table.activated(recorder):
         vjp(None)
     out, grads = vjp(_non_default_tilings(recorder))
     assert_close(out, reference.tgmm(lhs, rhs, SIZES, OFFSET, 3, existing), jnp.float32,
@@ -166,7 +167,7 @@ def test_bad_per_pass_tilings_name_the_pass():
 
 def _forward_key(gmm, lhs, rhs) -> tuning.TuningKey:
     recorder = _autotune.Recorder()
-    with kernelhub.tuning._active.activated(recorder):
+    with active_table.activated(recorder):
         gmm(lhs, rhs, SIZES, group_offset=OFFSET)
     (key,) = recorder.calls
     return key
@@ -504,7 +505,7 @@ def test_the_tuner_never_draws_the_benchmarks_sizes():
 
 
 def test_tuning_bench_times_both_steps_against_the_heuristic(tmp_path):
-    from kernelhub._cli import bench_tuning
+    from kernelhub._cli.bench import tuning as bench_tuning
 
     key_table = tmp_path / "tiles.json"
     assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "f32",

@@ -15,11 +15,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernelhub import _dispatch, _registry  # noqa: PLC0415
+    from kernelhub._core import dispatch as _dispatch
+    from kernelhub._core import registry as _registry  # noqa: PLC0415
 
     table = Table(title="kernelhub implementations",
-                  caption="lowered for: the platforms whose lowering of an unforced call uses "
-                          "it (what an exported function holds; kernelhub.resolve(op, backend=...))")
+                  caption="lowered for: the targets (places jax lowers for) whose lowering of an "
+                          "unforced call uses it (what an exported function holds; "
+                          "kernelhub.resolve(op, backend=...))")
     for column in ("op", "platform", "backend", "priority", "available here", "default here",
                    "lowered for"):
         table.add_column(column)
@@ -28,14 +30,14 @@ def run(args: argparse.Namespace) -> int:
             chosen = kernelhub.resolve(op)
         except kernelhub.NoImplementationError:
             chosen = None
-        per_platform = _dispatch.per_platform(_registry.op_definition(op).name, _registry.version())
+        per_target = _dispatch.per_target(_registry.op_definition(op).name, _registry.version())
         for spec in kernelhub.implementations(op):
             reason = spec.unavailable_reason()
             note = "yes" if reason is None else f"no: {reason}"
             if spec.interpret_only and reason is None:
                 note = "yes, when forced (interpret mode)"
             default = "<-" if chosen == spec else ""
-            lowered = ", ".join(platform for platform, choice in per_platform.entries
+            lowered = ", ".join(target for target, choice in per_target.entries
                                 if choice == spec)
             table.add_row(op, spec.platform.value, spec.backend.value, str(spec.priority), note,
                           default, lowered)

@@ -1,7 +1,7 @@
 """`kernelhub verify`: compile the kernels ahead of time for hardware this host does not have.
 
 `--tpu` compiles the Pallas TPU kernels (forward and VJP, default tiling) for chips of TPU
-generations with libtpu and no TPU (kernelhub/_pallas/tpu/ahead_of_time.py), at real MoE
+generations with libtpu and no TPU (kernelhub/_verify/tpu_ahead_of_time.py), at real MoE
 shapes, and prints the tiling each kernel chose and whether it compiles and fits VMEM. Run it
 before renting a TPU. Each hardware mode is one `verify_*` function.
 """
@@ -19,7 +19,7 @@ from kernelhub._cli import _tables
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kernelhub._pallas.tpu.ahead_of_time import SHAPES, TOPOLOGIES
+    from kernelhub._verify.tpu_ahead_of_time import SHAPES, TOPOLOGIES
 
     parser.add_argument("--tpu", action="store_true",
                         help="compile the Pallas TPU kernels for TPU generations (needs the tpu "
@@ -58,7 +58,7 @@ def verify_tpu(generations: list[str], shapes: list[str], dtype: str, backward: 
         import jax
 
         jax.config.update("jax_platforms", "cpu")
-    from kernelhub._pallas.tpu import ahead_of_time as aot
+    from kernelhub._verify import tpu_ahead_of_time as aot
     from kernelhub._pallas.tpu import hardware
 
     unknown = [g for g in generations if g not in aot.TOPOLOGIES]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kernelhub._collectives.all_to_all import all_to_all_exchange
 from kernelhub._collectives.ragged import ragged_exchange
-from kernelhub._registry import needs_device, register
+from kernelhub._core.registry import needs_device, register
 from kernelhub.ops.token_exchange import NAME as TOKEN_EXCHANGE
 
 register(TOKEN_EXCHANGE, "xla", "any")(all_to_all_exchange)

@@ -7,12 +7,12 @@ from typing import Any
 
 import jax
 
-from kernelhub import _registry
-from kernelhub._dispatch import Pinned
-from kernelhub._registry import KernelSpec
+from kernelhub._core import registry as _registry
+from kernelhub._core.dispatch import Pinned
+from kernelhub._core.registry import KernelSpec
 from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
 from kernelhub.ops import ragged_dot as contract
-from kernelhub.ops._ragged_modes import plan, run
+from kernelhub._grouped_matmul.ragged_modes import plan, run
 
 
 def _implementations(gmm: Callable[..., Any], tgmm: Callable[..., Any]):

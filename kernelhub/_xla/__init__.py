@@ -1,26 +1,18 @@
-"""Pure-XLA implementations: run on every backend, differentiable, the default on CPU."""
+"""Pure-XLA implementations: run on every backend, differentiable, the default on CPU.
+
+Their raw kernels take QuantizedArrays as they are (kernelhub/_xla/_operands.py dequantizes a
+chunk at a time), so no scales are folded around them.
+"""
 
 from __future__ import annotations
 
-import jax
-
-from kernelhub._registry import register
+from kernelhub import ops  # noqa: F401  (declares the ops registered here)
+from kernelhub._grouped_matmul.names import QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS
+from kernelhub._grouped_matmul.registration import register_grouped_matmuls
 from kernelhub._xla.grouped_matmul import raw_grouped_matmul
 from kernelhub._xla.transposed_grouped_matmul import raw_transposed_grouped_matmul
 from kernelhub._xla.tuning_space import SPACE
-from kernelhub.ops import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
-from kernelhub.ops._autodiff import differentiable
-from kernelhub.ops._checks import QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS
 
-_differentiable = differentiable(raw_grouped_matmul, raw_transposed_grouped_matmul, SPACE)
-_FEATURES = (QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS)
-
-grouped_matmul = register(GROUPED_MATMUL, "xla", "any", features=_FEATURES)(
-    jax.jit(_differentiable.grouped_matmul,
-            static_argnames=("preferred_element_type", "tiling", "transpose_rhs"))
-)
-transposed_grouped_matmul = register(TRANSPOSED_GROUPED_MATMUL, "xla", "any",
-                                     features=_FEATURES)(
-    jax.jit(_differentiable.transposed_grouped_matmul,
-            static_argnames=("preferred_element_type", "tiling", "num_actual_groups"))
-)
+grouped_matmul, transposed_grouped_matmul = register_grouped_matmuls(
+    "xla", "any", raw_grouped_matmul, raw_transposed_grouped_matmul, SPACE,
+    features=(QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS), fold_scales=False)

@@ -12,22 +12,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._manual_axes import varying_like
+from kernelhub._core.manual_axes import varying_like
 from kernelhub._xla import _operands, _row_chunks
-from kernelhub.ops._groups import local_bounds
+from kernelhub._grouped_matmul.groups import local_bounds
 
 
-def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
-                       group_offset=None, existing_out=None, transpose_rhs=False) -> jax.Array:
+def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                       existing_out, transpose_rhs) -> jax.Array:
+    """The raw forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py)."""
     out_dtype = jnp.dtype(preferred_element_type)
     m, k = lhs.shape
     local_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    if group_offset is None:
-        group_offset = jnp.zeros((), jnp.int32)
     out = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
-    if m == 0 or n == 0:
-        return out
     largest = _row_chunks.largest_chunk(tiling, m, k, n)
     starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
     contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))

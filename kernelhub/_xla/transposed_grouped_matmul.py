@@ -11,23 +11,19 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._manual_axes import varying_like
+from kernelhub._core.manual_axes import varying_like
 from kernelhub._xla import _operands, _row_chunks
-from kernelhub.ops._groups import local_bounds
+from kernelhub._grouped_matmul.groups import local_bounds
 
 
-def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
-                                  tiling=None, group_offset=None, num_actual_groups=None,
-                                  existing_out=None) -> jax.Array:
+def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling,
+                                  group_offset, num_actual_groups, existing_out) -> jax.Array:
+    """The raw forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py)."""
     out_dtype = jnp.dtype(preferred_element_type)
     k, m = lhs.shape
     n = rhs.shape[1]
-    if group_offset is None:
-        group_offset = jnp.zeros((), jnp.int32)
-    actual = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
-    out = existing_out if existing_out is not None else jnp.zeros((actual, k, n), out_dtype)
-    if m == 0 or k == 0 or n == 0 or actual == 0:
-        return out
+    actual = num_actual_groups
     compute_dtype = _operands.compute_dtype(lhs, rhs)
     largest = _row_chunks.top_chunk(m, _row_chunks.largest_chunk(tiling, m, k, n))
     starts, ends = local_bounds(group_sizes, group_offset, actual, m)

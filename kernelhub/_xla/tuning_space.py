@@ -14,21 +14,22 @@ candidates carry the problem's own.
 from __future__ import annotations
 
 from kernelhub._xla._row_chunks import DEFAULT_LARGEST_CHUNK, head_capacity
-from kernelhub.tuning._calls import TGMM, KernelProblem, TuningSpace
+from kernelhub._grouped_matmul.passes import TuningSpace
+from kernelhub._grouped_matmul.problem import Kernel, Problem
 
 LARGEST_CHUNKS = (64, 128, 256, 512, 1024, 2048)
 # Head rows tried besides none: powers of two from this up to twice the even share.
 SMALLEST_HEAD = 8
 
 
-def _default(problem: KernelProblem) -> tuple[int, ...]:
+def _default(problem: Problem) -> tuple[int, ...]:
     k, n = max(problem.k, 1), max(problem.n, 1)
-    if problem.kernel == TGMM:
+    if problem.kernel is Kernel.TGMM:
         return (DEFAULT_LARGEST_CHUNK, k, n, head_capacity(problem.m, problem.num_groups))
     return (DEFAULT_LARGEST_CHUNK, k, n)
 
 
-def _heads(problem: KernelProblem) -> list[int]:
+def _heads(problem: Problem) -> list[int]:
     even_share = problem.m // max(problem.num_groups, 1)
     heads, rows = [0], SMALLEST_HEAD
     while rows <= min(2 * even_share, problem.m):
@@ -37,12 +38,12 @@ def _heads(problem: KernelProblem) -> list[int]:
     return heads
 
 
-def _candidates(problem: KernelProblem) -> list[tuple[int, ...]]:
+def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     # A chunk above the rows is the same code as the rows' own power of two.
     chunks = [rows for rows in LARGEST_CHUNKS if rows < 2 * max(problem.m, 1)]
     default = _default(problem)
     found = [(rows, *default[1:]) for rows in chunks]
-    if problem.kernel == TGMM:
+    if problem.kernel is Kernel.TGMM:
         # Each knob varied with the other at its default: a cross, not the whole product,
         # keeps tuning to minutes (each candidate is a compile and a few timed runs).
         found += [(*default[:3], head) for head in _heads(problem)]

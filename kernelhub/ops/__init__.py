@@ -1,8 +1,12 @@
-"""Op contracts: one module per op holds its signature, docstring and checks."""
+"""Op contracts: one module per op holds its signature, docstring and checks.
 
-from kernelhub.ops import grouped_matmul as _gmm_contract
-from kernelhub.ops import transposed_grouped_matmul as _tgmm_contract
+Importing a contract module declares its op (`define_op`); implementations are registered by
+the backends, which kernelhub/_loader.py loads after the contracts.
+"""
 
-GROUPED_MATMUL = _gmm_contract.NAME
-TRANSPOSED_GROUPED_MATMUL = _tgmm_contract.NAME
-from kernelhub.ops.token_exchange import NAME as TOKEN_EXCHANGE  # noqa: E402
+from kernelhub._grouped_matmul.names import GROUPED_MATMUL, TRANSPOSED_GROUPED_MATMUL
+from kernelhub.ops import grouped_matmul as _gmm_contract  # noqa: F401  (declares the op)
+from kernelhub.ops import transposed_grouped_matmul as _tgmm_contract  # noqa: F401
+from kernelhub.ops.token_exchange import NAME as TOKEN_EXCHANGE
+
+__all__ = ["GROUPED_MATMUL", "TOKEN_EXCHANGE", "TRANSPOSED_GROUPED_MATMUL"]

@@ -14,12 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub import _qwix
-from kernelhub._dtypes import dtype_among
-from kernelhub._runtime_checks import validate_values
-from kernelhub.ops._contraction_scales import fits_kernels
-from kernelhub.ops._tilings import SingleTiling, Tilings, as_tilings
+from kernelhub._core.dtypes import dtype_among
+from kernelhub._grouped_matmul.contraction_scales import fits_kernels
+from kernelhub._grouped_matmul.groups import NO_OFFSET
+from kernelhub._grouped_matmul.names import QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS
+from kernelhub._grouped_matmul.tables import active as active_tuning
+from kernelhub._grouped_matmul.tilings import SingleTiling, Tilings, as_tilings
 from kernelhub.quantization import QuantizedArray
-from kernelhub.tuning._active import active as active_tuning
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _FLOAT_NAMES = "float32, bfloat16 or float16"
@@ -39,15 +40,6 @@ def as_array(value: Any) -> jax.Array:
 
 def as_int32(array: jax.Array) -> jax.Array:
     return array if array.dtype == jnp.int32 else array.astype(jnp.int32)
-
-
-_ZERO_OFFSET = np.zeros((), np.int32)
-
-
-def zero_offset() -> np.ndarray:
-    """The group_offset of calls that give none: a host constant, not one device op per call
-    (and no device chosen here: a call may be traced for another platform's device)."""
-    return _ZERO_OFFSET
 
 
 def float_array(name: str, value: Any) -> jax.Array:
@@ -87,14 +79,6 @@ def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int
     return value
 
 
-# The grouped matmuls' optional features: quantized operands with one scale along the
-# contraction (per row or column), with several scale blocks along it, and with blocks of a
-# length the Pallas kernels cannot step through (kernelhub/ops/_contraction_scales.py).
-QUANTIZED = "quantized"
-QUANTIZED_BLOCKS = "quantized_blocks"
-QUANTIZED_ODD_BLOCKS = "quantized_odd_blocks"
-
-
 def features(arguments: dict[str, Any]) -> frozenset[str]:
     """The optional features a grouped-matmul call uses."""
     quantized = [arguments.get(name) for name in ("lhs", "rhs")
@@ -114,8 +98,9 @@ def element_type(value: Any) -> np.dtype:
     return dtype_among("preferred_element_type", value, FLOAT_DTYPES, _FLOAT_NAMES)
 
 
-def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
-    """group_sizes as int32 [G]; concrete values are checked against the `rows` they split."""
+def group_sizes(value: Any) -> jax.Array:
+    """group_sizes as int32 [G] (their values are the contracts' `check_values`' business:
+    kernelhub/ops/_group_values.py)."""
     array = as_array(value)
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise TypeError(f"group_sizes must have an integer dtype (int32), got {array.dtype}")
@@ -123,22 +108,20 @@ def group_sizes(value: Any, rows: int, op: str) -> jax.Array:
         raise ValueError(f"group_sizes must have rank 1 ([num_groups]), got shape {array.shape}")
     if array.shape[0] == 0:
         raise ValueError("group_sizes must hold at least one group, got shape (0,)")
-    if is_concrete(value):
-        host = np.asarray(value).astype(np.int64)
-        validate_values(host, 0, rows, 0, op)
     return as_int32(array)
 
 
 def tiling(value: Any) -> Tilings:
-    """`tiling` as per-pass Tilings (kernelhub/ops/_tilings.py), carrying the tuning table in
+    """`tiling` as per-pass Tilings (kernelhub/_grouped_matmul/tilings.py), carrying the tuning table in
     force where the call is made (kernelhub/tuning)."""
     return as_tilings(value, active_tuning())
 
 
-def group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax.Array:
-    """group_offset as an int32 scalar; a concrete one must leave room for the local groups."""
+def group_offset(value: Any) -> jax.Array:
+    """group_offset as an int32 scalar (0 when None); its value is checked by the contracts'
+    `check_values` (kernelhub/ops/_group_values.py)."""
     if value is None:
-        return zero_offset()
+        return NO_OFFSET
     if isinstance(value, bool):
         raise TypeError("group_offset must be an int or an int32 scalar array, got bool")
     array = as_array(value)
@@ -147,13 +130,6 @@ def group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax
             f"group_offset must be an int or an integer scalar array, got {getattr(array, 'dtype', type(value))} "
             f"of shape {array.shape}"
         )
-    if is_concrete(value):
-        offset = int(np.asarray(value).reshape(()))
-        if offset < 0 or offset + local_groups > num_groups:
-            raise ValueError(
-                f"group_offset={offset} must satisfy 0 <= group_offset <= {num_groups - local_groups} "
-                f"({op} has {local_groups} local groups of the {num_groups} in group_sizes)"
-            )
     return as_int32(array if array.ndim == 0 else array.reshape(()))
 
 

@@ -9,13 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float, Integer
 
-from kernelhub import _runtime_checks
-from kernelhub._define import define_op
+from kernelhub._core.define import define_op
+from kernelhub._grouped_matmul import names
+from kernelhub._grouped_matmul.tables import active as active_tuning
 from kernelhub.ops import _checks
+from kernelhub.ops._group_values import value_hooks
 from kernelhub._qwix import QwixQArray
 from kernelhub.quantization import QuantizedArray
 
-NAME = "grouped_matmul"
+NAME = names.GROUPED_MATMUL
 
 ArrayIn = jax.Array | np.ndarray
 
@@ -35,7 +37,7 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
         )
     if local_groups == 0:
         raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
-    group_sizes = _checks.group_sizes(arguments["group_sizes"], m, NAME)
+    group_sizes = _checks.group_sizes(arguments["group_sizes"])
     num_groups = group_sizes.shape[0]
     if local_groups > num_groups:
         raise ValueError(
@@ -49,18 +51,19 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
         group_sizes=group_sizes,
         preferred_element_type=out_dtype,
         tiling=_checks.tiling(arguments["tiling"]),
-        group_offset=_checks.group_offset(arguments["group_offset"], num_groups, local_groups, NAME),
+        group_offset=_checks.group_offset(arguments["group_offset"]),
         existing_out=_checks.existing_out(arguments["existing_out"], (m, n), out_dtype),
         transpose_rhs=transpose_rhs,
     )
 
 
-def _runtime_check(arguments: dict[str, Any]) -> None:
-    check = _runtime_checks.group_check(NAME, arguments["lhs"].shape[0], arguments["rhs"].shape[0])
-    _runtime_checks.host_check(check, arguments["group_sizes"], arguments["group_offset"])
+# lhs [m, k] holds the rows; rhs [local_groups, ...] the local groups.
+_check_values, _runtime_check = value_hooks(
+    NAME, lambda arguments: arguments["lhs"].shape[0], lambda arguments: arguments["rhs"].shape[0])
 
 
-@define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features)
+@define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features,
+           check_values=_check_values, validate_reads_values=False, context=active_tuning)
 def grouped_matmul(
     lhs: Float[ArrayIn, "m k"] | QuantizedArray | QwixQArray,
     rhs: Float[ArrayIn, "local_groups _ _"] | QuantizedArray | QwixQArray,
@@ -87,7 +90,7 @@ def grouped_matmul(
       tiling: implementation-specific block sizes: a tuple, a callable (m, k, n) -> tuple or None,
         or None (the tuning table in force, else the implementation's heuristic); or one of
         these per pass, as kernelhub.Tilings(forward=..., lhs_gradient=..., rhs_gradient=...)
-        or a dict with those keys (kernelhub/ops/_tilings.py). Never affects the result.
+        or a dict with those keys (kernelhub/_grouped_matmul/tilings.py). Never affects the result.
       group_offset: first local group (an int or int32 scalar, may be traced, e.g. inside
         shard_map); 0 when None. Requires group_offset + local_groups <= num_groups.
       existing_out: [m, n] of preferred_element_type. Rows that no local group computes are

@@ -4,7 +4,7 @@ The names, argument order, defaults, dimension numbers and result dtypes of
 `jax.lax.ragged_dot_general` and `jax.lax.ragged_dot`, so that `from kernelhub import ragged_dot`
 is the whole migration, plus what lax lacks: `group_offset` in every mode, gradients in every
 mode, and rows outside the computed groups exactly 0. The implementations map each mode onto the
-grouped matmuls of one backend (kernelhub/ops/_ragged_modes.py; registered in
+grouped matmuls of one backend (kernelhub/_grouped_matmul/ragged_modes.py; registered in
 kernelhub/_composite), so forcing a platform forces their kernels too.
 """
 
@@ -17,10 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Integer, Shaped
 
-from kernelhub import _runtime_checks
-from kernelhub._define import define_op
+from kernelhub._core import runtime_checks as _runtime_checks
+from kernelhub._core.define import define_op
 from kernelhub.ops import _checks
-from kernelhub.ops._ragged_modes import Mode, plan
+from kernelhub.ops._group_values import check_call, group_check
+from kernelhub._grouped_matmul.ragged_modes import Mode, plan
 
 NAME = "ragged_dot_general"
 SIMPLE_NAME = "ragged_dot"
@@ -131,24 +132,20 @@ def _precision(value: Any) -> Any:
                     f"or a jax.lax.DotAlgorithmPreset, got {value!r}")
 
 
-def _group_sizes(value: Any, prefix_shape: tuple[int, ...], extent: int, op: str) -> jax.Array:
+def _group_sizes(value: Any, prefix_shape: tuple[int, ...]) -> jax.Array:
     array = _checks.as_array(value)
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise TypeError(f"group_sizes must have an integer dtype, got {array.dtype}")
     if array.ndim != 1 and array.shape[:-1] != prefix_shape:
         raise ValueError(f"group_sizes must have shape (g,) or {prefix_shape + ('g',)} (the lhs dims "
                          f"before the ragged one that lax allows), got {array.shape}")
-    if _checks.is_concrete(value):
-        host = np.asarray(value).astype(np.int64).reshape(-1, array.shape[-1])
-        for row in host:
-            _runtime_checks.validate_values(row, 0, extent, 0, op)
     array = _checks.as_int32(array)
     if array.ndim == 1 and prefix_shape:
         array = jnp.broadcast_to(array, prefix_shape + array.shape)
     return array
 
 
-def _group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> jax.Array | None:
+def _group_offset(value: Any) -> jax.Array | None:
     if value is None:
         return None
     if isinstance(value, bool) or not hasattr(value, "shape") and not isinstance(value, (int, np.integer)):
@@ -156,7 +153,7 @@ def _group_offset(value: Any, num_groups: int, local_groups: int, op: str) -> ja
                         f"{type(value).__name__}")
     if hasattr(value, "shape") and tuple(value.shape) not in ((), (1,)):
         raise TypeError(f"group_offset must have shape (1,) (as lax's) or (), got {tuple(value.shape)}")
-    return _checks.group_offset(value, num_groups, local_groups, op)
+    return _checks.group_offset(value)
 
 
 def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
@@ -172,9 +169,7 @@ def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
     p = plan(lhs.shape, rhs.shape, numbers, num_groups)
     ragged_axis = numbers.lhs_ragged_dimensions[0]
     prefix_shape = tuple(lhs.shape[a] for a in p.prefix)
-    group_sizes = _group_sizes(arguments["group_sizes"], prefix_shape, lhs.shape[ragged_axis], op)
-    # Mode 1: the rhs group dim holds the local groups. Modes 2 and 3: group_offset.. the last.
-    local = rhs.shape[p.rhs_group_axis] if mode is Mode.RAGGED_NONCONTRACTING else 1
+    group_sizes = _group_sizes(arguments["group_sizes"], prefix_shape)
     return dict(
         lhs=lhs,
         rhs=rhs,
@@ -182,20 +177,31 @@ def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
         ragged_dot_dimension_numbers=numbers,
         precision=_precision(arguments["precision"]),
         preferred_element_type=_element_type(arguments["preferred_element_type"], lhs, rhs),
-        group_offset=_group_offset(arguments["group_offset"], num_groups, local, op),
+        group_offset=_group_offset(arguments["group_offset"]),
         out_sharding=arguments["out_sharding"],
     )
 
 
-def _runtime_check(arguments: dict[str, Any]) -> None:
+def _extent_and_local_groups(arguments: dict[str, Any]) -> tuple[int, int]:
+    """The length of the ragged axis, and how many groups are local: in mode 1 the rhs group
+    dim holds them; in modes 2 and 3, one offset's worth (group_offset .. the last)."""
     numbers = arguments["ragged_dot_dimension_numbers"]
-    lhs, rhs = arguments["lhs"], arguments["rhs"]
-    p = plan(lhs.shape, rhs.shape, numbers, arguments["group_sizes"].shape[-1])
-    local = rhs.shape[p.rhs_group_axis] if p.mode is Mode.RAGGED_NONCONTRACTING else 1
-    extent = lhs.shape[numbers.lhs_ragged_dimensions[0]]
+    lhs_shape, rhs_shape = np.shape(arguments["lhs"]), np.shape(arguments["rhs"])
+    p = plan(lhs_shape, rhs_shape, numbers, np.shape(arguments["group_sizes"])[-1])
+    local = rhs_shape[p.rhs_group_axis] if p.mode is Mode.RAGGED_NONCONTRACTING else 1
+    return lhs_shape[numbers.lhs_ragged_dimensions[0]], local
+
+
+def _check_values(arguments: dict[str, Any], op: str = NAME) -> None:
+    extent, local = _extent_and_local_groups(arguments)
+    check_call(arguments["group_sizes"], arguments["group_offset"], extent, local, op)
+
+
+def _runtime_check(arguments: dict[str, Any]) -> None:
+    extent, local = _extent_and_local_groups(arguments)
     offset = arguments["group_offset"]
 
-    row_check = _runtime_checks.group_check(NAME, extent, local)
+    row_check = group_check(NAME, extent, local)
 
     def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
         for row in np.asarray(group_sizes).reshape(-1, group_sizes.shape[-1]):
@@ -205,7 +211,8 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
                                jnp.zeros((), jnp.int32) if offset is None else offset)
 
 
-@define_op(validate=prepare, runtime_check=_runtime_check)
+@define_op(validate=prepare, runtime_check=_runtime_check, check_values=_check_values,
+           validate_reads_values=False)
 def ragged_dot_general(
     lhs: Shaped[ArrayIn, "..."],
     rhs: Shaped[ArrayIn, "..."],
@@ -277,7 +284,13 @@ def _simple_runtime_check(arguments: dict[str, Any]) -> None:
     _runtime_check({**arguments, "ragged_dot_dimension_numbers": BASIC_DIMENSION_NUMBERS})
 
 
-@define_op(name=SIMPLE_NAME, validate=_simple_prepare, runtime_check=_simple_runtime_check)
+def _simple_check_values(arguments: dict[str, Any]) -> None:
+    check_call(arguments["group_sizes"], arguments["group_offset"], np.shape(arguments["lhs"])[0],
+               np.shape(arguments["rhs"])[0], SIMPLE_NAME)
+
+
+@define_op(name=SIMPLE_NAME, validate=_simple_prepare, runtime_check=_simple_runtime_check,
+           check_values=_simple_check_values, validate_reads_values=False)
 def ragged_dot(
     lhs: Shaped[ArrayIn, "m k"],
     rhs: Shaped[ArrayIn, "local_groups k n"],

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Integer, Shaped
 
-from kernelhub._define import define_op
+from kernelhub._core import value_checks
+from kernelhub._core.define import define_op
 from kernelhub.ops import _checks
-from kernelhub.ops._groups import running_sum
+from kernelhub._grouped_matmul.groups import running_sum
 
 NAME = "token_exchange"
 
@@ -54,27 +55,33 @@ def _run_bounds(name: str, value: Any, devices: int) -> jax.Array:
             f"{name} must have shape ({devices},), one entry per device of the mesh axis, got "
             f"{array.shape}"
         )
-    if _checks.is_concrete(value) and np.any(np.asarray(value) < 0):
-        bad = np.flatnonzero(np.asarray(value) < 0)[:5].tolist()
-        raise ValueError(f"{name} must be >= 0; negative at devices {bad}")
+    if _checks.is_concrete(value):
+        value_checks.check_values(lambda host: _non_negative(name, host), value, call=NAME)
     return _checks.as_int32(array)
+
+
+def _non_negative(name: str, host: np.ndarray) -> None:
+    if np.any(host < 0):
+        bad = np.flatnonzero(host < 0)[:5].tolist()
+        raise ValueError(f"{name} must be >= 0; negative at devices {bad}")
 
 
 def _check_runs_fit(send_sizes: Any, send_offsets: Any, rows: int) -> None:
     """With concrete values: every run must end within the rows."""
     if not _checks.is_concrete(send_sizes) or not _checks.is_concrete(send_offsets):
         return
-    sizes = np.asarray(send_sizes, np.int64)
-    if send_offsets is None:
-        starts = np.cumsum(sizes) - sizes
-    else:
-        starts = np.asarray(send_offsets, np.int64)
-    past = np.flatnonzero(starts + sizes > rows)
-    if past.size:
-        raise ValueError(
-            f"send_sizes and send_offsets must keep every run within the {rows} rows of rows; "
-            f"the runs to devices {past[:5].tolist()} end past it"
-        )
+
+    def check(sizes: np.ndarray, *offsets: np.ndarray) -> None:
+        sizes = np.asarray(sizes, np.int64)
+        starts = np.cumsum(sizes) - sizes if not offsets else np.asarray(offsets[0], np.int64)
+        past = np.flatnonzero(starts + sizes > rows)
+        if past.size:
+            raise ValueError(
+                f"send_sizes and send_offsets must keep every run within the {rows} rows of "
+                f"rows; the runs to devices {past[:5].tolist()} end past it")
+
+    value_checks.check_values(check, send_sizes,
+                              *(() if send_offsets is None else (send_offsets,)), call=NAME)
 
 
 def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:

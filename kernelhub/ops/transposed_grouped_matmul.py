@@ -9,13 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float, Integer
 
-from kernelhub import _runtime_checks
-from kernelhub._define import define_op
+from kernelhub._core.define import define_op
+from kernelhub._core.dispatch import note_values_read
+from kernelhub._grouped_matmul import names
+from kernelhub._grouped_matmul.tables import active as active_tuning
 from kernelhub.ops import _checks
+from kernelhub.ops._group_values import value_hooks
 from kernelhub._qwix import QwixQArray
 from kernelhub.quantization import QuantizedArray
 
-NAME = "transposed_grouped_matmul"
+NAME = names.TRANSPOSED_GROUPED_MATMUL
 
 ArrayIn = jax.Array | np.ndarray
 
@@ -29,7 +32,7 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
             f"rhs must have lhs's m={m} rows (lhs is [k, m] = {lhs.shape}), got shape {rhs.shape}"
         )
     n = rhs.shape[1]
-    group_sizes = _checks.group_sizes(arguments["group_sizes"], m, NAME)
+    group_sizes = _checks.group_sizes(arguments["group_sizes"])
     num_groups = group_sizes.shape[0]
     actual = arguments["num_actual_groups"]
     offset_value = arguments["group_offset"]
@@ -39,6 +42,8 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
                 "num_actual_groups must be given when group_offset is traced (e.g. inside "
                 "shard_map): the output's group count has to be static"
             )
+        if isinstance(offset_value, jax.Array):  # the output's shape depends on its value
+            note_values_read()
         offset = 0 if offset_value is None else int(np.asarray(offset_value))
         if not 0 <= offset < num_groups:
             raise ValueError(f"group_offset={offset} must lie in [0, {num_groups - 1}] (num_groups - 1)")
@@ -55,18 +60,20 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
         group_sizes=group_sizes,
         preferred_element_type=out_dtype,
         tiling=_checks.tiling(arguments["tiling"]),
-        group_offset=_checks.group_offset(offset_value, num_groups, actual, NAME),
+        group_offset=_checks.group_offset(offset_value),
         num_actual_groups=actual,
         existing_out=_checks.existing_out(arguments["existing_out"], (actual, k, n), out_dtype),
     )
 
 
-def _runtime_check(arguments: dict[str, Any]) -> None:
-    check = _runtime_checks.group_check(NAME, arguments["lhs"].shape[1], arguments["num_actual_groups"])
-    _runtime_checks.host_check(check, arguments["group_sizes"], arguments["group_offset"])
+# lhs [k, m] holds the rows along its second axis; None local groups: all from the offset on.
+_check_values, _runtime_check = value_hooks(
+    NAME, lambda arguments: arguments["lhs"].shape[1],
+    lambda arguments: arguments["num_actual_groups"])
 
 
-@define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features)
+@define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features,
+           check_values=_check_values, validate_reads_values=False, context=active_tuning)
 def transposed_grouped_matmul(
     lhs: Float[ArrayIn, "k m"] | QuantizedArray | QwixQArray,
     rhs: Float[ArrayIn, "m n"] | QuantizedArray | QwixQArray,

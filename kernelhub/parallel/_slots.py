@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from kernelhub.ops._groups import running_sum
+from kernelhub._grouped_matmul.groups import running_sum
 
 
 class SlotOrder(NamedTuple):

@@ -19,8 +19,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from kernelhub._dispatch import within_platform
-from kernelhub._registry import Platform
+from kernelhub import _loader
+from kernelhub._core.dispatch import within_platform
+from kernelhub._core.registry import Platform
 from kernelhub.ops.token_exchange import NAME as TOKEN_EXCHANGE
 from kernelhub.parallel import _placement, _slots, routing
 from kernelhub.parallel.experts import ExpertFn, count_experts
@@ -32,6 +33,7 @@ def default_exchange() -> Callable[..., Any]:
     Chosen among the xla implementations, the only ones collectives are written in, so that a
     KERNELHUB_PLATFORM chosen for the matmul kernels does not make the exchange unavailable.
     """
+    _loader.load()
     return within_platform(TOKEN_EXCHANGE, Platform.XLA)
 
 

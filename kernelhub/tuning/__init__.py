@@ -21,11 +21,15 @@ Keys: device kind, implementation, op, pass, kernel, m/k/n rounded up to powers 
 counts and dtypes (TuningKey). docs/tuning.md has the whole story.
 """
 
-from kernelhub.ops._tilings import PASSES, Tilings
-from kernelhub.tuning._active import heuristic
+from kernelhub._grouped_matmul.active_table import heuristic
+from kernelhub._grouped_matmul.passes import TuningSpace
+from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._grouped_matmul.tables import Entry, Tuning, TuningKey, load, shipped
+from kernelhub._grouped_matmul.tilings import PASSES, Tilings
 from kernelhub.tuning._autotune import DEFAULT_SKEW, autotune
-from kernelhub.tuning._calls import KernelProblem, TuningKey, TuningSpace
-from kernelhub.tuning._table import Entry, Tuning, load, shipped
 
-__all__ = ["DEFAULT_SKEW", "Entry", "KernelProblem", "PASSES", "Tilings", "Tuning", "TuningKey",
-           "TuningSpace", "autotune", "heuristic", "load", "shipped"]
+# The problem a tuned kernel call solves (its old name, kept for code written against it).
+KernelProblem = Problem
+
+__all__ = ["DEFAULT_SKEW", "Entry", "Kernel", "KernelProblem", "PASSES", "Problem", "Tilings",
+           "Tuning", "TuningKey", "TuningSpace", "autotune", "heuristic", "load", "shipped"]

@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernelhub.tuning import _active
-from kernelhub.tuning._calls import KernelCall, KernelProblem, TuningKey
-from kernelhub.tuning._table import Entry, Tuning
+from kernelhub._grouped_matmul import active_table
+from kernelhub._grouped_matmul.passes import KernelCall
+from kernelhub._grouped_matmul.problem import Problem
+from kernelhub._grouped_matmul.tables import Entry, Tuning, TuningKey
 
 # Dirichlet(1 / skew) proportions: 2.0 gives the benchmark's "skewed" sizes (alpha 0.5), about
 # what a router produces early in training; 0 gives balanced sizes.
@@ -45,7 +46,7 @@ class Recorder:
         return None
 
 
-def group_size_draws(problem: KernelProblem, group_sizes: Any, skew: float, draws: int,
+def group_size_draws(problem: Problem, group_sizes: Any, skew: float, draws: int,
                      seed: int) -> tuple[list[np.ndarray], str]:
     """int32 [num_groups] size vectors to time `problem` on, and a description of them."""
     rows, groups = problem.m, problem.num_groups
@@ -152,7 +153,7 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
     if min_gain < 0:
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
     recorder = Recorder()
-    with _active.activated(recorder):
+    with active_table.activated(recorder):
         jax.eval_shape(fn, *example_args, **example_kwargs)
     if not recorder.calls:
         raise ValueError(

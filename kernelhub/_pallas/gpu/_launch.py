@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from kernelhub._manual_axes import shape_dtype_like
+from kernelhub._core.manual_axes import shape_dtype_like
 from kernelhub._pallas.gpu.config import BlockConfig
 
 

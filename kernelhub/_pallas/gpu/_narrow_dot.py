@@ -14,7 +14,7 @@ So the kernels call `accumulate(total, left, right)`, one primitive for `total +
 * inside a Pallas Triton kernel it lowers to one `tt.dot` accumulating into `total`, with
   maxNumImpreciseAcc set to the tile's contraction length for fp8, so that each block's
   tensor-core sum is added into the float32 total (`promotion_interval`; the rule is added to
-  Pallas's table on first use, through kernelhub/_jax_internals.py);
+  Pallas's table on first use, through kernelhub/_core/jax_internals.py);
 * anywhere else (interpret mode on a CPU) it computes what the kernels' contract asks for,
   exactly: int8 products summed in int32, fp8 products (exact in float32) summed in float32.
 
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub import _jax_internals as internals
+from kernelhub._core import jax_internals as internals
 from kernelhub.quantization import QUANTIZED_DTYPES
 
 _FP8 = tuple(dtype for dtype in QUANTIZED_DTYPES if jnp.issubdtype(dtype, jnp.floating))

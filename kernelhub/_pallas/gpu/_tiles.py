@@ -117,7 +117,7 @@ class TileProduct:
                    trans_b: bool = False) -> jax.Array:
         """total + (left @ right) * row_scale[:, None] * col_scale[None, :], the product summed
         as `add` sums it (from zero) and `total` float32: one contraction step inside a scale
-        block (kernelhub/ops/_contraction_scales.py). None scales are left out."""
+        block (kernelhub/_grouped_matmul/contraction_scales.py). None scales are left out."""
         part = self.result(self.add(self.zeros(total.shape), left, right, trans_b))
         if row_scale is not None:
             part = part * row_scale[:, None]

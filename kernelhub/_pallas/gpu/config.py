@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from kernelhub.ops._contraction_scales import largest_power_of_two_dividing
+from kernelhub._grouped_matmul.contraction_scales import largest_power_of_two_dividing
+from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub.quantization import EXACT_IN_BFLOAT16
 
 # tl.dot needs every operand dimension to be at least 16.
 MIN_BLOCK = 16
@@ -97,7 +99,7 @@ def from_tiling(tiling: Any, m: int, k: int, n: int, default: BlockConfig) -> Bl
 def within_scale_blocks(config: BlockConfig, common_block: int, contraction: str) -> BlockConfig:
     """`config` with its contraction block (`contraction`: "block_k" for gmm, "block_m" for
     tgmm) cut to a power of two dividing `common_block`, so that every contraction step lies
-    inside one scale block of each scaled operand (kernelhub/ops/_contraction_scales.py)."""
+    inside one scale block of each scaled operand (kernelhub/_grouped_matmul/contraction_scales.py)."""
     step = largest_power_of_two_dividing(common_block)
     if step < MIN_BLOCK:
         raise ValueError(
@@ -132,7 +134,19 @@ def fitted(config: BlockConfig, m: int, k: int, n: int) -> BlockConfig:
     return BlockConfig(block_m, block_k, block_n, num_warps, config.num_stages)
 
 
-def gmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> BlockConfig:
+def itemsize(problem: Problem) -> int:
+    """Bytes per element the heuristics size blocks by: int8 and fp8 count as the bf16 they
+    widen to when not multiplied as stored (kernelhub/_pallas/gpu/_tiles.py)."""
+    return max(2 if np.dtype(d) in EXACT_IN_BFLOAT16 else np.dtype(d).itemsize
+               for d in (problem.lhs_dtype, problem.rhs_dtype))
+
+
+def heuristic(problem: Problem) -> BlockConfig:
+    """The heuristic's block config for the problem's kernel."""
+    return (tgmm_heuristic if problem.kernel is Kernel.TGMM else gmm_heuristic)(problem)
+
+
+def gmm_heuristic(problem: Problem) -> BlockConfig:
     """Tiles for grouped_matmul's [m, k] x [k, n] per group.
 
     block_m follows the expected rows per group, since a group smaller than a tile wastes the
@@ -140,9 +154,10 @@ def gmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> Blo
     Wide 128x256 tiles with 8 warps when groups are large and n is wide (Mixtral-like), which
     halves the reloads of lhs; 16-bit inputs take block_k 64, float32 half that (same bytes).
     """
-    rows_per_group = max(1, m // max(num_groups, 1))
+    m, k, n = problem.m, problem.k, problem.n
+    rows_per_group = max(1, m // max(problem.num_groups, 1))
     block_m = min(128, max(64, _next_power_of_two(rows_per_group)))
-    narrow = itemsize <= 2
+    narrow = itemsize(problem) <= 2
     block_k = 64 if narrow else 32
     wide = narrow and block_m == 128 and n >= 2048
     block_n = 256 if wide else 128
@@ -151,17 +166,18 @@ def gmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> Blo
     return fitted(config, m, k, n)
 
 
-def tgmm_heuristic(m: int, k: int, n: int, num_groups: int, itemsize: int) -> BlockConfig:
+def tgmm_heuristic(problem: Problem) -> BlockConfig:
     """Tiles for transposed_grouped_matmul: a (block_k x block_n) output tile per program, summing
     block_m rows per step.
 
     Every (group, k-tile, n-tile) is one program; when that gives too few programs to fill the
     GPU (few groups, small k and n), the output tiles shrink to 64.
     """
-    narrow = itemsize <= 2
+    m, k, n = problem.m, problem.k, problem.n
+    narrow = itemsize(problem) <= 2
     block_m = 64 if narrow else 32
     block_k = block_n = 128
-    programs = num_groups * -(-k // block_k) * -(-n // block_n)
+    programs = problem.num_groups * -(-k // block_k) * -(-n // block_n)
     if programs < _ENOUGH_PROGRAMS:
         block_k = block_n = 64
     config = BlockConfig(block_m, block_k, block_n, num_warps=4, num_stages=4 if narrow else 3)

@@ -6,7 +6,7 @@ for one n-tile, looping over k, and stores only the rows its segment owns. Visit
 no local group computes store zeros, or nothing at all when the output starts as existing_out
 (aliased, so no copy is made beyond the one XLA needs when existing_out is not donated).
 
-With scale blocks along k (`scales`, kernelhub/ops/_contraction_scales.py) each k step lies
+With scale blocks along k (`scales`, kernelhub/_grouped_matmul/contraction_scales.py) each k step lies
 inside one block: its product is multiplied by the step's row scales (lhs) and column scales
 (the group's rhs) before it joins the float32 total.
 
@@ -23,40 +23,29 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.gpu import _launch, _tiles, config, visits
-from kernelhub.ops._contraction_scales import (
+from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
-from kernelhub.ops._groups import computed_rows
+from kernelhub._grouped_matmul.problem import gmm_problem
 
 SWIZZLE = 8
 
 
-def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, tiling=None,
-                       group_offset=None, existing_out=None, transpose_rhs=False,
-                       scales: ContractionScales | None = None,
+def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                       existing_out, transpose_rhs, scales: ContractionScales | None = None,
                        output_blocks: OutputBlockScales | None = None, *,
                        interpret: bool = False) -> jax.Array:
-    """The forward kernel; arguments as validated by the contract's dispatcher."""
+    """The forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py)."""
     out_dtype = jnp.dtype(preferred_element_type)
-    m, k = lhs.shape
-    local_groups = rhs.shape[0]
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    if group_offset is None:
-        group_offset = jnp.zeros((), jnp.int32)
-    compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
-    default = config.gmm_heuristic(m, k, n, group_sizes.shape[0], jnp.dtype(compute_dtype).itemsize)
-    blocks = config.from_tiling(tiling, m, k, n, default)
+    problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
+                          transpose_rhs)
+    m, k, n, local_groups = problem.m, problem.k, problem.n, problem.local_groups
+    blocks = config.from_tiling(tiling, m, k, n, config.gmm_heuristic(problem))
     output_blocks = output_blocks or NO_OUTPUT_BLOCKS
     blocks = config.within_all_scale_blocks(blocks, scales, output_blocks, "block_k", "block_m")
     product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret)
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
-    if m == 0 or n == 0:
-        return existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
-    if k == 0:  # empty sums: the computed rows are 0
-        kept = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
-        computed = computed_rows(group_sizes, group_offset, local_groups, m)
-        return jnp.where(computed[:, None], jnp.zeros((), out_dtype), kept)
-
     fill = existing_out is None
     table = visits.visit_table(group_sizes, group_offset, local_groups, m, blocks.block_m, fill)
     num_visits = table.shape[1]

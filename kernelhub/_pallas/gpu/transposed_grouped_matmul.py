@@ -9,7 +9,7 @@ through shared memory), and at most two edge chunks pass through registers, wher
 the rows outside the group to exact zeros. An empty group runs no chunk and stores 0 (or
 existing_out, read and written in place through an alias).
 
-With scale blocks along m (`scales`, kernelhub/ops/_contraction_scales.py) a chunk lies inside
+With scale blocks along m (`scales`, kernelhub/_grouped_matmul/contraction_scales.py) a chunk lies inside
 one block: its product is multiplied by the block's scales of lhs's rows (k) and rhs's columns
 (n) before it joins the float32 total.
 """
@@ -23,37 +23,29 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._pallas.gpu import _launch, _tiles, config
-from kernelhub.ops._contraction_scales import (
+from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
-from kernelhub.ops._groups import local_bounds
+from kernelhub._grouped_matmul.groups import local_bounds
+from kernelhub._grouped_matmul.problem import tgmm_problem
 
 
-def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
-                                  tiling=None, group_offset=None, num_actual_groups=None,
-                                  existing_out=None, scales: ContractionScales | None = None,
+def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling,
+                                  group_offset, num_actual_groups, existing_out,
+                                  scales: ContractionScales | None = None,
                                   output_blocks: OutputBlockScales | None = None, *,
                                   interpret: bool = False) -> jax.Array:
-    """The forward kernel; arguments as validated by the contract's dispatcher."""
+    """The forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py)."""
     out_dtype = jnp.dtype(preferred_element_type)
-    k, m = lhs.shape
-    n = rhs.shape[1]
-    if group_offset is None:
-        group_offset = jnp.zeros((), jnp.int32)
-    groups = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
-    compute_dtype = _tiles.compute_dtype(lhs.dtype, rhs.dtype)
-    default = config.tgmm_heuristic(m, k, n, groups, jnp.dtype(compute_dtype).itemsize)
-    blocks = config.from_tiling(tiling, m, k, n, default)
+    groups = num_actual_groups
+    problem = tgmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None, groups)
+    m, k, n = problem.m, problem.k, problem.n
+    blocks = config.from_tiling(tiling, m, k, n, config.tgmm_heuristic(problem))
     output_blocks = output_blocks or NO_OUTPUT_BLOCKS
     blocks = config.within_all_scale_blocks(blocks, scales, output_blocks, "block_m", "block_k")
     product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_m, m, interpret)
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
-    if k == 0 or n == 0:
-        return existing_out if existing_out is not None else jnp.zeros((groups, k, n), out_dtype)
-    if m == 0:  # every group is empty
-        zeros = jnp.zeros((groups, k, n), out_dtype)
-        return zeros if existing_out is None else existing_out
-
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
     bounds = jnp.stack([starts, ends]).astype(jnp.int32)
     k_tiles, n_tiles = -(-k // blocks.block_k), -(-n // blocks.block_n)

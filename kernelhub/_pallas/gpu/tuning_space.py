@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from kernelhub._pallas.gpu import _narrow_dot, config
-from kernelhub.quantization import EXACT_IN_BFLOAT16
-from kernelhub.tuning._calls import TGMM, KernelProblem, TuningSpace
+from kernelhub._grouped_matmul.passes import TuningSpace
+from kernelhub._grouped_matmul.problem import Kernel, Problem
 
 # (block_m, block_k, block_n, num_warps, num_stages) for 16-bit operands.
 _GMM_CONFIGS = (
@@ -31,21 +29,11 @@ _TGMM_CONFIGS = (
 )
 
 
-def _itemsize(problem: KernelProblem) -> int:
-    """Bytes per element the heuristic sizes blocks by: int8 and fp8 count as the bf16 they
-    widen to when not multiplied as stored (kernelhub/_pallas/gpu/_tiles.py)."""
-    sizes = [2 if np.dtype(d) in EXACT_IN_BFLOAT16 else np.dtype(d).itemsize
-             for d in (problem.lhs_dtype, problem.rhs_dtype)]
-    return max(sizes)
+def _default(problem: Problem) -> tuple[int, ...]:
+    return config.heuristic(problem).as_tiling()
 
 
-def _default(problem: KernelProblem) -> tuple[int, ...]:
-    heuristic = config.tgmm_heuristic if problem.kernel == TGMM else config.gmm_heuristic
-    return heuristic(problem.m, problem.k, problem.n, problem.num_groups,
-                     _itemsize(problem)).as_tiling()
-
-
-def _eight_bit(problem: KernelProblem) -> bool:
+def _eight_bit(problem: Problem) -> bool:
     """Whether both operands are 8-bit types the kernels can multiply as stored."""
     return _narrow_dot.accumulator_dtype(problem.lhs_dtype, problem.rhs_dtype) is not None
 
@@ -56,12 +44,12 @@ def _scaled(block_config: tuple[int, ...], axis: int, factor: float) -> tuple[in
     return tuple(scaled)
 
 
-def _candidates(problem: KernelProblem) -> list[tuple[int, ...]]:
+def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     # Which block is the contraction and which the output's rows: gmm sums over block_k and
     # writes block_m rows; tgmm sums over block_m rows and writes block_k rows.
-    contraction, out_rows = (0, 1) if problem.kernel == TGMM else (1, 0)
-    configs = _TGMM_CONFIGS if problem.kernel == TGMM else _GMM_CONFIGS
-    if _itemsize(problem) > 2:
+    contraction, out_rows = (0, 1) if problem.kernel is Kernel.TGMM else (1, 0)
+    configs = _TGMM_CONFIGS if problem.kernel is Kernel.TGMM else _GMM_CONFIGS
+    if config.itemsize(problem) > 2:
         configs = tuple(_scaled(c, contraction, 0.5) for c in configs)
     fitted = [config.fitted(config.BlockConfig(*c), problem.m, problem.k, problem.n)
               for c in configs]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub.ops._groups import local_bounds, running_sum
+from kernelhub._grouped_matmul.groups import local_bounds, running_sum
 
 # Row 1 of the visit table: what a visit does with its rows.
 FILL = -1  # rows of no local group: write zeros

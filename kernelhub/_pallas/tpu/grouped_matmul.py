@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._manual_axes import shape_dtype_like
+from kernelhub._core.manual_axes import shape_dtype_like
 from kernelhub._pallas.tpu import scale_blocks
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
@@ -28,27 +28,19 @@ from kernelhub._pallas.tpu.kernel_parts import (
     needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import GmmField
 from kernelhub._pallas.tpu.tiling import LANES
-from kernelhub.ops._contraction_scales import (
+from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
-from kernelhub.ops._groups import computed_rows
-
-
-def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: Any,
-               has_existing: bool, transpose_rhs: bool) -> tiling_lib.Problem:
-    m, k = lhs.shape
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    kernel = tiling_lib.Kernel.TRANSPOSED_RHS if transpose_rhs else tiling_lib.Kernel.FORWARD
-    return tiling_lib.Problem(kernel, m, k, n, group_sizes.shape[0], rhs.shape[0], lhs.dtype,
-                              rhs.dtype, out_dtype, has_existing)
+from kernelhub._grouped_matmul.problem import gmm_problem
 
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
-                   preferred_element_type: Any, tiling: Any, group_offset: jax.Array | None,
+                   preferred_element_type: Any, tiling: Any, group_offset: jax.Array,
                    existing_out: jax.Array | None, transpose_rhs: bool,
                    scales: ContractionScales | None = None,
                    output_blocks: OutputBlockScales | None = None, *,
                    interpret: Any = False) -> jax.Array:
-    """The raw forward kernel: arguments as the dispatcher normalises them."""
+    """The raw forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py)."""
     out_dtype = jnp.dtype(preferred_element_type)
     if needs_widening(lhs.dtype, rhs.dtype, out_dtype):
         out = grouped_matmul(
@@ -57,16 +49,9 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             None if existing_out is None else existing_out.astype(widened(out_dtype)),
             transpose_rhs, scales, output_blocks, interpret=interpret)
         return out.astype(out_dtype)
-    problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, transpose_rhs)
+    problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
+                          transpose_rhs)
     m, k, n = problem.m, problem.k, problem.n
-    if group_offset is None:
-        group_offset = jnp.zeros((), jnp.int32)
-    base = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
-    if m == 0 or n == 0:
-        return base
-    if k == 0:  # empty sums: computed rows are 0
-        computed = computed_rows(group_sizes, group_offset, problem.local_groups, m)
-        return jnp.where(computed[:, None], jnp.zeros_like(base), base)
 
     options = call_options(problem, tiling, interpret)
     scales, output_blocks = scales or NO_SCALES, output_blocks or NO_OUTPUT_BLOCKS
@@ -231,12 +216,12 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
         if slices is None:
             product = dot(lhs, rhs, accumulator_dtype(compute)).astype(acc_ref.dtype)
         else:
-            def multiply(start, size):
+            def sub_slice_product(start, size):
                 part = slice(start, start + size)
                 return dot(lhs[:, part], rhs[:, part] if transpose_rhs else rhs[part, :],
                            accumulator_dtype(compute))
 
-            product = scale_blocks.scaled_sum(multiply, slices, acc_ref.shape, lhs_scale_ref,
+            product = scale_blocks.scaled_sum(sub_slice_product, slices, acc_ref.shape, lhs_scale_ref,
                                               lhs_block, rhs_scale_ref, rhs_block)
 
         @pl.when(kk == 0)

@@ -4,7 +4,7 @@ Tiles are chosen while tracing, before XLA knows which device will run the progr
 target is read from the trace context: the abstract mesh's device or jax's default device (see
 `jax.experimental.pallas.tpu.get_tpu_info`). On a TPU host that is the local chip; when lowering
 for a TPU from another host, wrap the lowering in `jax.default_device(topology.devices[0])` (as
-`kernelhub._pallas.tpu.ahead_of_time` does). Without a TPU in the context the kernels assume the
+`kernelhub._verify.tpu_ahead_of_time` does). Without a TPU in the context the kernels assume the
 `PORTABLE` profile, whose tiles fit the smallest VMEM of every supported generation.
 """
 

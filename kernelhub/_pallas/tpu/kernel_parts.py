@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._pallas.tpu import hardware, tiling as tiling_lib
 from kernelhub import quantization
+from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas.tpu import hardware, tiling as tiling_lib
 from kernelhub.quantization import EXACT_IN_BFLOAT16
 
 
@@ -36,7 +37,7 @@ class CallOptions:
         return isinstance(self.interpret, bool)
 
 
-def call_options(problem: tiling_lib.Problem, tiling: Any, interpret: Any) -> CallOptions:
+def call_options(problem: Problem, tiling: Any, interpret: Any) -> CallOptions:
     """Tiles, VMEM limit and interpret setting of one kernel call.
 
     `interpret` is False (Mosaic), True (Pallas interpret mode) or a `pltpu.InterpretParams`.
@@ -50,14 +51,12 @@ def call_options(problem: tiling_lib.Problem, tiling: Any, interpret: Any) -> Ca
 
 
 KERNEL_NAME_PATTERN = r"kernelhub_(gmm|gmm_t|tgmm)_(\d+)x(\d+)x(\d+)"
-_KERNEL_TAGS = {tiling_lib.Kernel.FORWARD: "gmm", tiling_lib.Kernel.TRANSPOSED_RHS: "gmm_t",
-                tiling_lib.Kernel.WEIGHT_GRADIENT: "tgmm"}
 
 
-def kernel_name(kernel: tiling_lib.Kernel, tiles: tiling_lib.Tiles) -> str:
+def kernel_name(kernel: Kernel, tiles: tiling_lib.Tiles) -> str:
     """The pallas_call's name, which carries the tiles into HLO dumps and profiles
-    (ahead_of_time.py reads them back from the compiled program)."""
-    return f"kernelhub_{_KERNEL_TAGS[kernel]}_{tiles.tm}x{tiles.tk}x{tiles.tn}"
+    (kernelhub/_verify/tpu_ahead_of_time.py reads them back from the compiled program)."""
+    return f"kernelhub_{kernel.value}_{tiles.tm}x{tiles.tk}x{tiles.tn}"
 
 
 def widened(dtype: Any) -> Any:

@@ -1,5 +1,5 @@
 """Scale blocks along the contraction inside the Pallas TPU kernels (what they mean:
-kernelhub/ops/_contraction_scales.py).
+kernelhub/_grouped_matmul/contraction_scales.py).
 
 A contraction tile either holds whole scale blocks (tile % block == 0), lies inside one
 (block % tile == 0), or is the contraction's only tile; `fitting_tile` cuts a tile until one of
@@ -132,7 +132,7 @@ def across_tile(entries_ref: Any, tiles: TileScales, shape: tuple[int, int],
     """The float32 [rows, columns] scales of a tile whose `axis` (an output axis) runs across
     scale blocks: entry j of `entries_ref` (a [1, columns] or [rows, 1] vector, varying along
     the contraction) for the elements of the tile's j-th block. Multiplying the tile by it
-    dequantizes the tile (OutputBlockScales, kernelhub/ops/_contraction_scales.py)."""
+    dequantizes the tile (OutputBlockScales, kernelhub/_grouped_matmul/contraction_scales.py)."""
     scale = jnp.broadcast_to(entries_ref[0], shape)
     if tiles.entries == 1:
         return scale

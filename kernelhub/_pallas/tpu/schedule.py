@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub.ops._groups import local_bounds
+from kernelhub._grouped_matmul.groups import local_bounds
 
 
 class GmmField(enum.IntEnum):

@@ -15,7 +15,6 @@ estimate over candidate tilings whose buffers fit the generation's VMEM; see doc
 from __future__ import annotations
 
 import dataclasses
-import enum
 import itertools
 import math
 from collections.abc import Callable
@@ -23,23 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.tpu.hardware import Chip
 
 LANES = 128
 GRID_STEP_SECONDS = 0.35e-6  # fixed cost of one grid step on a TensorCore
-
-
-class Kernel(enum.Enum):
-    """The three kernels a differentiated grouped matmul runs, each with its own default."""
-
-    FORWARD = "gmm"  # grouped_matmul, rhs [G, k, n]
-    TRANSPOSED_RHS = "gmm (transpose_rhs)"  # grouped_matmul's lhs gradient, rhs [G, n, k]
-    WEIGHT_GRADIENT = "tgmm"  # transposed_grouped_matmul
-
-    @property
-    def row_axis_on_lanes(self) -> bool:
-        """tgmm reads lhs as [k, m] blocks (tk, tm): its tm runs along the lanes."""
-        return self is Kernel.WEIGHT_GRADIENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,34 +39,15 @@ class Tiles:
         return (self.tm, self.tk, self.tn)
 
 
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """What the choice of tiles depends on, besides the chip."""
+def row_axis_on_lanes(problem: Problem) -> bool:
+    """tgmm reads lhs as [k, m] blocks (tk, tm): its tm runs along the lanes."""
+    return problem.kernel is Kernel.TGMM
 
-    kernel: Kernel
-    m: int
-    k: int
-    n: int
-    num_groups: int
-    local_groups: int
-    lhs_dtype: Any
-    rhs_dtype: Any
-    out_dtype: Any
-    has_existing: bool
 
-    @property
-    def input_bytes(self) -> int:
-        return max(np.dtype(self.lhs_dtype).itemsize, np.dtype(self.rhs_dtype).itemsize)
-
-    @property
-    def output_bytes(self) -> int:
-        return np.dtype(self.out_dtype).itemsize
-
-    @property
-    def compute_bytes(self) -> int:
-        """The MXU multiplies bf16 x bf16 natively; every other mix is multiplied in float32."""
-        both_bf16 = np.dtype(self.lhs_dtype) == np.dtype(self.rhs_dtype) == np.dtype("bfloat16")
-        return 2 if both_bf16 else 4
+def compute_bytes(problem: Problem) -> int:
+    """The MXU multiplies bf16 x bf16 natively; every other mix is multiplied in float32."""
+    both_bf16 = np.dtype(problem.lhs_dtype) == np.dtype(problem.rhs_dtype) == np.dtype("bfloat16")
+    return 2 if both_bf16 else 4
 
 
 def sublanes(dtype: Any) -> int:
@@ -89,14 +57,14 @@ def sublanes(dtype: Any) -> int:
 
 def row_granule(problem: Problem) -> int:
     """What tm must be a multiple of (unless it spans all m rows)."""
-    if problem.kernel.row_axis_on_lanes:
+    if row_axis_on_lanes(problem):
         return LANES
     return max(sublanes(problem.lhs_dtype), sublanes(problem.out_dtype))
 
 
 def depth_granule(problem: Problem) -> int:
     """What tk must be a multiple of (unless it spans all k)."""
-    if problem.kernel.row_axis_on_lanes:  # tgmm: tk is the sublane axis of lhs and out blocks
+    if row_axis_on_lanes(problem):  # tgmm: tk is the sublane axis of lhs and out blocks
         return max(sublanes(problem.lhs_dtype), sublanes(problem.out_dtype))
     return LANES
 
@@ -158,7 +126,7 @@ def _axis_candidates(axis: int, granule: int, preferred: tuple[int, ...]) -> lis
 def vmem_bytes(tiles: Tiles, problem: Problem) -> int:
     """VMEM the kernel's buffers take: double-buffered blocks, the accumulator, temporaries."""
     tm, tk, tn = tiles.as_tuple()
-    if problem.kernel.row_axis_on_lanes:
+    if row_axis_on_lanes(problem):
         inputs, out = tk * tm + tm * tn, tk * tn
     else:
         inputs, out = tm * tk + tk * tn, tm * tn
@@ -166,7 +134,7 @@ def vmem_bytes(tiles: Tiles, problem: Problem) -> int:
     return (2 * inputs * problem.input_bytes  # input blocks, double-buffered
             + out_buffers * out * problem.output_bytes  # output (and existing_out) blocks
             + 2 * out * 4  # float32 accumulator and the product added to it
-            + inputs * problem.compute_bytes)  # operands cast and masked for the MXU
+            + inputs * compute_bytes(problem))  # operands cast and masked for the MXU
 
 
 def estimated_seconds(tiles: Tiles, problem: Problem, chip: Chip) -> float:
@@ -177,9 +145,9 @@ def estimated_seconds(tiles: Tiles, problem: Problem, chip: Chip) -> float:
     """
     tm, tk, tn = tiles.as_tuple()
     p = problem
-    on_lanes = p.kernel.row_axis_on_lanes
+    on_lanes = row_axis_on_lanes(p)
     mxu_fill = min(1.0, tn / chip.mxu) * min(1.0, (tm if on_lanes else tk) / chip.mxu)
-    flops_per_s = chip.bf16_flops * mxu_fill / (1 if p.compute_bytes == 2 else 4)
+    flops_per_s = chip.bf16_flops * mxu_fill / (1 if compute_bytes(p) == 2 else 4)
     m_tiles = math.ceil(p.m / tm)
     items = m_tiles + p.local_groups - 1  # the schedule's length (metadata.py)
     busy = min(math.ceil(p.m * p.local_groups / p.num_groups / tm) + p.local_groups - 1, items)
@@ -201,7 +169,7 @@ def estimated_seconds(tiles: Tiles, problem: Problem, chip: Chip) -> float:
 
 def legal_tilings(problem: Problem) -> list[tuple[int, int, int]]:
     """The (tm, tk, tn) the default and the autotuner choose among, smallest first."""
-    on_lanes = problem.kernel.row_axis_on_lanes
+    on_lanes = row_axis_on_lanes(problem)
     row_step, depth_step = row_granule(problem), depth_granule(problem)
     row_sizes = _ROW_CANDIDATES if on_lanes else (row_step, 64, *_ROW_CANDIDATES)
     depth_sizes = (depth_step, 64, *_ROW_CANDIDATES, 2048) if on_lanes else _LANE_CANDIDATES
@@ -241,5 +209,5 @@ def default_for_interpret(problem: Problem) -> Tiles:
     tm = granule
     while tm * 2 <= min(expected_rows, 256):
         tm *= 2
-    depth_cap = 256 if problem.kernel.row_axis_on_lanes else 512
+    depth_cap = 256 if row_axis_on_lanes(problem) else 512
     return _clamp(Tiles(tm, depth_cap, 512), problem)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._manual_axes import shape_dtype_like
+from kernelhub._core.manual_axes import shape_dtype_like
 from kernelhub._pallas.tpu import scale_blocks
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
@@ -28,26 +28,20 @@ from kernelhub._pallas.tpu.kernel_parts import (
     needs_widening, row_mask, widened)
 from kernelhub._pallas.tpu.schedule import TgmmField
 from kernelhub._pallas.tpu.tiling import LANES
-from kernelhub.ops._contraction_scales import (
+from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
-
-
-def problem_of(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: Any,
-               has_existing: bool, actual_groups: int) -> tiling_lib.Problem:
-    k, m = lhs.shape
-    return tiling_lib.Problem(tiling_lib.Kernel.WEIGHT_GRADIENT, m, k, rhs.shape[1],
-                              group_sizes.shape[0], actual_groups, lhs.dtype, rhs.dtype,
-                              out_dtype, has_existing)
+from kernelhub._grouped_matmul.problem import tgmm_problem
 
 
 def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
                               preferred_element_type: Any, tiling: Any,
-                              group_offset: jax.Array | None, num_actual_groups: int | None,
+                              group_offset: jax.Array, num_actual_groups: int,
                               existing_out: jax.Array | None,
                               scales: ContractionScales | None = None,
                               output_blocks: OutputBlockScales | None = None, *,
                               interpret: Any = False) -> jax.Array:
-    """The raw forward kernel: arguments as the dispatcher normalises them."""
+    """The raw forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py)."""
     out_dtype = jnp.dtype(preferred_element_type)
     if needs_widening(lhs.dtype, rhs.dtype, out_dtype):
         out = transposed_grouped_matmul(
@@ -56,13 +50,9 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             None if existing_out is None else existing_out.astype(widened(out_dtype)),
             scales, output_blocks, interpret=interpret)
         return out.astype(out_dtype)
-    actual = group_sizes.shape[0] if num_actual_groups is None else num_actual_groups
-    problem = problem_of(lhs, rhs, group_sizes, out_dtype, existing_out is not None, actual)
+    actual = num_actual_groups
+    problem = tgmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None, actual)
     m, k, n = problem.m, problem.k, problem.n
-    if group_offset is None:
-        group_offset = jnp.zeros((), jnp.int32)
-    if m == 0 or k == 0 or n == 0:  # nothing to add
-        return existing_out if existing_out is not None else jnp.zeros((actual, k, n), out_dtype)
 
     options = call_options(problem, tiling, interpret)
     scales, output_blocks = scales or NO_SCALES, output_blocks or NO_OUTPUT_BLOCKS

@@ -11,55 +11,46 @@ from __future__ import annotations
 
 import itertools
 
+from kernelhub._grouped_matmul.passes import TuningSpace
+from kernelhub._grouped_matmul.problem import Problem
 from kernelhub._pallas.tpu import tiling as tiling_lib
-from kernelhub.tuning._calls import GMM_TRANSPOSED_RHS, TGMM, KernelProblem, TuningSpace
 
 # How many of the cost model's best tilings are timed.
 MODEL_CANDIDATES = 8
 
-_KERNELS = {TGMM: tiling_lib.Kernel.WEIGHT_GRADIENT,
-            GMM_TRANSPOSED_RHS: tiling_lib.Kernel.TRANSPOSED_RHS}
 
-
-def _problem(problem: KernelProblem) -> tiling_lib.Problem:
-    return tiling_lib.Problem(_KERNELS.get(problem.kernel, tiling_lib.Kernel.FORWARD), problem.m,
-                              problem.k, problem.n, problem.num_groups, problem.local_groups,
-                              problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype,
-                              problem.has_existing)
-
-
-def _accepts(tiling: tuple[int, ...], problem: KernelProblem) -> bool:
+def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
     try:
-        tiling_lib.check(tiling, _problem(problem))
+        tiling_lib.check(tiling, problem)
     except ValueError:
         return False
     return True
 
 
-def _chip_default(problem: KernelProblem) -> tuple[int, ...]:
+def _chip_default(problem: Problem) -> tuple[int, ...]:
     from kernelhub._pallas.tpu import hardware
 
-    return tiling_lib.default_for_chip(_problem(problem), hardware.target_chip()).as_tuple()
+    return tiling_lib.default_for_chip(problem, hardware.target_chip()).as_tuple()
 
 
-def _chip_candidates(problem: KernelProblem) -> list[tuple[int, ...]]:
+def _chip_candidates(problem: Problem) -> list[tuple[int, ...]]:
     from kernelhub._pallas.tpu import hardware
 
-    chip, tpu_problem = hardware.target_chip(), _problem(problem)
+    chip = hardware.target_chip()
     ranked = []
-    for tiles in itertools.starmap(tiling_lib.Tiles, tiling_lib.legal_tilings(tpu_problem)):
-        footprint = tiling_lib.vmem_bytes(tiles, tpu_problem)
+    for tiles in itertools.starmap(tiling_lib.Tiles, tiling_lib.legal_tilings(problem)):
+        footprint = tiling_lib.vmem_bytes(tiles, problem)
         if footprint <= chip.tile_budget_bytes:
-            ranked.append((tiling_lib.estimated_seconds(tiles, tpu_problem, chip), footprint,
+            ranked.append((tiling_lib.estimated_seconds(tiles, problem, chip), footprint,
                            tiles.as_tuple()))
     return [tiles for _, _, tiles in sorted(ranked)[:MODEL_CANDIDATES]]
 
 
-def _interpret_default(problem: KernelProblem) -> tuple[int, ...]:
-    return tiling_lib.default_for_interpret(_problem(problem)).as_tuple()
+def _interpret_default(problem: Problem) -> tuple[int, ...]:
+    return tiling_lib.default_for_interpret(problem).as_tuple()
 
 
-def _interpret_candidates(problem: KernelProblem) -> list[tuple[int, ...]]:
+def _interpret_candidates(problem: Problem) -> list[tuple[int, ...]]:
     tm, tk, tn = _interpret_default(problem)
     other = (tm * 2, tk, tn)
     return [other] if _accepts(other, problem) else []

@@ -20,7 +20,7 @@ import numpy as np
 import kernelhub
 from kernelhub._cli import _tables
 from kernelhub._cli._group_sizes import group_sizes
-from kernelhub._cli.bench import interleaved_samples
+from kernelhub._cli.bench.timing import interleaved_samples
 
 Numbers = jax.lax.RaggedDotDimensionNumbers
 

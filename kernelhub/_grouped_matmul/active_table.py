@@ -3,18 +3,17 @@
 The table in force is a jax configuration option that jax's trace caches key on: a function
 jitted once and called under two tables is traced once for each, so no call keeps tilings
 chosen under another table. Its environment variable, KERNELHUB_TUNING, may name a table file
-to use everywhere (read when kernelhub is first used). Kept apart from the rest of kernelhub.tuning so
-the ops' argument checks read it without importing the autotuner.
+to use everywhere (read when kernelhub is first used); kernelhub/_grouped_matmul/tables.py
+(`active`) turns such a path into its table.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from typing import Any
 
-from kernelhub import _jax_internals
+from kernelhub._core import jax_internals as _jax_internals
 
 _OPTION = "kernelhub_tuning"
 _option_state = None
@@ -30,7 +29,7 @@ def _option() -> Any:
 
 def define_option() -> None:
     """Makes the option without reading it (a KERNELHUB_TUNING file is loaded at its first
-    lookup); kernelhub/_public.py calls this before any trace."""
+    lookup); kernelhub/_loader.py calls this before any trace."""
     _option()
 
 
@@ -48,20 +47,10 @@ class _Heuristic:
 HEURISTIC = _Heuristic()
 
 
-@functools.lru_cache(maxsize=8)
-def _from_file(path: str) -> Any:
-    from kernelhub.tuning._table import load
-
-    return load(path)
-
-
-def active() -> Any:
-    """The table in force here: a Tuning, a recorder (inside autotune), HEURISTIC, or None
-    (the tables shipped for this device)."""
-    value = _option().value
-    if isinstance(value, str):
-        return _from_file(value) if value else None
-    return value
+def value() -> Any:
+    """The option as set here: a table, a recorder (inside autotune), HEURISTIC, a file's path
+    (from KERNELHUB_TUNING), or None."""
+    return _option().value
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ manual mesh axes they vary over), to drop a jaxpr's dead equations, to lower a j
 lowering rule, to add a configuration option that jax.jit caches on, to read a lowered
 module's operations, or to add a primitive to Pallas's Triton lowering (and build Triton IR
 there). Everything kernelhub takes from `jax._src` for those goes through this module (the
-Triton IR capture of kernelhub/_pallas/gpu/cuda_export.py aside), so a jax upgrade that moves
+Triton IR capture of kernelhub/_verify/cuda_lowering.py aside), so a jax upgrade that moves
 them breaks here. Checked with jax 0.10.2; the fallbacks follow the names 0.11 uses.
 """
 
@@ -147,3 +147,11 @@ def triton_dialect() -> Any:
     if "max_num_imprecise_acc" not in inspect.signature(dialect.dot).parameters:
         raise RuntimeError("jaxlib's Triton dialect builds tt.dot without maxNumImpreciseAcc")
     return dialect
+
+
+def concrete_array_type() -> type:
+    """The class of jax's concrete arrays (no tracer is one): telling them apart by `type(x) is`
+    costs a fraction of `isinstance(x, jax.Array)`, which asks every registered virtual class."""
+    from jax._src.array import ArrayImpl
+
+    return ArrayImpl

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from kernelhub.ops._groups import group_bounds
+from kernelhub._grouped_matmul.groups import group_bounds
 
 
 class Mode(enum.Enum):

@@ -13,7 +13,6 @@ import os
 import re
 import time
 import traceback
-from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -80,19 +79,19 @@ class CompileResult:
 
 
 def step_problems(shape: MoeShape, dtype: Any, backward: bool) -> dict[str, Any]:
-    """The kernels of the compiled step, by tag, as `tiling.Problem`s: the forward gmm, and for
-    the VJP (kernelhub/ops/_autodiff.py) gmm_t [m, n] x [G, k, n]^T -> d lhs and tgmm -> d rhs,
-    both accumulated into float32."""
-    from kernelhub._pallas.tpu import tiling
+    """The kernels of the compiled step, by tag, as `Problem`s: the forward gmm, and for the VJP
+    (kernelhub/_grouped_matmul/autodiff.py) gmm_t [m, n] x [G, k, n]^T -> d lhs and tgmm ->
+    d rhs, both accumulated into float32."""
+    from kernelhub._grouped_matmul.problem import Kernel, Problem
 
     def problem(kernel, k, n, out):
-        return tiling.Problem(kernel, shape.m, k, n, shape.experts, shape.local_experts, dtype,
-                              dtype, out, False)
+        return Problem(kernel, shape.m, k, n, shape.experts, shape.local_experts, dtype, dtype,
+                       out, False)
 
-    problems = {"gmm": problem(tiling.Kernel.FORWARD, shape.k, shape.n, dtype)}
+    problems = {"gmm": problem(Kernel.GMM, shape.k, shape.n, dtype)}
     if backward:
-        problems["gmm_t"] = problem(tiling.Kernel.TRANSPOSED_RHS, shape.n, shape.k, jnp.float32)
-        problems["tgmm"] = problem(tiling.Kernel.WEIGHT_GRADIENT, shape.k, shape.n, jnp.float32)
+        problems["gmm_t"] = problem(Kernel.GMM_TRANSPOSED_RHS, shape.n, shape.k, jnp.float32)
+        problems["tgmm"] = problem(Kernel.TGMM, shape.k, shape.n, jnp.float32)
     return problems
 
 
@@ -108,14 +107,17 @@ def vmem_estimates(result: "CompileResult") -> dict[str, int]:
 def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = None,
                   block_size: int | None = None):
     """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels)."""
-    import kernelhub
+    from kernelhub import _loader
+    from kernelhub._core.dispatch import get
+    from kernelhub.quantization import quantize
 
-    gmm = kernelhub.get("grouped_matmul", platform="pallas", backend="tpu")
+    _loader.load()
+    gmm = get("grouped_matmul", platform="pallas", backend="tpu")
 
     def forward(lhs, rhs, group_sizes, group_offset):
         if quantized is not None:  # scales per row of lhs and column of each expert, per block
-            lhs = kernelhub.quantize(lhs, quantized, axis=1, block_size=block_size)
-            rhs = kernelhub.quantize(rhs, quantized, axis=1, block_size=block_size)
+            lhs = quantize(lhs, quantized, axis=1, block_size=block_size)
+            rhs = quantize(rhs, quantized, axis=1, block_size=block_size)
         return gmm(lhs, rhs, group_sizes, preferred_element_type=dtype, group_offset=group_offset)
 
     def forward_and_backward(lhs, rhs, group_sizes, group_offset, d_out):
@@ -185,13 +187,6 @@ def kernel_tiles(hlo_text: str) -> dict[str, tuple[int, int, int]]:
     for kernel, tm, tk, tn in re.findall(KERNEL_NAME_PATTERN, hlo_text):
         found[kernel] = (int(tm), int(tk), int(tn))
     return found
-
-
-def compile_all(generations: Iterable[str], shapes: Iterable[str], dtype: Any = jnp.bfloat16,
-                backward: bool = True) -> Iterable[CompileResult]:
-    for generation in generations:
-        for name in shapes:
-            yield compile_for(generation, SHAPES[name], dtype, backward)
 
 
 def _first_line(error: Exception) -> str:

@@ -3,11 +3,12 @@
 Lookups happen when a call is traced and cost a dict lookup. A call consults, in order: its
 explicit `tiling` entry for the pass, the table active where it was made (`with tuning:`), the
 table shipped for this device kind (kernelhub/tuning/defaults), then the implementation's
-heuristic. A miss never starts a measurement.
+heuristic. A miss never starts a measurement; measuring is kernelhub.tuning's autotuner.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import importlib.resources
@@ -15,14 +16,62 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from kernelhub.ops._tilings import single
-from kernelhub.tuning import _active
-from kernelhub.tuning._calls import KernelCall, KernelProblem, TuningKey
+import jax
+
+from kernelhub._grouped_matmul import active_table
+from kernelhub._grouped_matmul.problem import Problem
+from kernelhub._grouped_matmul.tilings import single
+
+
+class KernelCall(Protocol):
+    """What a table needs of a kernel call (kernelhub/_grouped_matmul/passes.py makes them)."""
+
+    space: Any
+    problem: Problem
+
+    def key(self, device: str | None = None) -> TuningKey: ...
 
 FORMAT = "kernelhub-tuning"
 VERSION = 1
+
+
+def _bucket(size: int) -> int:
+    """The power of two at or above `size`: shapes within a factor of two share an entry."""
+    return 1 << max(int(size) - 1, 0).bit_length()
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class TuningKey:
+    """What a tuned tiling is filed under: where and in which pass the kernel runs, and its
+    problem with m, k and n rounded up to powers of two. The group counts are exact and, with m,
+    describe the group sizes coarsely (their mean). The sizes themselves are data, unknown when
+    a call is traced; a table is tuned for one distribution of them, which its entries record."""
+
+    device_kind: str
+    implementation: str
+    op: str
+    pass_name: str
+    problem: Problem
+
+    @classmethod
+    def of(cls, device_kind: str, implementation: str, op: str, pass_name: str,
+           problem: Problem) -> TuningKey:
+        bucketed = dataclasses.replace(problem, m=_bucket(problem.m), k=_bucket(problem.k),
+                                       n=_bucket(problem.n))
+        return cls(device_kind, implementation, op, pass_name, bucketed)
+
+    def describe(self) -> str:
+        p = self.problem
+        return (f"{self.op} {self.pass_name} ({p.kernel} {p.m}x{p.k}x{p.n}, "
+                f"{p.local_groups}/{p.num_groups} groups, {p.lhs_dtype} x {p.rhs_dtype} -> "
+                f"{p.out_dtype}) on {self.implementation}, {self.device_kind}")
+
+
+def device_kind() -> str:
+    """The kind of device jax runs on here ("cpu", "NVIDIA H100 80GB HBM3", "TPU v5 lite")."""
+    return jax.devices()[0].device_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,16 +102,21 @@ class Tuning:
 
     def __init__(self, entries: Mapping[TuningKey, Entry] | None = None):
         self.entries: dict[TuningKey, Entry] = dict(entries or {})
-        self._contexts: list[Any] = []
+        # The blocks this table is entered in, per thread and task: one table entered from two
+        # threads keeps each thread's block apart.
+        self._contexts: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+            "kernelhub_tuning_contexts", default=())
 
     def __enter__(self) -> Tuning:
-        context = _active.activated(self)
+        context = active_table.activated(self)
         context.__enter__()
-        self._contexts.append(context)
+        self._contexts.set((*self._contexts.get(), context))
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._contexts.pop().__exit__(*exc_info)
+        *outer, context = self._contexts.get()
+        self._contexts.set(tuple(outer))
+        context.__exit__(*exc_info)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -135,9 +189,9 @@ def parse(text: str, source: str) -> Tuning:
 
 # An entry's key, flat in its JSON object: where the kernel runs, then its problem's fields.
 _PLACE_FIELDS = tuple(field for field in dataclasses.fields(TuningKey) if field.name != "problem")
-_PROBLEM_FIELDS = dataclasses.fields(KernelProblem)
+_PROBLEM_FIELDS = dataclasses.fields(Problem)
 _KEY_FIELDS = tuple(field.name for field in (*_PLACE_FIELDS, *_PROBLEM_FIELDS))
-_FIELD_TYPES = {"int": int, "str": str, "bool": bool}
+_FIELD_TYPES = {"int": int, "str": str, "bool": bool, "Kernel": str}
 
 
 def _entry_json(key: TuningKey, entry: Entry) -> dict[str, Any]:
@@ -183,7 +237,10 @@ def _entry_from_json(item: Any, where: str) -> tuple[TuningKey, Entry]:
         if ms is not None and not isinstance(ms, (int, float)):
             raise ValueError(f"{where}: candidates[{position}] time must be a number or null")
         candidates.append((_tiling(candidate[0], f"{where}: candidates[{position}]"), ms))
-    problem = KernelProblem(**{field.name: item[field.name] for field in _PROBLEM_FIELDS})
+    try:
+        problem = Problem(**{field.name: item[field.name] for field in _PROBLEM_FIELDS})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
     key = TuningKey(**{field.name: item[field.name] for field in _PLACE_FIELDS}, problem=problem)
     entry = Entry(_tiling(item["tiling"], f"{where}: tiling"),
                   _tiling(item["default_tiling"], f"{where}: default_tiling"),
@@ -203,7 +260,10 @@ def _file_name(device_kind: str) -> str:
 @functools.lru_cache(maxsize=None)
 def shipped(device_kind: str) -> Tuning:
     """The table kernelhub ships for `device_kind` (empty when there is none)."""
-    resource = importlib.resources.files("kernelhub.tuning") / "defaults" / _file_name(device_kind)
+    # Read as files of the kernelhub package: importing kernelhub.tuning (the autotuner) is not
+    # needed to read a table.
+    resource = (importlib.resources.files("kernelhub") / "tuning" / "defaults"
+                / _file_name(device_kind))
     if not resource.is_file():
         return Tuning()
     return parse(resource.read_text(encoding="utf-8"), f"kernelhub/tuning/defaults/{resource.name}")
@@ -212,6 +272,20 @@ def shipped(device_kind: str) -> Tuning:
 def shipped_tiling(call: KernelCall) -> tuple[int, ...] | None:
     key = call.key()
     return _accepted(shipped(key.device_kind).lookup(key), call)
+
+
+@functools.lru_cache(maxsize=8)
+def _from_file(path: str) -> Tuning:
+    return load(path)
+
+
+def active() -> Any:
+    """The table in force here: a Tuning, a recorder (inside autotune), HEURISTIC, or None
+    (the tables shipped for this device); a KERNELHUB_TUNING path is loaded on first use."""
+    value = active_table.value()
+    if isinstance(value, str):
+        return _from_file(value) if value else None
+    return value
 
 
 def choose(explicit: Any, table: Any, call: KernelCall) -> Any:

@@ -25,10 +25,10 @@ import numpy as np
 from jax import lax
 
 import kernelhub
-from kernelhub._cli import bench_gpu
 from kernelhub._cli._group_sizes import group_sizes
+from kernelhub._cli.bench.gpu_measurement import Measurement, Shape, relative_error
+from kernelhub._cli.bench.timing import median_seconds
 
-IMPLEMENTATIONS = ("kernelhub", "dense bf16", "dense 8-bit")
 PATTERN = "balanced"  # group skew is the main table's subject; this one compares formats
 
 
@@ -49,16 +49,18 @@ FORMATS = (
 )
 
 
-class QuantizedMeasurement(bench_gpu.Measurement):
+class QuantizedMeasurement(Measurement):
     """A main-table measurement whose pass is gmm forward on one 8-bit format (`format`, kept
     in `pass_name`); max_relative_error is against the xla implementation of the same call."""
+
+    PEERS = {"dense bf16": 2, "dense 8-bit": 2}
 
     @property
     def format(self) -> str:
         return self.pass_name
 
 
-def measure_quantized(shape: bench_gpu.Shape, reps: int, warmup: int) -> list[QuantizedMeasurement]:
+def measure_quantized(shape: Shape, reps: int, warmup: int) -> list[QuantizedMeasurement]:
     sizes = jnp.asarray(group_sizes(shape.m, shape.experts, PATTERN))
     first_row = int(sizes[: shape.offset].sum())
     rows = slice(first_row, first_row + int(sizes[shape.offset: shape.offset + shape.local].sum()))
@@ -84,17 +86,17 @@ def measure_quantized(shape: bench_gpu.Shape, reps: int, warmup: int) -> list[Qu
         fns = {"kernelhub": lambda f=ours, x8=x8, w8=w8: f(x8, w8, sizes),
                "dense bf16": lambda: dense_bf16(x_rows, w_first),
                "dense 8-bit": lambda args=dense_args: dense_8bit(*args)}
-        seconds = bench_gpu.median_seconds(fns, reps, warmup)
+        seconds = median_seconds(fns, reps, warmup)
         error = None
         if seconds["kernelhub"] is not None:
             xla = _gmm(kernelhub.get("grouped_matmul", platform="xla"), shape, form)
-            error = bench_gpu.relative_error(fns["kernelhub"]()[rows], xla(x8, w8, sizes)[rows])
+            error = relative_error(fns["kernelhub"]()[rows], xla(x8, w8, sizes)[rows])
         flops = 2.0 * (rows.stop - rows.start) * shape.k * shape.n
         results.append(QuantizedMeasurement(shape, PATTERN, form.name, flops, seconds, error))
     return results
 
 
-def _gmm(gmm, shape: bench_gpu.Shape, form: Format):
+def _gmm(gmm, shape: Shape, form: Format):
     return jax.jit(lambda x8, w8, s: gmm(x8, w8, s, preferred_element_type=jnp.bfloat16,
                                          group_offset=shape.offset,
                                          transpose_rhs=form.transpose_rhs))
@@ -109,14 +111,10 @@ def _dense_8bit(x, w, x_scale, w_scale, transpose_rhs: bool) -> jax.Array:
 
 
 def one_line(m: QuantizedMeasurement) -> str:
-    return (f"{m.shape.name:12s} {m.format:29s} "
-            + " ".join(f"{name}={bench_gpu._number(m.tflops(name))}" for name in IMPLEMENTATIONS)
-            + f" TFLOP/s  vs dense bf16 {bench_gpu._number(m.ratio('dense bf16'), 2)}x"
-            + f"  vs dense 8-bit {bench_gpu._number(m.ratio('dense 8-bit'), 2)}x")
+    return m.one_line(f"{m.format:29s}")
 
 
 def markdown_lines(measurements: list[QuantizedMeasurement]) -> list[str]:
-    number = bench_gpu._number
     lines = ["## Quantized gmm forward (one scale per row and column)", "",
              f"{PATTERN} group sizes, bf16 output. dense bf16: jnp.dot on the same rows and one "
              "expert's weights (cuBLAS); dense 8-bit: the same 8-bit values as one matmul (fp8: "
@@ -125,17 +123,8 @@ def markdown_lines(measurements: list[QuantizedMeasurement]) -> list[str]:
              "| shape | format | kernelhub | dense bf16 | dense 8-bit | vs dense bf16 "
              "| vs dense 8-bit | max rel. error vs xla |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for m in measurements:
-        error = "-" if m.max_relative_error is None else f"{m.max_relative_error:.1e}"
-        lines.append(
-            f"| {m.shape.name} | {m.format} | {number(m.tflops('kernelhub'))} | "
-            f"{number(m.tflops('dense bf16'))} | {number(m.tflops('dense 8-bit'))} | "
-            f"{number(m.ratio('dense bf16'), 2)} | {number(m.ratio('dense 8-bit'), 2)} | {error} |")
-    return lines + [""]
+    return lines + [m.markdown_row(m.format) for m in measurements] + [""]
 
 
 def as_record(m: QuantizedMeasurement) -> dict[str, Any]:
-    return {"shape": dataclasses.asdict(m.shape), "pattern": PATTERN, "format": m.format,
-            "flops": m.flops, "seconds": m.seconds,
-            "tflops": {name: m.tflops(name) for name in IMPLEMENTATIONS},
-            "max_relative_error": m.max_relative_error}
+    return m.record("format")

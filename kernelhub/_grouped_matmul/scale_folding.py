@@ -2,7 +2,7 @@
 
 The Pallas kernels take int8 and fp8 arrays as operands (multiplied as stored or widened per
 tile) and apply scale blocks along the contraction themselves (`scales=`,
-kernelhub/ops/_contraction_scales.py). A QuantizedArray (kernelhub/quantization.py) with one
+kernelhub/_grouped_matmul/contraction_scales.py). A QuantizedArray (kernelhub/quantization.py) with one
 scale along its quantized axis has a scale that varies along one axis of the product only:
 where that axis is an output axis, the scale multiplies the kernel's float32 result (rows,
 columns, per group); where it is the contraction axis (the backward products, whose other
@@ -12,8 +12,8 @@ operand is the gradient's other factor) has scales varying along both axes: the 
 as `output_blocks=` (OutputBlockScales) and dequantize it tile by tile. In every case the
 result is the float32 product of the dequantized operands, cast once.
 
-`folded(raw_gmm, raw_tgmm)` wraps such kernels into raw kernels with the contracts' arguments,
-for kernelhub.ops._autodiff.differentiable.
+`folded(raw_gmm, raw_tgmm)` wraps such kernels into raw kernels with the contracts' arguments
+(kernelhub/_grouped_matmul/registration.py does, for the backends that ask for it).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernelhub.ops._contraction_scales import ContractionScales, OutputBlockScales
-from kernelhub.ops._groups import computed_rows, local_bounds
+from kernelhub._grouped_matmul.contraction_scales import ContractionScales, OutputBlockScales
+from kernelhub._grouped_matmul.groups import computed_rows, local_bounds
 from kernelhub.quantization import QuantizedArray
 
 RawKernel = Any
@@ -115,8 +115,6 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         local_groups = rhs.shape[0]
         rhs_contraction = 2 if transpose_rhs else 1
         lhs, rhs, kernel_options = _kernel_scales(lhs, 1, rhs, rhs_contraction)
-        if group_offset is None:
-            group_offset = jnp.zeros((), jnp.int32)
         row_scale = column_scale = None
         if isinstance(lhs, QuantizedArray):
             scale = _scales(lhs)

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from kernelhub import _jax_internals
+from kernelhub._core import jax_internals as _jax_internals
 
 
 def varying_axes(value: Any) -> frozenset:

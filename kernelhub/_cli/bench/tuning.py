@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +22,16 @@ import kernelhub
 from kernelhub import tuning
 from kernelhub._cli import _tables
 from kernelhub._cli._group_sizes import PATTERNS, group_sizes
-from kernelhub._cli.bench import interleaved_samples
-from kernelhub.tuning import _active, _autotune, _table
+from kernelhub._cli.bench.timing import best_medians
+from kernelhub._grouped_matmul import active_table as _active
+from kernelhub._grouped_matmul import tables as _table
+from kernelhub.tuning import _autotune
 
 COLUMNS = ("op", "groups", "dtype", "sizes", "step", "heuristic ms", "tuned ms", "speed-up",
            "tilings changed")
 STEPS = ("forward", "forward + gradients")
+NOTES = ("heuristic: every kernel on its implementation's heuristic tiling; speed-up: "
+         "heuristic ms / tuned ms; tilings changed: the passes the table tiles otherwise.")
 
 
 def _step(op: str, dtype, platform: str | None, with_gradients: bool) -> Callable:
@@ -83,25 +85,16 @@ def measure(op: str, m: int, k: int, n: int, groups: int, dtype_name: str, patte
             with table if table is not None else contextlib.nullcontext():
                 return fn(lhs, rhs, sizes)
 
-        best = [float("inf"), float("inf")]
-        for _ in range(draws):
+        def turns():
             lhs, rhs = _operands(op, m, k, n, groups, dtype, rng)
-            samples = interleaved_samples([lambda: heuristic(lhs, rhs), lambda: tuned(lhs, rhs)],
-                                          reps)
-            best = [min(b, statistics.median(s)) for b, s in zip(best, samples)]
+            return [lambda: heuristic(lhs, rhs), lambda: tuned(lhs, rhs)]
+
+        best = best_medians(turns, reps, draws)
         changed = _changed(table, fn, (*_operands(op, m, k, n, groups, dtype, rng), sizes))
         rows.append(["gmm" if op == "grouped_matmul" else "tgmm", str(groups), dtype_name,
                      pattern, step_name, f"{best[0] * 1e3:.1f}", f"{best[1] * 1e3:.1f}",
                      f"{best[0] / best[1]:.2f}x", changed])
     return rows
-
-
-def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tuning", action="store_true",
-                        help="tuned tilings (the shipped table, or --tuning-table) against the "
-                             "heuristic's, forward and with gradients")
-    parser.add_argument("--tuning-table", type=Path, metavar="FILE",
-                        help="with --tuning: a table saved by kernelhub tune --output")
 
 
 def run_tuning(args: argparse.Namespace) -> int:
@@ -124,7 +117,5 @@ def run_tuning(args: argparse.Namespace) -> int:
     header = _tables.run_header(
         "tuning", f"{m}x{k}x{n}, tuned: {source}; best of {draws} input draws, median of {reps} "
         f"turns each")
-    notes = ("heuristic: every kernel on its implementation's heuristic tiling; speed-up: "
-             "heuristic ms / tuned ms; tilings changed: the passes the table tiles otherwise.")
-    _tables.report(console, header, COLUMNS, rows, args.out, notes)
+    _tables.report(console, header, COLUMNS, rows, args.out, NOTES)
     return 0

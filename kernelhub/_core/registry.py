@@ -1,15 +1,19 @@
 """The registry: which implementations exist for which (op, platform, backend).
 
-An op is declared once with `kernelhub.define_op` (kernelhub/_define.py), the built-in ones by
-their contract modules (kernelhub/ops); an implementation joins with `register`. Nothing here
-selects: that is `kernelhub._dispatch`.
+An op is declared once with `kernelhub.define_op` (kernelhub/_core/define.py), kernelhub's own
+by their contract modules (kernelhub/ops, loaded by kernelhub/_loader.py); an implementation
+joins with `register`. Nothing here selects (kernelhub/_core/dispatch.py), and nothing here
+knows an op by name: kernelhub's ops are declared exactly as a user's are.
+
+Three words, three things: a *platform* is the language a kernel is written in (pallas, triton,
+xla); a *backend* is the hardware an implementation runs on (tpu, gpu, cpu, or any); a *target*
+is a place jax lowers for (cpu, cuda, rocm, tpu: kernelhub/_core/lowering.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -64,13 +68,15 @@ class NoImplementationError(ValueError):
 class OpDefinition:
     """What `define_op` declares: an op's name and the one signature its implementations share.
 
-    `prepare` takes the call's arguments by name (defaults filled in, already type-checked
-    against the signature) and returns the keyword arguments every implementation receives,
+    `bind` takes a call's positional and keyword arguments and returns them by name, defaults
+    filled in (raising TypeError as Python does). `prepare` takes them, already type-checked
+    against the signature, and returns the keyword arguments every implementation receives,
     validated and normalised.
     """
 
     name: str
     signature: inspect.Signature
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]
     prepare: Callable[[dict[str, Any]], dict[str, Any]]
     typecheck: Callable[..., Any]
     doc: str
@@ -80,6 +86,16 @@ class OpDefinition:
     # The optional features a call uses (say "quantized"), from its prepared arguments: only
     # implementations registered with all of them serve it.
     features: Callable[[dict[str, Any]], frozenset[str]] | None = None
+    # Called with the arguments by name of every call with concrete values, after `prepare`, to
+    # check what types and shapes do not show (kernelhub/_core/value_checks.py: without waiting
+    # on a device).
+    check_values: Callable[[dict[str, Any]], None] | None = None
+    # Whether `prepare` may read the numbers in array arguments. When it does not, an eager call
+    # whose arguments look like an earlier one's (types, shapes, dtypes, other values) reuses
+    # that call's preparation (kernelhub/_core/dispatch.py); `context` then gives what else
+    # `prepare` reads (a table in force, say), as a hashable value.
+    prepare_reads_values: bool = True
+    context: Callable[[], Any] | None = None
 
     def features_of(self, prepared: dict[str, Any]) -> frozenset[str]:
         return frozenset() if self.features is None else frozenset(self.features(prepared))
@@ -120,15 +136,15 @@ def _always() -> None:
 
 NO_DEVICE_PREFIX = "no device"
 
-# jax names several GPU platforms; kernelhub's backends group them.
-_JAX_PLATFORM_TO_BACKEND = {"cpu": Backend.CPU, "gpu": Backend.GPU, "cuda": Backend.GPU,
-                            "rocm": Backend.GPU, "tpu": Backend.TPU}
+# The hardware of each target, and of jax's device platforms ("gpu" names cuda and rocm alike).
+_TARGET_TO_BACKEND = {"cpu": Backend.CPU, "gpu": Backend.GPU, "cuda": Backend.GPU,
+                      "rocm": Backend.GPU, "tpu": Backend.TPU}
 
 
-def backend_of_jax_platform(name: str) -> Backend:
-    """The backend of a jax platform name (cpu, gpu, cuda, rocm, tpu)."""
+def backend_of_target(name: str) -> Backend:
+    """The backend of a target or of a jax device platform (cpu, gpu, cuda, rocm, tpu)."""
     try:
-        return _JAX_PLATFORM_TO_BACKEND[name]
+        return _TARGET_TO_BACKEND[name]
     except KeyError:
         raise ValueError(f"kernelhub has no backend for the jax platform {name!r}") from None
 
@@ -144,7 +160,7 @@ def needs_device(backend: Backend | str) -> Callable[[], str | None]:
     backend = as_backend(backend)
 
     def requirement() -> str | None:
-        here = {backend_of_jax_platform(device.platform) for device in jax.devices()}
+        here = {backend_of_target(device.platform) for device in jax.devices()}
         if backend not in here:
             return f"{NO_DEVICE_PREFIX} of type {backend.value} on this host"
         return None
@@ -197,17 +213,9 @@ def op_name(op: Any) -> str:
     return name
 
 
-def load_builtins() -> None:
-    """Declares kernelhub's own ops and registers its implementations, once (on first use, not
-    at import: see kernelhub/__init__.py)."""
-    importlib.import_module("kernelhub._public")
-
-
 def op_definition(op: Any) -> OpDefinition:
     """The definition of `op`, or a ValueError listing the known ops."""
     name = op_name(op)
-    if name not in _OPS:
-        load_builtins()
     try:
         return _OPS[name]
     except KeyError:
@@ -284,7 +292,6 @@ def implementations(op: Any) -> list[KernelSpec]:
 
 def op_names() -> list[str]:
     """The names of all defined ops."""
-    load_builtins()
     return sorted(_OPS)
 
 

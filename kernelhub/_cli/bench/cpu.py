@@ -1,4 +1,5 @@
-"""`kernelhub bench`: the grouped matmuls against a floor and a peer, measured in one run.
+"""`kernelhub bench` without a benchmark flag: the grouped matmuls against a floor and a peer,
+measured in one run on this host (the CPU, usually).
 
 Floor: a batched matmul doing the same FLOPs with the rows split evenly over the groups
 (einsum 'gmk,gkn->gmn'; for tgmm 'gkm,gmn->gkn'). Peer: jax.lax.ragged_dot(_general).
@@ -15,20 +16,17 @@ import argparse
 import dataclasses
 import datetime
 import statistics
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 import kernelhub
-from kernelhub._cli import _arguments, _tables
+from kernelhub._cli import _tables
 from kernelhub._cli._group_sizes import group_sizes
+from kernelhub._cli.bench.timing import interleaved_samples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,64 +58,6 @@ class Result:
     @property
     def vs_peer(self) -> float | None:
         return None if self.peer is None else self.peer / self.ours
-
-
-OPS, DTYPES = _arguments.OPS, _arguments.DTYPES
-_op, _dtype, _positive = _arguments.op, _arguments.dtype, _arguments.positive
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="small demo set (about a minute)")
-    parser.add_argument("--gpu", action="store_true", help="the GPU benchmark (needs an NVIDIA GPU)")
-    parser.add_argument("--overhead", action="store_true",
-                        help="the cost of an eager call beyond its kernel, at a tiny shape")
-    parser.add_argument("--ragged", action="store_true",
-                        help="ragged_dot_general against jax.lax's, in its three modes")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile time of grouped_matmul (forward, and with its gradient) "
-                             "against jax.lax.ragged_dot")
-    parser.add_argument("--quantized", action="store_true",
-                        help="grouped_matmul on int8 and fp8 operands against bfloat16")
-    from kernelhub._cli.bench_tuning import add_tuning_arguments
-
-    add_tuning_arguments(parser)
-    parser.add_argument("--groups", type=_positive, nargs="+", metavar="G",
-                        help="numbers of groups (default 8 64 256; 8 64 with --quick)")
-    parser.add_argument("--dtypes", nargs="+", type=_dtype, default=["float32", "bfloat16"],
-                        metavar="DTYPE", help="input dtypes: float32 (f32), bfloat16 (bf16), "
-                                              "float16 (f16); default float32 bfloat16")
-    parser.add_argument("--ops", nargs="+", type=_op, default=list(OPS.values()), metavar="OP",
-                        help="grouped_matmul (gmm) and/or transposed_grouped_matmul (tgmm); "
-                             "default both")
-    parser.add_argument("--peer-max-groups", type=int, default=64,
-                        help="time ragged_dot only up to this many groups (it is slow on CPU)")
-    parser.add_argument("--reps", type=_positive, help="timed repetitions per input draw")
-    parser.add_argument("--draws", type=_positive,
-                        help="fresh input allocations per case (default 3, 1 with --quick); each "
-                             "time is the median of its turns in its best draw")
-    parser.add_argument("--out", type=Path, help="also write the table as markdown to this file")
-    parser.add_argument("--platform", choices=("xla", "pallas", "triton"),
-                        help="force a kernelhub platform (default: the dispatcher's choice)")
-    try:
-        from kernelhub._cli import bench_gpu
-    except ImportError:
-        return
-    if hasattr(bench_gpu, "add_gpu_arguments"):
-        bench_gpu.add_gpu_arguments(parser)
-
-
-def interleaved_samples(fns: list[Callable[[], jax.Array]], reps: int) -> list[list[float]]:
-    """Seconds of each function over `reps` turns, timed in turns so that load from other
-    processes hits all of them alike and the ratios between them stay fair."""
-    for fn in fns:
-        jax.block_until_ready(fn())  # compile and warm up
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, record in zip(fns, times):
-            start = time.perf_counter()
-            jax.block_until_ready(fn())
-            record.append(time.perf_counter() - start)
-    return times
 
 
 def _ragged_numbers(op: str):
@@ -235,31 +175,7 @@ def markdown(results: list[Result], header: str) -> str:
     return _tables.markdown(header, COLUMNS, [_cells(r) for r in results])
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.gpu:
-        from kernelhub._cli import bench_gpu
-
-        return int(bench_gpu.run_gpu_benchmark(args) or 0)
-    if args.overhead:
-        from kernelhub._cli import bench_overhead
-
-        return bench_overhead.run_overhead(args)
-    if args.ragged:
-        from kernelhub._cli import bench_ragged
-
-        return bench_ragged.run_ragged(args)
-    if args.compile:
-        from kernelhub._cli import bench_compile
-
-        return bench_compile.run_compile(args)
-    if args.tuning:
-        from kernelhub._cli import bench_tuning
-
-        return bench_tuning.run_tuning(args)
-    if args.quantized:
-        from kernelhub._cli import bench_quantized
-
-        return bench_quantized.run_quantized(args)
+def run_cpu(args: argparse.Namespace) -> int:
     console = _tables.console()
     reps = args.reps or (3 if args.quick else 5)
     draws = args.draws or (1 if args.quick else 3)

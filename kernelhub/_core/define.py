@@ -21,7 +21,9 @@ from typing import Any
 from beartype import beartype
 from jaxtyping import jaxtyped
 
-from kernelhub import _registry, _type_errors
+from kernelhub._core import registry as _registry
+from kernelhub._core import type_errors as _type_errors
+from kernelhub._core.dispatch import get
 
 Validate = Callable[[dict[str, Any]], dict[str, Any] | None]
 
@@ -29,7 +31,10 @@ Validate = Callable[[dict[str, Any]], dict[str, Any] | None]
 def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Validate | None = None,
               name: str | None = None,
               runtime_check: Callable[[dict[str, Any]], None] | None = None,
-              features: Callable[[dict[str, Any]], Iterable[str]] | None = None) -> Any:
+              features: Callable[[dict[str, Any]], Iterable[str]] | None = None,
+              check_values: Callable[[dict[str, Any]], None] | None = None,
+              validate_reads_values: bool = True,
+              context: Callable[[], Any] | None = None) -> Any:
     """Declares an op from its contract function; use as `@define_op` or `@define_op(...)`.
 
     Args:
@@ -47,6 +52,15 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
       features: called with what `validate` returned; gives the names of the optional
         features the call uses (say "quantized" for quantized operands). Only implementations
         registered with every one of them (`register(..., features=...)`) serve the call.
+      check_values: called with the call's arguments by name (as given, defaults filled) on
+        every call whose values are concrete, after `validate`: for checks of the numbers in
+        arrays. Raise a ValueError naming the argument.
+      validate_reads_values: whether `validate` reads the numbers in array arguments. Say
+        False when it does not (it may read their types, shapes and dtypes, and the other
+        arguments): an eager call whose arguments look like an earlier one's then skips
+        `validate` and the selection, and reuses theirs (`check_values` still runs).
+      context: with validate_reads_values=False, what else `validate` reads (a setting in
+        force, say), as a hashable value; calls under another context are validated again.
 
     Returns:
       The op's entry point: a function with the contract's signature and docstring that
@@ -60,20 +74,61 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
     def declare(contract: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(contract):
             raise TypeError(f"define_op needs a contract function, got {type(contract).__name__}")
+        signature = inspect.signature(contract)
         definition = _registry.add_op(_registry.OpDefinition(
             name=name or contract.__name__,
-            signature=inspect.signature(contract),
+            signature=signature,
+            bind=_binder(signature),
             prepare=_normaliser(validate),
             typecheck=_checker(contract, name or contract.__name__),
             doc=inspect.getdoc(contract) or "",
             runtime_check=runtime_check,
             features=features,
+            check_values=check_values,
+            prepare_reads_values=bool(validate_reads_values),
+            context=context,
         ))
         return _entry_point(contract, definition)
 
     if contract is not None:
         return declare(contract)
     return declare
+
+
+def _binder(signature: inspect.Signature) -> Callable[[tuple, dict], dict[str, Any]]:
+    """Binds a call's arguments to `signature` by name, defaults filled in: the common case
+    (named parameters only, none missing or given twice) without inspect's general machinery,
+    which costs several microseconds an eager call would pay every time."""
+    parameters = list(signature.parameters.values())
+    simple = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
+    positional = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
+    names = tuple(p.name for p in parameters)
+    defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+
+    def general(args: tuple, kwargs: dict) -> dict[str, Any]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
+        if len(args) > len(positional):
+            return general(args, kwargs)
+        arguments = dict(zip(positional, args))
+        for key, value in kwargs.items():
+            if key in arguments or key not in defaults and key not in names:
+                return general(args, kwargs)
+            arguments[key] = value
+        if len(arguments) < len(names):
+            for key in names:
+                if key not in arguments:
+                    if key not in defaults:
+                        return general(args, kwargs)
+                    arguments[key] = defaults[key]
+        # In the signature's order whatever the call's: the order is part of what an eager
+        # call's remembered preparation is found by.
+        return {key: arguments[key] for key in names} if kwargs else arguments
+
+    return bind if simple else general
 
 
 def _normaliser(validate: Validate | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -167,8 +222,6 @@ def _appearance(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...
 
 
 def _entry_point(contract: Callable[..., Any], definition: _registry.OpDefinition) -> Callable[..., Any]:
-    from kernelhub._dispatch import get  # noqa: PLC0415  (the dispatcher imports the registry)
-
     dispatched = get(definition.name)
 
     @functools.wraps(contract)

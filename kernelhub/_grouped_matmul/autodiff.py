@@ -14,7 +14,7 @@ needs nothing but the two ops themselves:
         d existing_out = d out
 
 Each of these kernel calls is a pass (forward, lhs_gradient, rhs_gradient) and gets the tiling
-meant for it (kernelhub/ops/_tilings.py): the caller's entry for the pass, else the tuning in
+meant for it (kernelhub/_grouped_matmul/tilings.py): the caller's entry for the pass, else the tuning in
 force (kernelhub/tuning), else the implementation's heuristic.
 
 A quantized operand stands for its dequantized value in these products (the raw kernels take
@@ -31,12 +31,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernelhub._manual_axes import unify_varying
+from kernelhub._core.manual_axes import unify_varying
 from kernelhub.quantization import QuantizedArray
-from kernelhub.ops._groups import computed_rows
-from kernelhub.ops._tilings import Tilings, as_tilings, in_pass
-from kernelhub.tuning._calls import KernelCall, TuningSpace, gmm_call, tgmm_call
-from kernelhub.tuning._table import choose
+from kernelhub._grouped_matmul import names
+from kernelhub._grouped_matmul.groups import computed_rows
+from kernelhub._grouped_matmul.passes import TuningSpace, gmm_call, run, tgmm_call
+from kernelhub._grouped_matmul.tilings import Tilings, as_tilings
 
 RawKernel = Callable[..., jax.Array]
 
@@ -83,29 +83,19 @@ def transpose(operand: Any) -> Any:
         None if operand.source is None else operand.source.T)
 
 
-def _run(tilings: Tilings, call: KernelCall) -> jax.Array:
-    tiling = choose(tilings.for_pass(call.pass_name), tilings.tuning, call)
-    try:
-        return call.run(tiling)
-    except ValueError as error:
-        if tiling is None or not str(error).startswith("tiling"):
-            raise
-        raise in_pass(error, call.pass_name) from None
-
-
 def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) -> Differentiable:
     """Wraps raw forward kernels in custom VJPs built from the same kernels. `space` names the
     implementation and its candidate tilings for kernelhub.tuning."""
-    op_gmm, op_tgmm = "grouped_matmul", "transposed_grouped_matmul"
+    op_gmm, op_tgmm = names.GROUPED_MATMUL, names.TRANSPOSED_GROUPED_MATMUL
 
     def run_gmm(op, pass_name, lhs, rhs, group_sizes, dtype, tilings, group_offset,
                 existing_out, transpose_rhs):
-        return _run(tilings, gmm_call(space, op, pass_name, raw_gmm, lhs, rhs, group_sizes,
+        return run(tilings, gmm_call(space, op, pass_name, raw_gmm, lhs, rhs, group_sizes,
                                       dtype, group_offset, existing_out, transpose_rhs))
 
     def run_tgmm(op, pass_name, lhs, rhs, group_sizes, dtype, tilings, group_offset,
                  num_actual_groups, existing_out):
-        return _run(tilings, tgmm_call(space, op, pass_name, raw_tgmm, lhs, rhs, group_sizes,
+        return run(tilings, tgmm_call(space, op, pass_name, raw_tgmm, lhs, rhs, group_sizes,
                                        dtype, group_offset, num_actual_groups, existing_out))
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 7))

@@ -18,7 +18,7 @@ import numpy as np
 import kernelhub
 from kernelhub._cli import _tables
 from kernelhub._cli._group_sizes import group_sizes
-from kernelhub._cli.bench import interleaved_samples
+from kernelhub._cli.bench.timing import interleaved_samples
 
 M, K, N = 4096, 1024, 1024
 # name: (lhs format, rhs format); a format is None (bfloat16) or (dtype, block_size)
@@ -29,6 +29,8 @@ FORMATS: dict[str, tuple[tuple | None, tuple | None]] = {
     "e4m3 x e4m3 (blocks of 128 along k)": ((jnp.float8_e4m3fn, 128), (jnp.float8_e4m3fn, 128)),
 }
 COLUMNS = ("format", "groups", "ms", "bf16 ms", "ms / bf16", "ms / floor")
+NOTES = ("bf16: the same gmm on bfloat16 operands; floor: a bfloat16 batched matmul of the same "
+         "FLOPs. Outputs float32.")
 
 
 def _operand(x: jax.Array, form: tuple | None) -> object:
@@ -71,7 +73,5 @@ def run_quantized(args: argparse.Namespace) -> int:
     header = _tables.run_header(
         "quantized", f"gmm {M}x{K}x{N}, balanced groups, median of {reps} turns; "
         f"{chosen.platform.value}/{chosen.backend.value}")
-    notes = ("bf16: the same gmm on bfloat16 operands; floor: a bfloat16 batched matmul of the same "
-             "FLOPs. Outputs float32.")
-    _tables.report(console, header, COLUMNS, rows, args.out, notes)
+    _tables.report(console, header, COLUMNS, rows, args.out, NOTES)
     return 0

@@ -3,13 +3,12 @@
 For each shape and group-size pattern (balanced, skewed: Dirichlet alpha 0.5) it times gmm
 forward, gmm backward (d lhs + d rhs through jax.vjp) and tgmm, each beside a dense floor of the
 same FLOPs (jnp.dot on the computed rows, i.e. cuBLAS) and the peer jax.lax.ragged_dot; then gmm
-forward on e4m3 and int8 operands beside dense bf16 and dense 8-bit floors
-(bench_gpu_quantized.py). It writes gpu_bench.md (tables, targets), gpu_bench.json (raw
-numbers) and gpu_bench.png (plot, when matplotlib is installed) into the output folder.
-`--gpu-parts sweep` times a few block configs per shape instead (gpu_sweep.md), the data for
-tuning kernelhub/_pallas/gpu/config.py.
+forward on e4m3 and int8 operands beside dense bf16 and dense 8-bit floors (gpu_quantized.py).
+It writes gpu_bench.md (tables, targets), gpu_bench.json (raw numbers) and gpu_bench.png (plot,
+when matplotlib is installed) into the output folder. `--gpu-parts sweep` times a few block
+configs per shape instead (gpu_sweep.md), the data for tuning kernelhub/_pallas/gpu/config.py.
 
-Also runnable without the rest of the CLI: `python -m kernelhub._cli.bench_gpu --gpu-out DIR`.
+Also runnable without the rest of the CLI: `python -m kernelhub._cli.bench.gpu --gpu-out DIR`.
 
 Without a GPU it refuses, unless `--gpu-smoke` asks for the tiny pipeline check (interpret mode).
 """
@@ -21,8 +20,6 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,56 +30,13 @@ import numpy as np
 
 import kernelhub
 from kernelhub._cli._group_sizes import PATTERNS, group_sizes
+from kernelhub._cli.bench.gpu_measurement import (SHAPES, SMOKE_SHAPES, Measurement, Shape,
+                                                  format_number, relative_error)
+from kernelhub._cli.bench.timing import median_seconds
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
-IMPLEMENTATIONS = ("kernelhub", "dense", "ragged_dot")
 PASSES = ("gmm forward", "gmm backward", "tgmm")
-# Stop repeating a measurement once it has two samples and this many seconds (slow peers).
-_SECONDS_PER_MEASUREMENT = 3.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    name: str
-    m: int
-    k: int
-    n: int
-    experts: int
-    local: int  # experts computed here (< experts: an expert-parallel shard, with group_offset)
-
-    @property
-    def offset(self) -> int:
-        # The second shard, so that group_offset is exercised and the rows before it are skipped.
-        return self.local if self.local < self.experts else 0
-
-
-SHAPES = (
-    Shape("mixtral", 8192, 4096, 14336, 8, 8),
-    Shape("deepseek-v3", 16384, 7168, 2048, 256, 32),
-    Shape("qwen3-moe", 8192, 2048, 768, 128, 128),
-    Shape("odd", 1000, 520, 200, 7, 7),
-)
-SMOKE_SHAPES = (Shape("smoke", 96, 32, 48, 4, 4), Shape("smoke-shard", 96, 32, 48, 8, 2))
-
-
-@dataclasses.dataclass
-class Measurement:
-    shape: Shape
-    pattern: str
-    pass_name: str
-    flops: float
-    seconds: dict[str, float | None]
-    max_relative_error: float | None = None
-
-    def tflops(self, implementation: str) -> float | None:
-        seconds = self.seconds.get(implementation)
-        return None if not seconds else self.flops / seconds / 1e12
-
-    def ratio(self, implementation: str) -> float | None:
-        """kernelhub's speed over `implementation`'s (>1: kernelhub is faster)."""
-        ours, theirs = self.seconds.get("kernelhub"), self.seconds.get(implementation)
-        return None if not ours or not theirs else theirs / ours
 
 
 # ---------------------------------------------------------------- command line
@@ -132,13 +86,14 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
     header = report_header(reps, warmup, dtype, smoke)
     parts = getattr(args, "gpu_parts", None) or ["bench"]
     if "bench" in parts:
-        from kernelhub._cli import bench_gpu_quantized as quantized
+        from kernelhub._cli.bench import gpu_quantized as quantized
 
         measurements = []
         for shape in shapes:
             for pattern in PATTERNS:
                 for result in measure_shape(shape, pattern, dtype, reps, warmup):
-                    print(one_line(result), flush=True)
+                    print(result.one_line(f"{result.pattern:8s} {result.pass_name:13s}"),
+                          flush=True)
                     measurements.append(result)
         quantized_rows = []
 
@@ -169,7 +124,7 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernelhub._cli.bench_gpu",
+    parser = argparse.ArgumentParser(prog="python -m kernelhub._cli.bench.gpu",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, help="timed repetitions per measurement (default 10)")
     add_gpu_arguments(parser)
@@ -258,36 +213,7 @@ def pass_functions(shape: Shape, problem: Problem, pass_name: str, dtype: Any
     return fns, relative_error
 
 
-def relative_error(actual: Any, expected: Any) -> float:
-    actual = np.asarray(jnp.asarray(actual, jnp.float32), np.float64)
-    expected = np.asarray(jnp.asarray(expected, jnp.float32), np.float64)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-30)
-    return float(np.max(np.abs(actual - expected), initial=0.0)) / scale
-
-
-# ---------------------------------------------------------------- timing
-
-
-def median_seconds(fns: dict[str, Callable[[], Any]], reps: int, warmup: int) -> dict[str, float | None]:
-    """Median wall time of each thunk, timed in turns (so drift hits all alike). A thunk that
-    fails (out of memory, say) gets None instead of stopping the run."""
-    live: dict[str, Callable[[], Any]] = {}
-    for name, fn in fns.items():
-        try:
-            for _ in range(1 + warmup):
-                jax.block_until_ready(fn())
-            live[name] = fn
-        except Exception as error:  # noqa: BLE001 - report and keep measuring the others
-            print(f"  {name}: failed ({type(error).__name__}: {str(error)[:200]})")
-    samples: dict[str, list[float]] = {name: [] for name in live}
-    for _ in range(reps):
-        for name, fn in live.items():
-            if len(samples[name]) >= 2 and sum(samples[name]) > _SECONDS_PER_MEASUREMENT:
-                continue
-            start = time.perf_counter()
-            jax.block_until_ready(fn())
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(samples[name]) if name in live else None for name in fns}
+# ---------------------------------------------------------------- measurements
 
 
 def measure_shape(shape: Shape, pattern: str, dtype: Any, reps: int, warmup: int
@@ -339,7 +265,8 @@ def sweep_shape(shape: Shape, dtype: Any, reps: int, warmup: int) -> list[dict[s
             tflops = None if not seconds else flops / seconds / 1e12
             rows.append({"shape": shape.name, "op": op, "tiling": tiling, "seconds": seconds,
                          "tflops": tflops})
-            print(f"  sweep {shape.name} {op} {tiling}: {_number(tflops)} TFLOP/s", flush=True)
+            print(f"  sweep {shape.name} {op} {tiling}: {format_number(tflops)} TFLOP/s",
+                  flush=True)
     return rows
 
 
@@ -368,21 +295,6 @@ def _jaxlib_version() -> str:
         return "?"
 
 
-def _number(value: float | None, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if 0 < abs(value) < 10.0 ** -digits:
-        return f"{value:.2g}"  # smoke runs and slow peers: keep the digits that matter
-    return f"{value:.{digits}f}"
-
-
-def one_line(m: Measurement) -> str:
-    return (f"{m.shape.name:12s} {m.pattern:8s} {m.pass_name:13s} "
-            + " ".join(f"{name}={_number(m.tflops(name))}" for name in IMPLEMENTATIONS)
-            + f" TFLOP/s  vs dense {_number(m.ratio('dense'), 2)}x"
-            + f"  vs ragged_dot {_number(m.ratio('ragged_dot'), 1)}x")
-
-
 def targets(measurements: list[Measurement]) -> list[str]:
     """The targets this benchmark reports against, each met or missed."""
     lines = []
@@ -391,13 +303,13 @@ def targets(measurements: list[Measurement]) -> list[str]:
         ratio = m.ratio("dense")
         verdict = "-" if ratio is None else ("met" if ratio >= 0.70 else "MISSED")
         lines.append(f"- Mixtral gmm forward ({m.pattern}) >= 70% of dense (aim 85%): "
-                     f"{_number(None if ratio is None else 100 * ratio, 0)}% -> {verdict}")
+                     f"{format_number(None if ratio is None else 100 * ratio, 0)}% -> {verdict}")
     for m in measurements:
         if m.shape.experts >= 64:
             ratio = m.ratio("ragged_dot")
             verdict = "-" if ratio is None else ("met" if ratio >= 10 else "MISSED")
             lines.append(f"- {m.shape.name} {m.pass_name} ({m.pattern}) >= 10x ragged_dot: "
-                         f"{_number(ratio, 1)}x -> {verdict}")
+                         f"{format_number(ratio, 1)}x -> {verdict}")
     return lines
 
 
@@ -413,21 +325,13 @@ def markdown_report(measurements: list[Measurement], header: dict[str, str]) -> 
     lines.append("| shape | groups | pass | kernelhub | dense | ragged_dot | vs dense | vs ragged_dot "
                  "| max rel. error vs ragged_dot |")
     lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for m in measurements:
-        error = "-" if m.max_relative_error is None else f"{m.max_relative_error:.1e}"
-        lines.append(
-            f"| {m.shape.name} | {m.pattern} | {m.pass_name} | {_number(m.tflops('kernelhub'))} | "
-            f"{_number(m.tflops('dense'))} | {_number(m.tflops('ragged_dot'))} | "
-            f"{_number(m.ratio('dense'), 2)} | {_number(m.ratio('ragged_dot'), 1)} | {error} |")
+    lines += [m.markdown_row(m.pattern, m.pass_name) for m in measurements]
     lines += ["", "Targets:", "", *(targets(measurements) or ["- (no shape here has a target)"]), ""]
     return "\n".join(lines)
 
 
 def as_record(m: Measurement) -> dict[str, Any]:
-    return {"shape": dataclasses.asdict(m.shape), "pattern": m.pattern, "pass": m.pass_name,
-            "flops": m.flops, "seconds": m.seconds,
-            "tflops": {name: m.tflops(name) for name in IMPLEMENTATIONS},
-            "max_relative_error": m.max_relative_error}
+    return m.record("pass")
 
 
 def sweep_report(rows: list[dict[str, Any]], header: dict[str, str]) -> str:
@@ -437,8 +341,8 @@ def sweep_report(rows: list[dict[str, Any]], header: dict[str, str]) -> str:
               "| shape | op | tiling | TFLOP/s | ms |", "|---|---|---|---:|---:|"]
     for row in rows:
         ms = None if row["seconds"] is None else 1e3 * row["seconds"]
-        lines.append(f"| {row['shape']} | {row['op']} | {row['tiling']} | {_number(row['tflops'])} | "
-                     f"{_number(ms, 3)} |")
+        lines.append(f"| {row['shape']} | {row['op']} | {row['tiling']} | "
+                     f"{format_number(row['tflops'])} | {format_number(ms, 3)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -455,7 +359,7 @@ def plot(measurements: list[Measurement], path: Path) -> bool:
     x = np.arange(len(measurements))
     width = 0.27
     fig, axis = plt.subplots(figsize=(max(8, 0.9 * len(measurements)), 5))
-    for i, name in enumerate(IMPLEMENTATIONS):
+    for i, name in enumerate(Measurement.implementations()):
         values = [m.tflops(name) or 0.0 for m in measurements]
         axis.bar(x + (i - 1) * width, values, width, label=name)
     axis.set_yscale("log")

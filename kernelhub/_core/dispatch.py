@@ -1,11 +1,11 @@
-"""Selecting an implementation: forced, or one per platform at lowering time.
+"""Selecting an implementation: forced, or one per target at lowering time.
 
 Order of authority: an explicit `platform=`/`backend=` given to `get` or `resolve`, then the
-KERNELHUB_PLATFORM environment variable (read once, when kernelhub is first used), then the best available
-implementation for the platform the computation is lowered for. A forced choice pins one
-implementation everywhere; it cannot be served, that is an error, never a silent fallback.
-Unforced, a call carries one choice per platform and XLA keeps the one it lowers for
-(kernelhub/_per_platform.py), so an exported function holds each platform's own kernel.
+KERNELHUB_PLATFORM environment variable (read once, when kernelhub is first used), then the best
+available implementation for the target the computation is lowered for. A forced choice pins
+one implementation everywhere; if it cannot be served, that is an error, never a silent
+fallback. Unforced, a call carries one choice per target and XLA keeps the one it lowers for
+(kernelhub/_core/lowering.py), so an exported function holds each target's own kernel.
 """
 
 from __future__ import annotations
@@ -13,13 +13,17 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
 
-from kernelhub import _per_platform, _registry, _runtime_checks
-from kernelhub._registry import Backend, KernelSpec, NoImplementationError, Platform
+from kernelhub._core import jax_internals, lowering
+from kernelhub._core import registry as _registry
+from kernelhub._core import runtime_checks as _runtime_checks
+from kernelhub._core import value_checks
+from kernelhub._core.registry import Backend, KernelSpec, NoImplementationError, Platform
 
 PLATFORM_VARIABLE = "KERNELHUB_PLATFORM"
 
@@ -52,8 +56,12 @@ def platform_from_environment() -> Platform | None:
 def reread_environment() -> None:
     """Forgets what KERNELHUB_PLATFORM said, so that the next call reads it again (for tests
     that set it; jitted functions keep what they traced)."""
-    global _environment
+    global _environment, _environment_reads
     _environment = None
+    _environment_reads += 1  # and eager calls' remembered selections with it
+
+
+_environment_reads = 0
 
 
 @functools.lru_cache(maxsize=32)
@@ -74,7 +82,7 @@ def running_backend(arrays: Iterable[Any] = ()) -> Backend:
     if len(platforms) > 1:
         raise ValueError(f"inputs are committed to devices of several platforms: {sorted(platforms)}")
     name = platforms.pop() if platforms else jax.default_backend()
-    return _registry.backend_of_jax_platform(name)
+    return _registry.backend_of_target(name)
 
 
 def resolve(
@@ -155,30 +163,30 @@ def _usable(spec: KernelSpec, backend_forced: bool) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def per_platform(op: str, registry_version: int, within: Platform | None = None,
-                 features: frozenset[str] = frozenset()) -> _per_platform.Choices:
-    """The choice for every platform XLA can lower for (a reason where there is none): the
-    best of all implementations, or of those written in `within`. KERNELHUB_PLATFORM plays no
-    part: a forced platform pins one implementation instead (`choices`)."""
+def per_target(op: str, registry_version: int, within: Platform | None = None,
+               features: frozenset[str] = frozenset()) -> lowering.Choices:
+    """The choice for every target (a reason where there is none): the best of all
+    implementations, or of those written in `within`. KERNELHUB_PLATFORM plays no part: a
+    forced platform pins one implementation instead (`choices`)."""
     entries = []
-    for platform in _per_platform.LOWERING_PLATFORMS:
-        backend = _registry.backend_of_jax_platform(platform)
+    for target in lowering.TARGETS:
+        backend = _registry.backend_of_target(target)
         try:
             choice = _select(op, within, backend, True, "platform argument", registry_version,
                              features)
         except NoImplementationError as error:
             choice = str(error)
-        entries.append((platform, choice))
-    return _per_platform.Choices(tuple(entries))
+        entries.append((target, choice))
+    return lowering.Choices(tuple(entries))
 
 
 def choices(op: str, platform: Platform | None, backend: Backend | None,
             arrays: Iterable[Any] = (),
-            features: frozenset[str] = frozenset()) -> _per_platform.Choices:
-    """What a call lowers on each platform: one pinned implementation if anything is forced."""
+            features: frozenset[str] = frozenset()) -> lowering.Choices:
+    """What a call lowers for each target: one pinned implementation if anything is forced."""
     if platform is None and backend is None and platform_from_environment() is None:
-        return per_platform(op, _registry.version(), None, features)
-    return _per_platform.Choices.pinned(
+        return per_target(op, _registry.version(), None, features)
+    return lowering.Choices.pinned(
         resolve(op, platform, backend, arrays=arrays, features=features))
 
 
@@ -190,6 +198,7 @@ class Dispatched:
         self._op = definition.name
         self._platform = platform
         self._backend = backend
+        self._plans: dict[Any, _Plan] = {}
         self.__signature__ = definition.signature
         self.__doc__ = definition.doc
         self.__name__ = self.__qualname__ = definition.name
@@ -207,21 +216,134 @@ class Dispatched:
                        features=features)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        value_checks.report_arrived()
         definition = self._definition
         try:
-            bound = definition.signature.bind(*args, **kwargs)
+            arguments = definition.bind(args, kwargs)
         except TypeError as error:
             raise _binding_error(definition, kwargs, error) from None
-        bound.apply_defaults()
-        definition.typecheck(*bound.args, **bound.kwargs)
-        prepared = definition.prepare(dict(bound.arguments))
-        chosen = self._choices(jax.tree.leaves(prepared), definition.features_of(prepared))
+        key = _plan_key(definition, arguments)
+        plan = None if key is None else self._plans.get(key)
+        if plan is not None and plan.confirmed:
+            if definition.check_values is not None:
+                definition.check_values(arguments)
+            return plan.run(self, arguments)
+        definition.typecheck(**arguments)
+        _reads.values = False
+        prepared = definition.prepare(dict(arguments))
+        concrete = not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(arguments))
+        if concrete and definition.check_values is not None:
+            definition.check_values(arguments)
+        features = definition.features_of(prepared)
+        layout, arrays = lowering.split(prepared)
+        chosen = self._choices(arrays, features)
         if definition.runtime_check is not None and _runtime_checks.enabled():
             definition.runtime_check(prepared)
-        return _per_platform.call(definition.name, chosen, prepared)
+        if key is not None and concrete and not _reads.values:
+            self._remember(key, plan, _Plan.of(self, arguments, layout, arrays, chosen, features))
+        return lowering.call_split(definition.name, chosen, layout, arrays)
 
-    def _choices(self, arrays: list[Any], features: frozenset[str]) -> _per_platform.Choices:
+    def _remember(self, key: Any, seen: _Plan | None, plan: _Plan) -> None:
+        """Keeps `plan` for `key`; it serves calls once a second call has made the same one."""
+        if seen is not None and seen.same_as(plan):
+            plan.confirm()
+        if len(self._plans) >= _PLANS_PER_OP:
+            self._plans.clear()
+        self._plans[key] = plan
+
+    def _chooses_by_arrays(self) -> bool:
+        """Whether the choice depends on where the arrays are (committed devices)."""
+        forced = self._platform is not None or platform_from_environment() is not None
+        return forced and self._backend is None
+
+    def _choices(self, arrays: list[Any], features: frozenset[str]) -> lowering.Choices:
         return choices(self._definition.name, self._platform, self._backend, arrays, features)
+
+
+# Remembered preparations per op and forcing, before the oldest are forgotten.
+_PLANS_PER_OP = 256
+_reads = threading.local()  # whether the running `prepare` read an array's numbers
+
+
+def note_values_read() -> None:
+    """Called by an op's `validate` when it read the numbers of an array argument (to decide a
+    static value, say): the preparation of this call is then not reused for later calls."""
+    _reads.values = True
+
+
+def _plan_key(definition: _registry.OpDefinition, arguments: dict[str, Any]) -> Any:
+    """What a call's preparation depends on, when it can be reused (else None): each argument's
+    type and, for a jax array, its shape and dtype, for anything else its value; the context."""
+    if definition.prepare_reads_values or _runtime_checks.enabled():
+        return None
+    array_type = _concrete_array_type()
+    context = None if definition.context is None else definition.context()
+    # KERNELHUB_PLATFORM is not looked at: it is read once (a change is an error at the next
+    # call that is validated), and forgetting it (reread_environment) forgets the plans too.
+    key = [context, _registry.version(), _environment_reads]
+    append = key.append
+    for value in arguments.values():
+        kind = type(value)
+        if kind is array_type:
+            append(value.aval)
+        elif isinstance(value, jax.Array):  # a tracer: this call is traced, and not remembered
+            return None
+        else:
+            try:
+                hash(value)
+            except TypeError:  # numpy arrays, lists: converted anew by every preparation
+                return None
+            append(kind)
+            append(value)
+    return tuple(key)
+
+
+@functools.cache
+def _concrete_array_type() -> type:
+    return jax_internals.concrete_array_type()
+
+
+class _Plan:
+    """A call's preparation, to run later calls whose arguments look the same: where each of
+    the implementation's arrays comes from (an argument, or a constant of the preparation),
+    the layout of the rest, and the selection."""
+
+    def __init__(self, layout: lowering.Layout, sources: tuple[tuple[str | None, Any], ...],
+                 chosen: lowering.Choices | None, features: frozenset[str],
+                 run: Callable[[list[Any]], Any] | None):
+        self.layout, self.sources, self.chosen, self.features = layout, sources, chosen, features
+        self._run = run
+        self.confirmed = False
+
+    @classmethod
+    def of(cls, dispatched: Dispatched, arguments: dict[str, Any], layout: lowering.Layout,
+           arrays: list[Any], chosen: lowering.Choices, features: frozenset[str]) -> _Plan:
+        names = {id(value): name for name, value in arguments.items()}
+        sources = []
+        for array in arrays:
+            name = names.get(id(array))
+            sources.append((name, None) if name is not None else (None, array))
+        by_arrays = dispatched._chooses_by_arrays()
+        run = None
+        if not by_arrays:
+            constants = {i: array for i, (name, array) in enumerate(sources) if name is None}
+            run = lowering.eager(dispatched._op, chosen, layout, constants)
+        return cls(layout, tuple(sources), None if by_arrays else chosen, features, run)
+
+    def same_as(self, other: _Plan) -> bool:
+        return (self.layout == other.layout and self.chosen == other.chosen
+                and self.features == other.features and len(self.sources) == len(other.sources)
+                and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(self.sources, other.sources)))
+
+    def confirm(self) -> None:
+        self.confirmed = True
+
+    def run(self, dispatched: Dispatched, arguments: dict[str, Any]) -> Any:
+        if self._run is not None:  # the constants are inside its executable
+            return self._run([arguments[name] for name, _ in self.sources if name is not None])
+        arrays = [constant if name is None else arguments[name] for name, constant in self.sources]
+        chosen = dispatched._choices(arrays, self.features)
+        return lowering.call_split(dispatched._op, chosen, self.layout, arrays)
 
 
 # Keywords users bring from other libraries, and what kernelhub does instead.
@@ -249,13 +371,13 @@ def _binding_error(definition: _registry.OpDefinition, kwargs: dict[str, Any],
 
 
 class WithinPlatform(Dispatched):
-    """Chooses per lowering platform among the implementations of one platform, whatever
-    KERNELHUB_PLATFORM says: for kernelhub's own collectives, which exist only in XLA and
-    must not be made unavailable by a platform forced for the kernels."""
+    """Chooses per target among the implementations of one platform, whatever
+    KERNELHUB_PLATFORM says: for collectives that exist only in XLA and must not be made
+    unavailable by a platform forced for the kernels."""
 
-    def _choices(self, arrays: list[Any], features: frozenset[str]) -> _per_platform.Choices:
+    def _choices(self, arrays: list[Any], features: frozenset[str]) -> lowering.Choices:
         del arrays
-        return per_platform(self._op, _registry.version(), self._platform, features)
+        return per_target(self._op, _registry.version(), self._platform, features)
 
 
 @functools.lru_cache(maxsize=None)
@@ -264,7 +386,7 @@ def within_platform(op: str, platform: Platform) -> Callable[..., Any]:
 
 
 class Pinned(Dispatched):
-    """Calls one given implementation on every platform, whatever the rules would pick: for
+    """Calls one given implementation for every target, whatever the rules would pick: for
     tests that must reach each implementation (kernelhub.testing)."""
 
     def __init__(self, spec: KernelSpec):
@@ -278,14 +400,14 @@ class Pinned(Dispatched):
         del arrays, features
         return self._spec
 
-    def _choices(self, arrays: list[Any], features: frozenset[str]) -> _per_platform.Choices:
+    def _choices(self, arrays: list[Any], features: frozenset[str]) -> lowering.Choices:
         del arrays
         missing = features - self._spec.features
         if missing:
             raise NoImplementationError(
                 f"{self._spec.platform.value}/{self._spec.backend.value} does not support "
                 f"{', '.join(sorted(missing))} for {self._spec.op}")
-        return _per_platform.Choices.pinned(self._spec)
+        return lowering.Choices.pinned(self._spec)
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 from collections.abc import Callable
 
 import jax
@@ -20,7 +19,7 @@ import jax.numpy as jnp
 
 import kernelhub
 from kernelhub._cli import _tables
-from kernelhub._cli.bench import interleaved_samples
+from kernelhub._cli.bench.timing import best_medians
 
 COLUMNS = ("op", "shape", "call us", "directly us", "overhead us", "inside jit us")
 
@@ -61,11 +60,7 @@ def _calls(op: str) -> tuple[str, Callable[[], jax.Array], Callable[[], jax.Arra
 def measure(op: str, reps: int, rounds: int) -> Overhead:
     """Best over `rounds` of the median of `reps` interleaved calls, per path."""
     shape, *fns = _calls(op)
-    best = [float("inf")] * len(fns)
-    for _ in range(rounds):
-        samples = interleaved_samples(fns, reps)
-        best = [min(b, statistics.median(s)) for b, s in zip(best, samples)]
-    return Overhead(op, shape, *best)
+    return Overhead(op, shape, *best_medians(lambda: fns, reps, rounds))
 
 
 def run_overhead(args: argparse.Namespace) -> int:

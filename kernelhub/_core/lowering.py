@@ -1,8 +1,9 @@
-"""One call, one kernel per platform, chosen when XLA lowers the call.
+"""One call, one kernel per target, chosen when XLA lowers the call.
 
-A dispatched call binds the primitive `kernelhub_call`. Its parameters name the op and, for
-each platform XLA can lower for (cpu, cuda, rocm, tpu), the implementation chosen for it. It has
-one lowering rule per platform, and jax lowers each rule for its own platform only. So
+A *target* is a place jax lowers for: cpu, cuda, rocm or tpu (the registry's "platform" is a
+kernel's language, its "backend" the hardware). A dispatched call binds the primitive
+`kernelhub_call`. Its parameters name the op and, for each target, the implementation chosen
+for it. It has one lowering rule per target, and jax lowers each rule for its own target only. So
 `jax.export(..., platforms=("cpu", "tpu", "cuda"))` of a function that calls a kernelhub op
 holds the XLA loop in its CPU branch, the Mosaic kernel in its TPU branch and the Triton kernel
 in its CUDA branch; a plain `jax.jit` lowers just the rule of the device it runs on.
@@ -12,10 +13,10 @@ The primitive carries everything else the implementations need through jax's tra
 - gradients: a custom VJP around it whose backward binds the same primitive for the pullback
   (parameter `pullbacks`); each platform's rule then lowers `jax.vjp` of that platform's
   implementation. The residuals are the inputs, so every platform saves the same thing; the
-  pullback's forward pass is dead code and dropped (for gmm and tgmm nothing is recomputed:
+  pullback's forward pass is dead code and dropped (for the grouped matmuls nothing is recomputed:
   their VJPs need only the inputs). The pullback is differentiable in turn, as far as the
-  implementation's own VJP is (plain jax code's is; the grouped matmuls' loops with traced
-  bounds and Pallas kernels are not);
+  implementation's own VJP is (plain jax code's is; loops with traced bounds and Pallas
+  kernels are not);
 - vmap: a batching rule that records the in_axes; rules lower `jax.vmap` of the implementation;
 - shard_map: the output's manual axes come from tracing the implementation with the input's
   axes; the rule then lowers the implementation as shard_map(check_vma=False) would, which is
@@ -37,29 +38,29 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from kernelhub import _jax_internals as internals
-from kernelhub._manual_axes import unify_varying
-from kernelhub._registry import KernelSpec, NoImplementationError
+from kernelhub._core import jax_internals as internals
+from kernelhub._core.manual_axes import unify_varying
+from kernelhub._core.registry import KernelSpec, NoImplementationError
 
-# The platform names jax lowers for, each with its own rule.
-LOWERING_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+# The targets: the platform names jax lowers for, each with its own rule.
+TARGETS = ("cpu", "cuda", "rocm", "tpu")
 
 
 @dataclasses.dataclass(frozen=True)
 class Choices:
-    """Per lowering platform: the implementation, or why there is none (raised if lowered for
-    that platform)."""
+    """Per target: the implementation, or why there is none (raised if lowered for that
+    target)."""
 
     entries: tuple[tuple[str, KernelSpec | str], ...]
 
     @classmethod
     def pinned(cls, spec: KernelSpec) -> Choices:
-        return cls(tuple((platform, spec) for platform in LOWERING_PLATFORMS))
+        return cls(tuple((target, spec) for target in TARGETS))
 
-    def of(self, platform: str) -> KernelSpec:
-        choice = dict(self.entries)[platform]
+    def of(self, target: str) -> KernelSpec:
+        choice = dict(self.entries)[target]
         if not isinstance(choice, KernelSpec):
-            raise NoImplementationError(f"cannot lower for {platform}: {choice}")
+            raise NoImplementationError(f"cannot lower for {target}: {choice}")
         return choice
 
     def shape_source(self) -> KernelSpec:
@@ -71,7 +72,7 @@ class Choices:
         raise NoImplementationError(self.entries[0][1])
 
     def __repr__(self) -> str:
-        return " ".join(f"{platform}={_name(choice)}" for platform, choice in self.entries)
+        return " ".join(f"{target}={_name(choice)}" for target, choice in self.entries)
 
 
 def _name(choice: KernelSpec | str) -> str:
@@ -211,10 +212,10 @@ def _abstract_eval(*avals, op, choices, layout, pullbacks, batch):
     return list(out_avals), out_effects
 
 
-def _lowering_rule(platform: str):
+def _lowering_rule(target: str):
     def lower(ctx, *args, op, choices, layout, pullbacks, batch):
         del op
-        spec = choices.of(platform)
+        spec = choices.of(target)
         avals = [internals.invariant(aval) for aval in ctx.avals_in]
         with internals.unchecked_manual_axes():
             traced = _Traced(spec, layout, pullbacks, batch).function()
@@ -232,8 +233,8 @@ def _batching_rule(arrays, dims, *, batch, **params):
 kernelhub_call_p.def_impl(_impl)
 kernelhub_call_p.def_effectful_abstract_eval(_abstract_eval)
 batching.primitive_batchers[kernelhub_call_p] = _batching_rule
-for _platform in LOWERING_PLATFORMS:
-    mlir.register_lowering(kernelhub_call_p, _lowering_rule(_platform), platform=_platform)
+for _target in TARGETS:
+    mlir.register_lowering(kernelhub_call_p, _lowering_rule(_target), platform=_target)
 
 
 @functools.lru_cache(maxsize=512)
@@ -269,8 +270,12 @@ def _compiled(op: str, choices: Choices, layout: Layout) -> Callable[..., list[A
 
 
 def call(op: str, choices: Choices, arguments: dict[str, Any]) -> Any:
-    """Runs `op` on its normalised keyword `arguments` with one implementation per platform."""
-    layout, arrays = split(arguments)
+    """Runs `op` on its normalised keyword `arguments` with one implementation per target."""
+    return call_split(op, choices, *split(arguments))
+
+
+def call_split(op: str, choices: Choices, layout: Layout, arrays: list[Any]) -> Any:
+    """`call` with the arguments already split into their layout and arrays."""
     if any(isinstance(x, jax.core.Tracer) for x in arrays):
         # The backward pass's cotangents vary over every manual axis any input does; the
         # inputs must say so too, and the cast's transpose sums a replicated input's gradient.
@@ -279,6 +284,32 @@ def call(op: str, choices: Choices, arguments: dict[str, Any]) -> Any:
     else:  # concrete inputs: nothing can differentiate this call
         flat = _compiled(op, choices, layout)(*arrays)
     return jax.tree.unflatten(_output_tree(choices, layout, arrays, len(flat)), flat)
+
+
+def eager(op: str, choices: Choices, layout: Layout,
+          constants: dict[int, Any]) -> Callable[[list[Any]], Any]:
+    """A runner of eager calls of one layout whose arrays at the positions of `constants` are
+    always those: `run(others)` is `call_split(op, choices, layout, arrays)`, without looking
+    up its executable and output tree again, and with the constants inside the executable
+    (a host constant passed as an argument would be copied to the device at every call)."""
+    positions = layout.num_arrays
+    params = dict(op=op, choices=choices, layout=layout, pullbacks=(), batch=())
+
+    def merged(others: Sequence[Any]) -> list[Any]:
+        supply = iter(others)
+        return [constants[i] if i in constants else next(supply) for i in range(positions)]
+
+    compiled = jax.jit(lambda *others: kernelhub_call_p.bind(*merged(others), **params))
+    tree = None
+
+    def run(others: list[Any]) -> Any:
+        nonlocal tree
+        flat = compiled(*others)
+        if tree is None or tree.num_leaves != len(flat):
+            tree = _output_tree(choices, layout, merged(others), len(flat))
+        return jax.tree.unflatten(tree, flat)
+
+    return run
 
 
 _OUTPUT_TREES: dict[tuple[Any, ...], Any] = {}

@@ -1,0 +1,85 @@
+"""`kernelhub bench`: its command-line arguments, and the benchmark each flag runs.
+
+Without a flag it runs the CPU benchmark (cpu.py). Each benchmark is a module of this package,
+imported only when its flag runs; they share their timing (timing.py), not this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kernelhub._cli import _arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small demo set (about a minute)")
+    parser.add_argument("--gpu", action="store_true", help="the GPU benchmark (needs an NVIDIA GPU)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="the cost of an eager call beyond its kernel, at a tiny shape")
+    parser.add_argument("--ragged", action="store_true",
+                        help="ragged_dot_general against jax.lax's, in its three modes")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile time of grouped_matmul (forward, and with its gradient) "
+                             "against jax.lax.ragged_dot")
+    parser.add_argument("--quantized", action="store_true",
+                        help="grouped_matmul on int8 and fp8 operands against bfloat16")
+    parser.add_argument("--tuning", action="store_true",
+                        help="tuned tilings (the shipped table, or --tuning-table) against the "
+                             "heuristic's, forward and with gradients")
+    parser.add_argument("--tuning-table", type=Path, metavar="FILE",
+                        help="with --tuning: a table saved by kernelhub tune --output")
+    parser.add_argument("--groups", type=_arguments.positive, nargs="+", metavar="G",
+                        help="numbers of groups (default 8 64 256; 8 64 with --quick)")
+    parser.add_argument("--dtypes", nargs="+", type=_arguments.dtype,
+                        default=["float32", "bfloat16"], metavar="DTYPE",
+                        help="input dtypes: float32 (f32), bfloat16 (bf16), float16 (f16); "
+                             "default float32 bfloat16")
+    parser.add_argument("--ops", nargs="+", type=_arguments.op,
+                        default=list(_arguments.OPS.values()), metavar="OP",
+                        help="grouped_matmul (gmm) and/or transposed_grouped_matmul (tgmm); "
+                             "default both")
+    parser.add_argument("--peer-max-groups", type=int, default=64,
+                        help="time ragged_dot only up to this many groups (it is slow on CPU)")
+    parser.add_argument("--reps", type=_arguments.positive, help="timed repetitions per input draw")
+    parser.add_argument("--draws", type=_arguments.positive,
+                        help="fresh input allocations per case (default 3, 1 with --quick); each "
+                             "time is the median of its turns in its best draw")
+    parser.add_argument("--out", type=Path, help="also write the table as markdown to this file")
+    parser.add_argument("--platform", choices=("xla", "pallas", "triton"),
+                        help="force a kernelhub platform (default: the dispatcher's choice)")
+    try:
+        from kernelhub._cli.bench import gpu
+    except ImportError:  # the GPU options are left out where the GPU benchmark cannot load
+        return
+    gpu.add_gpu_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gpu:
+        from kernelhub._cli.bench import gpu
+
+        return int(gpu.run_gpu_benchmark(args) or 0)
+    if args.overhead:
+        from kernelhub._cli.bench import overhead
+
+        return overhead.run_overhead(args)
+    if args.ragged:
+        from kernelhub._cli.bench import ragged
+
+        return ragged.run_ragged(args)
+    if args.compile:
+        from kernelhub._cli.bench import compile as compile_time  # not the builtin compile
+
+        return compile_time.run_compile(args)
+    if args.tuning:
+        from kernelhub._cli.bench import tuning
+
+        return tuning.run_tuning(args)
+    if args.quantized:
+        from kernelhub._cli.bench import quantized
+
+        return quantized.run_quantized(args)
+    from kernelhub._cli.bench import cpu
+
+    return cpu.run_cpu(args)

@@ -1,0 +1,65 @@
+"""How every `kernelhub bench` benchmark times its functions: in turns, so that load from other
+processes, clock changes and drift hit all of the compared functions alike."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+# Stop repeating a measurement once it has two samples and this many seconds (slow peers).
+_SECONDS_PER_MEASUREMENT = 3.0
+
+
+def interleaved_samples(fns: Sequence[Callable[[], jax.Array]], reps: int) -> list[list[float]]:
+    """Seconds of each function over `reps` turns, timed in turns so that load from other
+    processes hits all of them alike and the ratios between them stay fair."""
+    for fn in fns:
+        jax.block_until_ready(fn())  # compile and warm up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, record in zip(fns, times):
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            record.append(time.perf_counter() - start)
+    return times
+
+
+def best_medians(draw: Callable[[], Sequence[Callable[[], jax.Array]]], reps: int,
+                 draws: int) -> list[float]:
+    """Each function's median over `reps` turns in its best of `draws` rounds; `draw` gives the
+    functions of a round (on fresh inputs, say).
+
+    One executable can run in a fast or a slow state for whole runs at a time (docs/xla.md), so
+    each function keeps its best round and none is compared in its slow state against another's
+    fast one.
+    """
+    rounds = [[statistics.median(turns) for turns in interleaved_samples(draw(), reps)]
+              for _ in range(draws)]
+    return [min(times) for times in zip(*rounds)]
+
+
+def median_seconds(fns: dict[str, Callable[[], Any]], reps: int,
+                   warmup: int) -> dict[str, float | None]:
+    """Median wall time of each thunk, timed in turns (so drift hits all alike). A thunk that
+    fails (out of memory, say) gets None instead of stopping the run."""
+    live: dict[str, Callable[[], Any]] = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(1 + warmup):
+                jax.block_until_ready(fn())
+            live[name] = fn
+        except Exception as error:  # noqa: BLE001 - report and keep measuring the others
+            print(f"  {name}: failed ({type(error).__name__}: {str(error)[:200]})")
+    samples: dict[str, list[float]] = {name: [] for name in live}
+    for _ in range(reps):
+        for name, fn in live.items():
+            if len(samples[name]) >= 2 and sum(samples[name]) > _SECONDS_PER_MEASUREMENT:
+                continue
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(samples[name]) if name in live else None for name in fns}

@@ -1,0 +1,13 @@
+"""The names of the grouped-matmul ops and of their optional features, shared by their
+contracts (kernelhub/ops), the kit and every backend."""
+
+GROUPED_MATMUL = "grouped_matmul"
+TRANSPOSED_GROUPED_MATMUL = "transposed_grouped_matmul"
+
+# Optional features a call may use, which an implementation must list to serve it: quantized
+# operands with one scale along the contraction (per row or column), with several scale blocks
+# along it, and with blocks of a length the Pallas kernels cannot step through
+# (kernelhub/_grouped_matmul/contraction_scales.py).
+QUANTIZED = "quantized"
+QUANTIZED_BLOCKS = "quantized_blocks"
+QUANTIZED_ODD_BLOCKS = "quantized_odd_blocks"

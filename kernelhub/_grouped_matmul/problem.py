@@ -1,0 +1,83 @@
+"""The problem one kernel call solves: the one description that heuristics, tuning keys and
+tuning spaces of every backend share.
+
+A differentiated grouped matmul runs three kernels (kernelhub/_grouped_matmul/tilings.py says
+which pass runs which): `Kernel` names them, `Problem` gives one call's sizes and dtypes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import numpy as np
+
+from kernelhub.quantization import QuantizedArray
+
+
+class Kernel(enum.StrEnum):
+    """The kernels a grouped matmul and its gradients run (their names in tuning tables)."""
+
+    GMM = "gmm"  # grouped_matmul, rhs [G, k, n]
+    GMM_TRANSPOSED_RHS = "gmm_t"  # grouped_matmul with rhs [G, n, k]: gmm's lhs gradient
+    TGMM = "tgmm"  # transposed_grouped_matmul: gmm's weight gradient
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Problem:
+    """The exact problem of one kernel call.
+
+    `m` is the grouped axis (gmm's rows, tgmm's summed rows), `k` the other contraction or
+    input axis, `n` the output's columns. Dtypes are names ("bfloat16"); a quantized operand's
+    is its stored values' ("int8").
+    """
+
+    kernel: Kernel
+    m: int
+    k: int
+    n: int
+    num_groups: int
+    local_groups: int
+    lhs_dtype: str
+    rhs_dtype: str
+    out_dtype: str
+    has_existing: bool
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernel", Kernel(self.kernel))
+        for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
+            object.__setattr__(self, name, np.dtype(getattr(self, name)).name)
+
+    @property
+    def input_bytes(self) -> int:
+        """The widest operand's bytes per element."""
+        return max(np.dtype(self.lhs_dtype).itemsize, np.dtype(self.rhs_dtype).itemsize)
+
+    @property
+    def output_bytes(self) -> int:
+        return np.dtype(self.out_dtype).itemsize
+
+
+def dtype_name(operand: Any) -> str:
+    """An operand's stored dtype: a quantized operand's values' dtype."""
+    values = operand.values if isinstance(operand, QuantizedArray) else operand
+    return np.dtype(values.dtype).name
+
+
+def gmm_problem(lhs: Any, rhs: Any, group_sizes: Any, out_dtype: Any, has_existing: bool,
+                transpose_rhs: bool) -> Problem:
+    """The problem of grouped_matmul(lhs [m, k], rhs [G_local, k, n] or [G_local, n, k])."""
+    m, k = lhs.shape
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    kernel = Kernel.GMM_TRANSPOSED_RHS if transpose_rhs else Kernel.GMM
+    return Problem(kernel, m, k, n, group_sizes.shape[0], rhs.shape[0], dtype_name(lhs),
+                   dtype_name(rhs), out_dtype, has_existing)
+
+
+def tgmm_problem(lhs: Any, rhs: Any, group_sizes: Any, out_dtype: Any, has_existing: bool,
+                 actual_groups: int) -> Problem:
+    """The problem of transposed_grouped_matmul(lhs [k, m], rhs [m, n]) for `actual_groups`."""
+    k, m = lhs.shape
+    return Problem(Kernel.TGMM, m, k, rhs.shape[1], group_sizes.shape[0], actual_groups,
+                   dtype_name(lhs), dtype_name(rhs), out_dtype, has_existing)
