@@ -16,6 +16,7 @@ KERNELHUB_PLATFORM) pins one implementation in every branch instead.
 from __future__ import annotations
 
 import collections
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ import jax
 
 from kernelhub import _loader
 from kernelhub._core import jax_internals as _jax_internals
+from kernelhub._core import runtime_checks
 from kernelhub._verify.cuda_lowering import triton_call_targets
 
 DEFAULT_PLATFORMS = ("cpu", "tpu", "cuda")
@@ -47,8 +49,16 @@ def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAUL
     kernelhub's ops need lifted. `args` may be arrays or jax.ShapeDtypeStruct."""
     _loader.load()
     jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
-    return jax.export.export(jitted, platforms=tuple(platforms),
-                             disabled_checks=disabled_checks())(*args, **kwargs)
+    exporting = jax.export.export(jitted, platforms=tuple(platforms),
+                                  disabled_checks=disabled_checks())
+    if not runtime_checks.enabled():
+        return exporting(*args, **kwargs)
+    warnings.warn(
+        "kernelhub.export: runtime checks are left out of the exported function (their host "
+        "callbacks cannot be serialized); check group sizes on the host before calling it",
+        stacklevel=2)
+    with runtime_checks.runtime_checks(False):
+        return exporting(*args, **kwargs)
 
 
 def kernels_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, int]]:

@@ -47,6 +47,28 @@ _DTYPE_NAMES = "int8, float8_e4m3fn or float8_e5m2"
 _SOURCE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+def _check_parts(values: Any, scale: Any, axis: int, block_size: int | None,
+                 source: Any) -> None:
+    """The rules a QuantizedArray's parts follow (types and shapes only)."""
+    if jnp.dtype(values.dtype) not in _LARGEST:
+        raise TypeError(f"values must have dtype {_DTYPE_NAMES}, got {values.dtype}")
+    if jnp.dtype(scale.dtype) != jnp.float32:
+        raise TypeError(f"scale must have dtype float32, got {scale.dtype}")
+    if not (isinstance(axis, int) and 0 <= axis < len(values.shape)):
+        raise ValueError(f"axis must lie in [0, {len(values.shape)}), got {axis!r}")
+    expected = scale_shape(tuple(values.shape), axis, block_size)
+    if tuple(scale.shape) != expected:
+        raise ValueError(
+            f"scale must have shape {expected} (values' shape {tuple(values.shape)} with "
+            f"{_blocks_phrase(values.shape[axis], block_size)} along axis {axis}), got "
+            f"{tuple(scale.shape)}")
+    if source is not None and (tuple(source.shape) != tuple(values.shape)
+                               or jnp.dtype(source.dtype) not in _SOURCE_DTYPES):
+        raise ValueError(
+            f"source must be a float32, bfloat16 or float16 array of values' shape "
+            f"{tuple(values.shape)}, got {source.dtype} {tuple(source.shape)}")
+
+
 @jax.tree_util.register_pytree_node_class
 class QuantizedArray:
     """`values * scale` with one scale per block along `axis` (module docstring).
@@ -70,25 +92,20 @@ class QuantizedArray:
                  source: Any = None):
         values = _as_array(values)
         scale = _as_array(scale)
-        if jnp.dtype(values.dtype) not in _LARGEST:
-            raise TypeError(f"values must have dtype {_DTYPE_NAMES}, got {values.dtype}")
+        source = None if source is None else _as_array(source)
         axis = _axis(axis, values.ndim)
         block_size = _block_size(block_size)
-        if scale.dtype != jnp.float32:
-            raise TypeError(f"scale must have dtype float32, got {scale.dtype}")
-        expected = scale_shape(values.shape, axis, block_size)
-        if scale.shape != expected:
-            raise ValueError(
-                f"scale must have shape {expected} (values' shape {values.shape} with "
-                f"{_blocks_phrase(values.shape[axis], block_size)} along axis {axis}), got "
-                f"{scale.shape}")
-        if source is not None:
-            source = _as_array(source)
-            if source.shape != values.shape or source.dtype not in _SOURCE_DTYPES:
-                raise ValueError(
-                    f"source must be a float32, bfloat16 or float16 array of values' shape "
-                    f"{values.shape}, got {source.dtype} {source.shape}")
+        _check_parts(values, scale, axis, block_size, source)
         self._set(values, scale, axis, block_size, source)
+
+    def check(self, name: str = "QuantizedArray") -> None:
+        """Raises what the constructor raises for parts that break its rules: for one rebuilt
+        from leaves (`jax.tree.unflatten`, as optimizers and checkpointers do), which skips it.
+        Reads only shapes and dtypes, so it costs nothing at trace time."""
+        try:
+            _check_parts(self.values, self.scale, self.axis, self.block_size, self.source)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name}: {error}") from None
 
     def _set(self, values, scale, axis, block_size, source) -> None:
         object.__setattr__(self, "values", values)

@@ -3,10 +3,6 @@ and no call waits on a device to check them (kernelhub/_core/dispatch.py, value_
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -130,49 +126,3 @@ def test_the_same_array_is_read_once():
     kernelhub.grouped_matmul(lhs, rhs, sizes)
     assert value_checks.passed(("group_sizes", 12, GMM), sizes)
     assert not value_checks.passed(("group_sizes", 11, GMM), sizes)
-
-
-def test_first_use_from_several_threads():
-    """A fresh interpreter whose first use of kernelhub comes from three threads at once, each
-    through another entry point (issue 23: partially initialised modules)."""
-    script = textwrap.dedent("""
-        import threading
-        import jax.numpy as jnp
-        import kernelhub
-
-        barrier = threading.Barrier(3)
-        failures = []
-
-        def run(work):
-            barrier.wait()
-            try:
-                work()
-            except Exception as error:  # noqa: BLE001 - reported below
-                failures.append(repr(error))
-
-        lhs, rhs, sizes = jnp.ones((8, 4)), jnp.ones((2, 4, 4)), jnp.asarray([3, 5], jnp.int32)
-        works = [
-            lambda: kernelhub.tuning.heuristic(),
-            lambda: kernelhub.export.export(kernelhub.grouped_matmul, lhs, rhs, sizes,
-                                            platforms=("cpu",)),
-            lambda: kernelhub.parallel.route(jnp.zeros((4, 2), jnp.int32), 4),
-        ]
-        threads = [threading.Thread(target=run, args=(work,)) for work in works]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not failures, failures
-        print("ok")
-    """)
-    for _ in range(3):
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              timeout=300, env={"JAX_PLATFORMS": "cpu", **_environment()})
-        assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
-
-
-def _environment() -> dict[str, str]:
-    import os
-
-    keep = ("PATH", "HOME", "PYTHONPATH", "LANG", "TMPDIR")
-    return {name: os.environ[name] for name in keep if name in os.environ}

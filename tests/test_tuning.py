@@ -178,8 +178,9 @@ def _entry(tiling) -> tuning.Entry:
 
 
 def test_active_table_is_used_when_traced_and_retraced_per_table():
-    """A table's tiling reaches the kernel (an illegal one makes its error), a call traced
-    before the table is traced again under it, and a miss falls back to the heuristic."""
+    """A table's tiling reaches the kernel (an illegal one, refused, falls back to the
+    heuristic with one warning), a call traced before the table is traced again under it, and
+    a miss falls back to the heuristic."""
     lhs, rhs, _, _ = _operands()
     gmm = kernelhub.get("grouped_matmul", platform="xla")
     expected = reference.gmm(lhs, rhs, SIZES, OFFSET)
@@ -188,8 +189,9 @@ def test_active_table_is_used_when_traced_and_retraced_per_table():
     assert key.pass_name == "forward"
     assert (key.problem.kernel, key.problem.m, key.problem.k, key.problem.n) == ("gmm", 128, 64, 64)
     illegal = tuning.Tuning({key: _entry((3, K, N))})
-    with illegal, pytest.raises(ValueError, match="tiling for the forward pass: .*power of two"):
-        gmm(lhs, rhs, SIZES, group_offset=OFFSET)
+    with illegal, pytest.warns(UserWarning, match=r"tiling \[3, .* the heuristic"):
+        assert_close(gmm(lhs, rhs, SIZES, group_offset=OFFSET), expected, jnp.float32,
+                     contraction=K)
     other_shape = dataclasses.replace(key, problem=dataclasses.replace(key.problem, m=4096))
     with tuning.Tuning({other_shape: _entry((3, K, N))}):  # a miss: the heuristic, no tuning run
         assert_close(gmm(lhs, rhs, SIZES, group_offset=OFFSET), expected, jnp.float32, contraction=K)
@@ -217,21 +219,32 @@ except ValueError as error:
 
 def test_kernelhub_tuning_names_a_table_file(tmp_path):
     """KERNELHUB_TUNING=file is the table everywhere, read at the first lookup (not at import):
-    its (illegal) tiling reaches the kernel; a file that is not a table is a ValueError naming it."""
+    its (illegal) tiling reaches the kernel, which refuses it with a warning naming the file; a
+    file that is not a table, or no file, is one ValueError naming the variable and the path."""
     import subprocess
     import sys
 
     lhs, rhs, _, _ = _operands()
     key = _forward_key(kernelhub.get("grouped_matmul", platform="xla"), lhs, rhs)
-    table, broken = tmp_path / "tiles.json", tmp_path / "broken.json"
+    table, broken, binary = tmp_path / "tiles.json", tmp_path / "broken.json", tmp_path / "bin"
     tuning.Tuning({key: _entry((3, K, N))}).save(table)
     broken.write_text("not json")
-    for path, expected in ((table, "tiling for the forward pass"), (broken, str(broken))):
+    binary.write_bytes(bytes(range(256)))
+
+    def run(path):
         env = dict(os.environ, KERNELHUB_TUNING=str(path), JAX_PLATFORMS="cpu")
         result = subprocess.run([sys.executable, "-c", _ENV_SCRIPT], env=env, text=True,
                                 capture_output=True, timeout=120)
         assert result.returncode == 0, result.stderr
-        assert "ValueError:" in result.stdout and expected in result.stdout, result.stdout
+        return result
+
+    refused = run(table)
+    assert "ValueError" not in refused.stdout, refused.stdout
+    assert f"{table}: tiling [3, " in refused.stderr, refused.stderr
+    for path in (broken, binary, tmp_path / "missing.json", tmp_path):
+        failed = run(path)
+        assert f"ValueError: KERNELHUB_TUNING={str(path)!r} cannot be used" in failed.stdout, (
+            failed.stdout + failed.stderr)
 
 
 def test_a_miss_never_measures(monkeypatch):
@@ -249,9 +262,10 @@ def test_shipped_table_is_used_without_a_context(monkeypatch):
     lhs, rhs, _, _ = _operands()
     gmm = kernelhub.get("grouped_matmul", platform="xla")
     key = _forward_key(gmm, lhs, rhs)
-    monkeypatch.setattr(_table, "shipped", lambda device: tuning.Tuning({key: _entry((3, K, N))}))
+    shipped = tuning.Tuning({key: _entry((3, K, N))}, "the shipped table")
+    monkeypatch.setattr(_table, "shipped", lambda device: shipped)
     jax.clear_caches()  # shipped tables are fixed for a process: traces made before stay valid
-    with pytest.raises(ValueError, match="power of two"):
+    with pytest.warns(UserWarning, match="the shipped table: tiling"):  # it was consulted
         gmm(lhs, rhs, SIZES, group_offset=OFFSET)
     with tuning.heuristic():  # no table at all
         gmm(lhs, rhs, SIZES, group_offset=OFFSET)

@@ -47,8 +47,9 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
         the call's operands; every other value must be hashable (it is static under jit).
       name: the op's name; the contract function's name by default.
       runtime_check: with `kernelhub.runtime_checks()` on (or KERNELHUB_RUNTIME_CHECKS=1),
-        called with what `validate` returned when a call is traced, to check values that are
-        not known then (say, with `jax.debug.callback`).
+        called with the call's arguments by name as given (before `validate` converts them)
+        when a call is traced, to check values that are not known then (say, with
+        `jax.debug.callback`).
       features: called with what `validate` returned; gives the names of the optional
         features the call uses (say "quantized" for quantized operands). Only implementations
         registered with every one of them (`register(..., features=...)`) serve the call.

@@ -238,7 +238,7 @@ class Dispatched:
         layout, arrays = lowering.split(prepared)
         chosen = self._choices(arrays, features)
         if definition.runtime_check is not None and _runtime_checks.enabled():
-            definition.runtime_check(prepared)
+            definition.runtime_check(arguments)  # the values as given, before any narrowing
         if key is not None and concrete and not _reads.values:
             self._remember(key, plan, _Plan.of(self, arguments, layout, arrays, chosen, features))
         return lowering.call_split(definition.name, chosen, layout, arrays)

@@ -80,8 +80,8 @@ class OpDefinition:
     prepare: Callable[[dict[str, Any]], dict[str, Any]]
     typecheck: Callable[..., Any]
     doc: str
-    # With kernelhub.runtime_checks() on: called with the prepared arguments of a traced call,
-    # to attach host checks of values that are not known while tracing.
+    # With kernelhub.runtime_checks() on: called with the arguments by name as given (before
+    # `prepare` converts them), to attach host checks of values not known while tracing.
     runtime_check: Callable[[dict[str, Any]], None] | None = None
     # The optional features a call uses (say "quantized"), from its prepared arguments: only
     # implementations registered with all of them serve it.

@@ -24,6 +24,7 @@ problem itself. Outside a block, the problem is the last line of jax's message.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -84,6 +85,25 @@ def problem_in(error: BaseException) -> str | None:
 
 
 def host_check(check: Callable[..., None], *arrays: Any) -> None:
-    """Runs `check(*host arrays)` when the computation runs (a ValueError it raises surfaces
-    from the call); for an op's `runtime_check` (see kernelhub.define_op)."""
+    """Runs `check(*host arrays)` when the computation runs (a RuntimeCheckError it raises
+    surfaces from the call); for an op's `runtime_check` (see kernelhub.define_op)."""
+    _quiet_failed_checks()
     jax.debug.callback(check, *arrays, ordered=False)
+
+
+class _FailedCheckFilter(logging.Filter):
+    """Drops jax's log of a failed callback when the failure is a RuntimeCheckError: the error
+    itself reaches the caller, in one clean line, and a traceback on stderr besides is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, RuntimeCheckError)
+
+
+_filter = _FailedCheckFilter()
+
+
+def _quiet_failed_checks() -> None:
+    logger = logging.getLogger("jax._src.debugging")
+    if _filter not in logger.filters:
+        logger.addFilter(_filter)

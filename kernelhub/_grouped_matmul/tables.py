@@ -15,6 +15,7 @@ import importlib.resources
 import json
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -100,8 +101,11 @@ class Tuning:
     context, so a jitted function called inside and outside the block is traced for each.
     """
 
-    def __init__(self, entries: Mapping[TuningKey, Entry] | None = None):
+    def __init__(self, entries: Mapping[TuningKey, Entry] | None = None,
+                 source: str = "a kernelhub tuning table"):
         self.entries: dict[TuningKey, Entry] = dict(entries or {})
+        self.source = source  # where it came from, for messages
+        self.refused: set[TuningKey] = set()  # keys whose tiling a kernel refused, warned once
         # The blocks this table is entered in, per thread and task: one table entered from two
         # threads keeps each thread's block apart.
         self._contexts: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
@@ -126,7 +130,7 @@ class Tuning:
 
     def merged(self, other: Tuning) -> Tuning:
         """A table with both tables' entries; `other`'s win where both have a key."""
-        return Tuning({**self.entries, **other.entries})
+        return Tuning({**self.entries, **other.entries}, f"{self.source} + {other.source}")
 
     def lookup(self, key: TuningKey) -> tuple[int, ...] | None:
         entry = self.entries.get(key)
@@ -134,7 +138,7 @@ class Tuning:
 
     def tiling_for(self, call: KernelCall) -> tuple[int, ...] | None:
         """This table's tiling for `call`, else the shipped one, else None (the heuristic)."""
-        return _accepted(self.lookup(call.key()), call) or shipped_tiling(call)
+        return _accepted(self.lookup(call.key()), call, self) or shipped_tiling(call)
 
     # --- files ----------------------------------------------------------------------------
 
@@ -147,12 +151,20 @@ class Tuning:
             file.write("\n")
 
 
-def _accepted(tiling: tuple[int, ...] | None, call: KernelCall) -> tuple[int, ...] | None:
+def _accepted(tiling: tuple[int, ...] | None, call: KernelCall,
+              table: Tuning) -> tuple[int, ...] | None:
     # A key covers shapes within a factor of two; a tiling tuned for one of them may break a
-    # hardware rule at another (a TPU tile that must divide k): then the heuristic decides.
-    if tiling is None or not call.space.accepts(tiling, call.problem):
-        return None
-    return tiling
+    # kernel's rule at another (a TPU tile that must divide k), and a hand-edited table may
+    # hold anything: then the heuristic decides, and the table's entry is named once.
+    if tiling is None or call.space.accepts(tiling, call.problem):
+        return tiling
+    key = call.key()
+    if key not in table.refused:
+        table.refused.add(key)
+        warnings.warn(
+            f"{table.source}: tiling {list(tiling)} for {key.describe()} breaks the kernel's "
+            f"rules at this shape; the heuristic's tiling is used instead", stacklevel=2)
+    return None
 
 
 def load(path: str | os.PathLike) -> Tuning:
@@ -184,7 +196,7 @@ def parse(text: str, source: str) -> Tuning:
     for index, item in enumerate(entries):
         key, entry = _entry_from_json(item, f"{source}: entry {index}")
         table[key] = entry
-    return Tuning(table)
+    return Tuning(table, source)
 
 
 # An entry's key, flat in its JSON object: where the kernel runs, then its problem's fields.
@@ -271,12 +283,19 @@ def shipped(device_kind: str) -> Tuning:
 
 def shipped_tiling(call: KernelCall) -> tuple[int, ...] | None:
     key = call.key()
-    return _accepted(shipped(key.device_kind).lookup(key), call)
+    table = shipped(key.device_kind)
+    return _accepted(table.lookup(key), call, table)
 
 
 @functools.lru_cache(maxsize=8)
 def _from_file(path: str) -> Tuning:
-    return load(path)
+    """The table KERNELHUB_TUNING names, or one line naming the variable and what is wrong."""
+    try:
+        return load(path)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ValueError(f"KERNELHUB_TUNING={path!r} cannot be used as a tuning table: "
+                         f"{reason}") from None
 
 
 def active() -> Any:

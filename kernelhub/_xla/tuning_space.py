@@ -13,7 +13,8 @@ candidates carry the problem's own.
 
 from __future__ import annotations
 
-from kernelhub._xla._row_chunks import DEFAULT_LARGEST_CHUNK, head_capacity
+from kernelhub._xla._row_chunks import (
+    DEFAULT_LARGEST_CHUNK, head_capacity, head_rows, largest_chunk)
 from kernelhub._grouped_matmul.passes import TuningSpace
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 
@@ -50,4 +51,13 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(found))
 
 
-SPACE = TuningSpace("xla", _candidates, _default)
+def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
+    try:
+        largest_chunk(tiling, problem.m, problem.k, problem.n)
+        head_rows(tiling, problem.m, problem.k, problem.n, problem.num_groups)
+    except ValueError:
+        return False
+    return True
+
+
+SPACE = TuningSpace("xla", _candidates, _default, _accepts)

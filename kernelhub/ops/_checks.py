@@ -38,8 +38,19 @@ def as_array(value: Any) -> jax.Array:
     return value if isinstance(value, jax.Array) else jnp.asarray(value)
 
 
+_INT32 = np.iinfo(np.int32)
+
+
 def as_int32(array: jax.Array) -> jax.Array:
-    return array if array.dtype == jnp.int32 else array.astype(jnp.int32)
+    """`array` as int32, saturating: a value int32 cannot hold becomes its nearest int32 (the
+    value checks report it; unchecked, the kernels then clamp it like any size past the rows),
+    never one that wrapped around (2**32 + 5 read as 5)."""
+    if array.dtype == jnp.int32:
+        return array
+    info = np.iinfo(array.dtype)
+    if info.min < _INT32.min or info.max > _INT32.max:
+        array = jnp.clip(array, max(info.min, _INT32.min), min(info.max, _INT32.max))
+    return array.astype(jnp.int32)
 
 
 def float_array(name: str, value: Any) -> jax.Array:
@@ -67,6 +78,7 @@ def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int
         value = _qwix.converted(value, contraction_axis)
     if not isinstance(value, QuantizedArray):
         return float_matrix(name, value, rank, layout)
+    value.check(name)  # one rebuilt from leaves skipped the constructor's checks
     if value.ndim != rank:
         raise ValueError(f"{name} must have rank {rank} ({layout}), got a QuantizedArray of shape "
                          f"{value.shape}")

@@ -14,12 +14,18 @@ import numpy as np
 
 from kernelhub._core import runtime_checks, value_checks
 from kernelhub._core.runtime_checks import RuntimeCheckError
+from kernelhub._grouped_matmul.groups import NO_OFFSET
 
 
 def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int, local_groups: int,
                     op: str) -> None:
     """Raises a ValueError when concrete group sizes or offsets break the contract of `op`."""
     group_sizes = np.asarray(group_sizes)
+    too_large = np.flatnonzero(group_sizes > np.iinfo(np.int32).max)
+    if too_large.size:
+        raise ValueError(
+            f"group_sizes must fit in int32 (at most 2**31 - 1 each); "
+            f"{int(group_sizes[too_large[0]])} at index {int(too_large[0])} does not ({op})")
     if np.any(group_sizes < 0):
         bad = np.flatnonzero(group_sizes < 0)[:5].tolist()
         raise ValueError(f"group_sizes must be >= 0; negative at indices {bad} ({op})")
@@ -39,7 +45,7 @@ def check_group_sizes(group_sizes: Any, rows: int, op: str) -> None:
     """Checks concrete group sizes (each row of a batch of them) against the `rows` they split."""
 
     def check(host: np.ndarray) -> None:
-        host = np.asarray(host).astype(np.int64)
+        host = np.asarray(host)
         for sizes in host.reshape(-1, host.shape[-1]) if host.ndim else [host]:
             validate_values(sizes, 0, rows, 0, op)
 
@@ -85,18 +91,22 @@ def value_hooks(op: str, rows: Callable[[dict[str, Any]], int],
 
     def runtime_check(arguments: dict[str, Any]) -> None:
         check = group_check(op, rows(arguments), local_groups(arguments))
-        runtime_checks.host_check(check, arguments["group_sizes"], arguments["group_offset"])
+        offset = arguments["group_offset"]
+        runtime_checks.host_check(check, arguments["group_sizes"],
+                                  NO_OFFSET if offset is None else offset)
 
     return check_values, runtime_check
 
 
-def group_check(op: str, rows: int, local_groups: int) -> Callable[[Any, Any], None]:
+def group_check(op: str, rows: int, local_groups: int | None) -> Callable[[Any, Any], None]:
     """A check, run by the computation (kernelhub.runtime_checks), of group sizes that split
     `rows` and of an offset for `local_groups`."""
 
     def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
+        offset = int(np.asarray(group_offset).reshape(()))
+        local = np.shape(group_sizes)[-1] - offset if local_groups is None else local_groups
         try:
-            validate_values(np.asarray(group_sizes), int(group_offset), rows, local_groups, op)
+            validate_values(np.asarray(group_sizes), offset, rows, local, op)
         except ValueError as error:
             raise RuntimeCheckError(str(error)) from None
 

@@ -21,6 +21,7 @@ from kernelhub._core import runtime_checks as _runtime_checks
 from kernelhub._core.define import define_op
 from kernelhub.ops import _checks
 from kernelhub.ops._group_values import check_call, group_check
+from kernelhub._grouped_matmul.groups import NO_OFFSET
 from kernelhub._grouped_matmul.ragged_modes import Mode, plan
 
 NAME = "ragged_dot_general"
@@ -208,7 +209,7 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
             row_check(row, group_offset)
 
     _runtime_checks.host_check(check, arguments["group_sizes"],
-                               jnp.zeros((), jnp.int32) if offset is None else offset)
+                               NO_OFFSET if offset is None else offset)
 
 
 @define_op(validate=prepare, runtime_check=_runtime_check, check_values=_check_values,

@@ -62,5 +62,13 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(c.as_tiling() for c in fitted))
 
 
+def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
+    try:
+        config.from_tiling(tiling, problem.m, problem.k, problem.n, config.heuristic(problem))
+    except ValueError:
+        return False
+    return True
+
+
 def space(implementation: str) -> TuningSpace:
-    return TuningSpace(implementation, _candidates, _default)
+    return TuningSpace(implementation, _candidates, _default, _accepts)
