@@ -283,3 +283,55 @@ def test_tgmm_under_vmap(spec):
     for b in range(batch):
         assert_close(out[b], reference.tgmm(lhs[b], rhs[b], sizes[b]), jnp.float32, jnp.bfloat16,
                      contraction=m)
+
+
+# ---------------------------------------------------------------- empty axes (any m, k, n)
+
+
+def _normal(rng, shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+
+@pytest.mark.parametrize("with_existing", [False, True])
+@pytest.mark.parametrize("m, k, n", [(0, 8, 6), (12, 0, 6), (12, 8, 0)])
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_with_an_empty_axis(spec, m, k, n, with_existing):
+    """Every output element is still fixed: the computed rows of an empty sum are 0, every other
+    row existing_out's (or 0); gradients likewise. Two local groups of three, offset 1."""
+    rng = np.random.default_rng(m + 10 * k + 100 * n)
+    sizes = [0, 0, 0] if m == 0 else [4, 0, 5]
+    lhs, rhs = _normal(rng, (m, k)), _normal(rng, (2, k, n))
+    existing = _normal(rng, (m, n)) if with_existing else None
+    d_out = _normal(rng, (m, n))
+
+    def gmm(lhs, rhs, existing):
+        return call(spec)(lhs, rhs, jnp.asarray(sizes, jnp.int32), group_offset=1,
+                          existing_out=existing)
+
+    out, vjp = jax.vjp(gmm, lhs, rhs, existing)
+    assert_close(out, reference.gmm(lhs, rhs, sizes, 1, existing), jnp.float32)
+    expected = reference.gmm_vjp(lhs, rhs, sizes, d_out, 1, has_existing=with_existing)
+    for got, want in zip(vjp(d_out), expected):
+        if want is not None:
+            assert_close(got, want, jnp.float32)
+
+
+@pytest.mark.parametrize("with_existing", [False, True])
+@pytest.mark.parametrize("k, m, n", [(8, 0, 6), (0, 12, 6), (8, 12, 0)])
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_with_an_empty_axis(spec, k, m, n, with_existing):
+    rng = np.random.default_rng(k + 10 * m + 100 * n)
+    sizes = [0, 0, 0] if m == 0 else [4, 0, 5]
+    lhs, rhs = _normal(rng, (k, m)), _normal(rng, (m, n))
+    existing = _normal(rng, (3, k, n)) if with_existing else None
+    d_out = _normal(rng, (3, k, n))
+
+    def tgmm(lhs, rhs, existing):
+        return call(spec)(lhs, rhs, jnp.asarray(sizes, jnp.int32), existing_out=existing)
+
+    out, vjp = jax.vjp(tgmm, lhs, rhs, existing)
+    assert_close(out, reference.tgmm(lhs, rhs, sizes, existing_out=existing), jnp.float32)
+    expected = reference.tgmm_vjp(lhs, rhs, sizes, d_out, has_existing=with_existing)
+    for got, want in zip(vjp(d_out), expected):
+        if want is not None:
+            assert_close(got, want, jnp.float32)

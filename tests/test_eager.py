@@ -126,3 +126,11 @@ def test_the_same_array_is_read_once():
     kernelhub.grouped_matmul(lhs, rhs, sizes)
     assert value_checks.passed(("group_sizes", 12, GMM), sizes)
     assert not value_checks.passed(("group_sizes", 11, GMM), sizes)
+
+
+def test_host_sizes_inside_jit_are_checked_when_traced():
+    """Concrete sizes closed over by a traced function are checked, though other arguments are
+    tracers."""
+    traced = jax.jit(lambda lhs, rhs: kernelhub.grouped_matmul(lhs, rhs, np.asarray([4, 4, 5])))
+    with pytest.raises(ValueError, match="sum to 13, more than the 12 rows"):
+        traced(*_operands())

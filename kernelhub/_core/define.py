@@ -54,8 +54,8 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
         features the call uses (say "quantized" for quantized operands). Only implementations
         registered with every one of them (`register(..., features=...)`) serve the call.
       check_values: called with the call's arguments by name (as given, defaults filled) on
-        every call whose values are concrete, after `validate`: for checks of the numbers in
-        arrays. Raise a ValueError naming the argument.
+        every call, after `validate`: for checks of the numbers in arrays. Tracers (inside jit)
+        have none to check: skip them. Raise a ValueError naming the argument.
       validate_reads_values: whether `validate` reads the numbers in array arguments. Say
         False when it does not (it may read their types, shapes and dtypes, and the other
         arguments): an eager call whose arguments look like an earlier one's then skips

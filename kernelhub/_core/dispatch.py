@@ -231,9 +231,9 @@ class Dispatched:
         definition.typecheck(**arguments)
         _reads.values = False
         prepared = definition.prepare(dict(arguments))
-        concrete = not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(arguments))
-        if concrete and definition.check_values is not None:
+        if definition.check_values is not None:  # it skips tracers: their values are unknown
             definition.check_values(arguments)
+        concrete = not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(arguments))
         features = definition.features_of(prepared)
         layout, arrays = lowering.split(prepared)
         chosen = self._choices(arrays, features)

@@ -86,8 +86,8 @@ class OpDefinition:
     # The optional features a call uses (say "quantized"), from its prepared arguments: only
     # implementations registered with all of them serve it.
     features: Callable[[dict[str, Any]], frozenset[str]] | None = None
-    # Called with the arguments by name of every call with concrete values, after `prepare`, to
-    # check what types and shapes do not show (kernelhub/_core/value_checks.py: without waiting
+    # Called with the arguments by name of every call, after `prepare`, to check the values of
+    # those that are not tracers: what types and shapes do not show (kernelhub/_core/value_checks.py: without waiting
     # on a device).
     check_values: Callable[[dict[str, Any]], None] | None = None
     # Whether `prepare` may read the numbers in array arguments. When it does not, an eager call

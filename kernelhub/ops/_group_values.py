@@ -17,9 +17,16 @@ from kernelhub._core.runtime_checks import RuntimeCheckError
 from kernelhub._grouped_matmul.groups import NO_OFFSET
 
 
-def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int, local_groups: int,
-                    op: str) -> None:
+def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int,
+                    local_groups: int | None, op: str) -> None:
     """Raises a ValueError when concrete group sizes or offsets break the contract of `op`."""
+    validate_sizes(group_sizes, rows, op)
+    validate_offset(group_offset, np.shape(group_sizes)[-1], local_groups, op)
+
+
+def validate_sizes(group_sizes: np.ndarray, rows: int, op: str) -> None:
+    """Raises a ValueError when concrete group sizes do not fit int32, are negative or sum past
+    the `rows` they split."""
     group_sizes = np.asarray(group_sizes)
     too_large = np.flatnonzero(group_sizes > np.iinfo(np.int32).max)
     if too_large.size:
@@ -32,13 +39,18 @@ def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int, local
     total = int(np.sum(group_sizes, dtype=np.int64))
     if total > rows:
         raise ValueError(f"group_sizes sum to {total}, more than the {rows} rows they split ({op})")
-    num_groups = group_sizes.shape[-1]
-    if group_offset < 0 or group_offset + local_groups > num_groups:
+
+
+def validate_offset(group_offset: int, num_groups: int, local_groups: int | None,
+                    op: str) -> None:
+    """Raises a ValueError when `group_offset` leaves no room for the local groups (None: all
+    groups from the offset on, at least one)."""
+    local = num_groups - group_offset if local_groups is None else local_groups
+    if group_offset < 0 or local < 1 or group_offset + local > num_groups:
         raise ValueError(
-            f"group_offset={group_offset} with {local_groups} local groups must lie within "
-            f"the {num_groups} groups of group_sizes (0 <= group_offset <= "
-            f"{num_groups - local_groups}) ({op})"
-        )
+            f"group_offset={group_offset} with {local_groups or 'at least one'} local groups "
+            f"must lie within the {num_groups} groups of group_sizes (0 <= group_offset <= "
+            f"{num_groups - (local_groups or 1)}) ({op})")
 
 
 def check_group_sizes(group_sizes: Any, rows: int, op: str) -> None:
@@ -47,7 +59,7 @@ def check_group_sizes(group_sizes: Any, rows: int, op: str) -> None:
     def check(host: np.ndarray) -> None:
         host = np.asarray(host)
         for sizes in host.reshape(-1, host.shape[-1]) if host.ndim else [host]:
-            validate_values(sizes, 0, rows, 0, op)
+            validate_sizes(sizes, rows, op)
 
     value_checks.check_values(check, group_sizes, call=op, memo=("group_sizes", rows, op))
 
@@ -68,13 +80,7 @@ def check_call(group_sizes: Any, group_offset: Any, rows: int, local_groups: int
         return
 
     def check(host: np.ndarray) -> None:
-        offset = int(np.asarray(host).reshape(()))
-        local = num_groups - offset if local_groups is None else local_groups
-        if offset < 0 or offset + local > num_groups or local < 1:
-            raise ValueError(
-                f"group_offset={offset} must satisfy 0 <= group_offset <= "
-                f"{num_groups - (local_groups or 1)} ({op} has {local_groups or 'at least one'} "
-                f"local groups of the {num_groups} in group_sizes)")
+        validate_offset(int(np.asarray(host).reshape(())), num_groups, local_groups, op)
 
     value_checks.check_values(check, group_offset, call=op, memo=offset_memo)
 
@@ -103,10 +109,9 @@ def group_check(op: str, rows: int, local_groups: int | None) -> Callable[[Any, 
     `rows` and of an offset for `local_groups`."""
 
     def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
-        offset = int(np.asarray(group_offset).reshape(()))
-        local = np.shape(group_sizes)[-1] - offset if local_groups is None else local_groups
         try:
-            validate_values(np.asarray(group_sizes), offset, rows, local, op)
+            validate_values(np.asarray(group_sizes), int(np.asarray(group_offset).reshape(())),
+                            rows, local_groups, op)
         except ValueError as error:
             raise RuntimeCheckError(str(error)) from None
 
