@@ -32,6 +32,7 @@ __all__ = [
     "Platform",
     "QuantizedArray",
     "RuntimeCheckError",
+    "ShapeError",
     "Tilings",
     "autotune",
     "define_op",

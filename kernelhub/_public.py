@@ -4,6 +4,7 @@ the public names, and kernelhub's ops with their implementations (kernelhub/_loa
 from kernelhub import _loader
 from kernelhub._core.define import define_op
 from kernelhub._core.dispatch import get, resolve
+from kernelhub._core.errors import ShapeError
 from kernelhub._core.registry import (
     Backend, KernelSpec, NoImplementationError, Platform, implementations, needs_device, op_names,
     register)

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from kernelhub._cli import _arguments
+
 # name -> (module with add_arguments(parser) and run(args) -> int, one-line help)
 SUBCOMMANDS = {
     "list": ("kernelhub._cli.listing", "table of ops x platform x backend, available here or why not"),
@@ -31,8 +33,11 @@ def main(argv: list[str] | None = None) -> int:
             modules[name].add_arguments(sub)
     args = parser.parse_args(argv)
     try:
+        # The user's modules first (--import), so that their ops and kernels are registered.
+        _arguments.import_user_modules(getattr(args, "import_modules", []))
         return int(modules[args.command].run(args) or 0)
-    except ValueError as error:  # a bad choice for this host (NoImplementationError included)
+    except ValueError as error:  # a bad choice for this host (NoImplementationError included),
+        # or a user's module that failed to import
         parser.exit(2, f"kernelhub {args.command}: error: {str(error).splitlines()[0]}\n")
 
 

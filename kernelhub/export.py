@@ -11,11 +11,21 @@ Each call of an op is lowered once per platform with the implementation chosen f
 platform (kernelhub/_core/lowering.py): the Pallas Mosaic kernels in the TPU branch, the Triton
 kernels in the CUDA branch, the XLA loops in the CPU branch. Forcing a platform (argument or
 KERNELHUB_PLATFORM) pins one implementation in every branch instead.
+
+Shape-polymorphic export: `args` may have a symbolic m, the rows of lhs (tokens; the
+contraction of transposed_grouped_matmul), as `jax.export.symbolic_shape("m")` makes. The CPU
+branch runs the XLA loops at any m; the TPU branch's Mosaic kernels get m as a placeholder that
+is filled in when the artifact is compiled for its shapes (Pallas does that only inside
+`pallas_export_experimental(dynamic_shapes=True)`, which `export` enters for such arguments).
+The CUDA branch cannot: jax's Pallas Triton lowering takes static shapes only, so a symbolic m
+there is an error unless the XLA implementation is pinned. Group counts must be static
+(docs/export.md).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,14 +61,25 @@ def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAUL
     jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
     exporting = jax.export.export(jitted, platforms=tuple(platforms),
                                   disabled_checks=disabled_checks())
-    if not runtime_checks.enabled():
+    with contextlib.ExitStack() as context:
+        if _has_symbolic_shape((args, kwargs)):
+            # Mosaic kernels take symbolic dimensions as placeholders filled in when the
+            # artifact is compiled for its shapes; Pallas lowers them so only in this mode.
+            context.enter_context(_jax_internals.pallas_dynamic_shapes_export())
+        if runtime_checks.enabled():
+            warnings.warn(
+                "kernelhub.export: runtime checks are left out of the exported function (their "
+                "host callbacks cannot be serialized); check group sizes on the host before "
+                "calling it", stacklevel=2)
+            context.enter_context(runtime_checks.runtime_checks(False))
         return exporting(*args, **kwargs)
-    warnings.warn(
-        "kernelhub.export: runtime checks are left out of the exported function (their host "
-        "callbacks cannot be serialized); check group sizes on the host before calling it",
-        stacklevel=2)
-    with runtime_checks.runtime_checks(False):
-        return exporting(*args, **kwargs)
+
+
+def _has_symbolic_shape(tree: Any) -> bool:
+    """Whether an array or jax.ShapeDtypeStruct in `tree` has a symbolic dimension
+    (jax.export.symbolic_shape), which is no int."""
+    return any(not isinstance(size, int) for leaf in jax.tree.leaves(tree)
+               for size in getattr(leaf, "shape", ()))
 
 
 def kernels_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, int]]:

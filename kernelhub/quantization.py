@@ -125,13 +125,23 @@ class QuantizedArray:
         made._set(values, scale, axis, block_size, source)
         return made
 
+    # The static axis is kept counted from the end of `values`: jax.vmap and lax.scan take or
+    # add leading axes of the leaves without telling the pytree, and an axis counted from the
+    # end stays on the same logical axis through them (a stack of layers' weights quantized
+    # along k, mapped over its layers, is still quantized along k). Mapping over an axis after
+    # the quantized one is the exception: the array then names the axis before it.
     def tree_flatten(self):
-        return (self.values, self.scale, self.source), (self.axis, self.block_size)
+        return (self.values, self.scale, self.source), (_from_end(self.axis, self.values),
+                                                         self.block_size)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         values, scale, source = children
-        return cls._unchecked(values, scale, *aux, source)
+        from_end, block_size = aux
+        rank = len(getattr(values, "shape", ()))
+        # placeholders for leaves (in_axes, shardings) have no shape: keep the count from the end
+        axis = from_end + rank if rank + from_end >= 0 and hasattr(values, "shape") else from_end
+        return cls._unchecked(values, scale, axis, block_size, source)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -169,6 +179,14 @@ class QuantizedArray:
         if hasattr(values, "dtype") and hasattr(values, "shape"):
             values = f"{jnp.dtype(values.dtype)}{list(values.shape)}"
         return f"QuantizedArray({values}, {blocks} along axis {self.axis})"
+
+
+def _from_end(axis: int, values: Any) -> int:
+    """`axis` counted from the end of `values` (negative), or as it is when already negative
+    (a QuantizedArray around placeholders) or when `values` has no shape."""
+    if axis < 0 or not hasattr(values, "shape"):
+        return axis
+    return axis - len(values.shape)
 
 
 @jax.custom_jvp

@@ -15,6 +15,34 @@ from kernelhub import testing
 
 # Interpret-mode kernels run a Python-level emulation of every grid step: far fewer examples.
 EXAMPLES = {"xla": 25, "interpret": 6}
+# `pytest --quick`: every implementation's contract (the files below: forward and gradients
+# against the float64 reference, lax's ragged_dot, every dtype, bad input, selection), with
+# fewer drawn examples and without ahead-of-time compilations (`slow`) or the 8-device
+# subprocess (`multidevice`). About 3 minutes on 2 cores; CI runs everything.
+QUICK_EXAMPLES = {"xla": 8, "interpret": 3}
+QUICK_FILES = frozenset({
+    "test_contract.py", "test_ragged_dot.py", "test_ragged_dot_dtypes.py", "test_validation.py",
+    "test_dispatch.py", "test_registry.py", "test_define.py", "test_groups.py", "test_eager.py",
+    "test_runtime_checks.py", "test_architecture.py", "test_import.py",
+    "test_transformations.py"})
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="kernelhub's quick loop: every implementation's contract, fewer drawn "
+                          "examples, no slow or multidevice tests (README: Tests)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    kept, left_out = [], []
+    for item in items:
+        slow = item.get_closest_marker("slow") or item.get_closest_marker("multidevice")
+        (left_out if slow or item.path.name not in QUICK_FILES else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 runnable_implementations = testing.runnable_implementations
@@ -51,6 +79,32 @@ def assert_close(actual, expected, out_dtype, *input_dtypes, contraction: int = 
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
 
 
+# The whole suite runs under jax's strict dtype promotion, as many users' code and jax's own tests
+# do: a kernel that mixes dtypes implicitly fails here rather than in their code. Strict only
+# refuses implicit promotions, so whatever passes here computes the same under the standard
+# rule. KERNELHUB_TEST_PROMOTION=standard runs the suite under jax's default instead.
+PROMOTION = os.environ.get("KERNELHUB_TEST_PROMOTION", "strict")
+
+
+def pytest_configure(config):
+    if config.getoption("--quick"):
+        EXAMPLES.update(QUICK_EXAMPLES)
+    config.addinivalue_line("markers", "standard_promotion(reason): runs under jax's standard "
+                                       "dtype promotion (code outside kernelhub needs it)")
+    # Global (not a per-test context), so threads the tests start and subprocesses inherit it.
+    jax.config.update("jax_numpy_dtype_promotion", PROMOTION)
+    os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = PROMOTION
+
+
+@pytest.fixture(autouse=True)
+def _promotion_of_the_test(request):
+    if request.node.get_closest_marker("standard_promotion") is None:
+        yield
+        return
+    with jax.numpy_dtype_promotion("standard"):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _no_forced_platform(monkeypatch):
     """Tests choose implementations explicitly; an outer KERNELHUB_PLATFORM must not leak in."""
@@ -79,4 +133,5 @@ def pytest_report_header(config):
     names = ", ".join(f"{s.op}:{s.platform.value}-{s.backend.value}"
                       for op in kernelhub.op_names() for s in runnable_implementations(op))
     return [f"jax {jax.__version__} on {jax.default_backend()}; runnable here: {names}",
-            f"KERNELHUB_PLATFORM={os.environ.get('KERNELHUB_PLATFORM', '')!r}"]
+            f"KERNELHUB_PLATFORM={os.environ.get('KERNELHUB_PLATFORM', '')!r}; dtype promotion: "
+            f"{PROMOTION}"]

@@ -44,3 +44,12 @@ def test_quantized_bench_gives_a_row_per_format(monkeypatch):
     rows = quantized.measure(groups=2, reps=1, platform=None)
     assert [row[0] for row in rows] == list(quantized.FORMATS)
     assert all(len(row) == len(quantized.COLUMNS) and float(row[2]) > 0 for row in rows)
+
+
+def test_cpu_bench_cases_take_the_users_shape():
+    import argparse
+
+    args = argparse.Namespace(quick=True, groups=None, shape=(64, 32, 16),
+                              ops=["grouped_matmul"], dtypes=["float32"])
+    assert {(case.m, case.k, case.n) for case in cpu.cases(args)} == {(64, 32, 16)}
+    assert {case.groups for case in cpu.cases(args)} == {8, 64}

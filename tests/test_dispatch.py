@@ -47,6 +47,32 @@ def test_bad_environment_value_names_the_variable(platform_variable):
         kernelhub.grouped_matmul(LHS, RHS, SIZES)
 
 
+@pytest.mark.parametrize("value", ["XLA", " xla", "xla\n", "Xla "])
+def test_platform_names_ignore_case_and_surrounding_spaces(platform_variable, value):
+    """The one rule of docs/dispatch.md, for the variable as for arguments."""
+    platform_variable(value)
+    assert kernelhub.resolve("grouped_matmul").platform is Platform.XLA
+    np.testing.assert_array_equal(np.asarray(kernelhub.grouped_matmul(LHS, RHS, SIZES)),
+                                  np.full((8, 3), 4.0))
+    assert kernelhub.resolve("grouped_matmul", platform=value).platform is Platform.XLA
+
+
+@pytest.mark.parametrize("name", ["cuda", "rocm", "GPU", " gpu"])
+def test_jax_target_names_mean_the_gpu_backend(name):
+    """`kernelhub list` and kernelhub.export name targets (cuda); resolve takes them too."""
+    spec = kernelhub.resolve("grouped_matmul", backend=name)
+    assert (spec.platform, spec.backend) == (Platform.TRITON, kernelhub.Backend.GPU)
+
+
+def test_a_backend_given_as_platform_says_which_word_it_is(platform_variable):
+    with pytest.raises(ValueError, match="backend='metal' is not one of: tpu, gpu, cpu, any "
+                                         "\\(or cuda for gpu, rocm for gpu\\)"):
+        kernelhub.resolve("grouped_matmul", backend="metal")
+    platform_variable("gpu")
+    with pytest.raises(ValueError, match="names hardware .a backend.*backend="):
+        kernelhub.grouped_matmul(LHS, RHS, SIZES)
+
+
 def test_forced_platform_without_implementation_is_an_error_not_a_fallback(platform_variable):
     saved = [_registry.unregister("grouped_matmul", spec.platform, spec.backend)
              for spec in kernelhub.implementations("grouped_matmul") if spec.platform is Platform.TRITON]
@@ -126,3 +152,23 @@ def test_the_environment_never_leaks_into_the_unforced_per_target_choice(platfor
     assert forced == unforced
     assert unforced.of("cpu").platform is Platform.XLA
     assert unforced.of("tpu").platform is Platform.PALLAS
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the pins name hardware this host lacks")
+@pytest.mark.parametrize("platform, backend, runs_here", [
+    ("pallas", "tpu", "platform='pallas'"), ("triton", "gpu", "platform='triton'"),
+    (None, "tpu", "platform='xla'")])
+def test_an_eager_call_pinned_to_absent_hardware_says_what_runs_here(platform, backend, runs_here):
+    """backend="tpu" on a CPU host is for lowering and export: an eager call says so (and what
+    runs here) instead of Pallas's "Only interpret mode is supported on CPU backend"."""
+    gmm = kernelhub.get("grouped_matmul", platform=platform, backend=backend)
+    with pytest.raises(ValueError, match=f"is for lowering and export on a host without a "
+                                         f"{backend}.*{runs_here}"):
+        gmm(LHS, RHS, SIZES)
+    jitted = jax.jit(gmm)
+    with pytest.raises(kernelhub.NoImplementationError, match="cannot lower for cpu: .* lowers "
+                                                              "only for .*lowering_platforms"):
+        jitted.lower(LHS, RHS, SIZES)
+    # What the pin is for: lowering for its hardware works here.
+    target = "tpu" if backend == "tpu" else "cuda"
+    assert jitted.trace(LHS, RHS, SIZES).lower(lowering_platforms=(target,)) is not None

@@ -3,6 +3,8 @@ nothing else (no jax backend, no TPU runtime, no environment read before a call)
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -71,3 +73,15 @@ def test_a_jitted_function_traces_once_on_its_first_calls():
         print(len(traces))
     """)
     assert out.strip().splitlines()[-1] == "1"
+
+
+def test_a_plain_install_can_save_an_export():
+    """jax.export's serialize() needs flatbuffers, which jax itself does not install: it is a
+    runtime dependency, so a user who installs kernelhub without extras can save an export."""
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as file:
+        project = tomllib.load(file)["project"]
+    names = {re.split(r"[<>=!~; \[]", requirement, maxsplit=1)[0]
+             for requirement in project["dependencies"]}
+    assert "flatbuffers" in names

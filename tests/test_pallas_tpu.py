@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import pathlib
 
 import jax
@@ -388,6 +389,50 @@ def test_quantized_operands_compile_for_tpu(generation, quantized, shape, block_
 
 @pytest.mark.slow
 @needs_libtpu
+def test_an_int8_operand_of_2_31_elements_compiles_for_tpu():
+    """All 256 of DeepSeek-V3's experts in int8 (3.8e9 elements, past what 32-bit element
+    offsets hold), forward and VJP. The kernels name blocks per dimension (BlockSpec block
+    indices, each below its axis's length) and leave addresses to Mosaic, so no offset of
+    kernelhub's own can wrap; the Triton kernels' offsets are checked in test_triton_gpu.py."""
+    shape = ahead_of_time.MoeShape("deepseek-v3-all-experts", 16384, 7168, 2048, 256,
+                                   note="every expert on one chip")
+    _assert_compiled(ahead_of_time.compile_for("v5p", shape, quantized=jnp.int8))
+
+
+@pytest.mark.slow
+@needs_libtpu
+@pytest.mark.parametrize("generation", ["v4", "v5e", "v6e"])
+def test_raw_int8_with_int32_results_compiles_for_tpu(generation):
+    """lax's int8 x int8 -> int32 (what qwix and AQT call), gmm and tgmm at the Qwen3-MoE shape:
+    the int8 MXU of v5e and v6e, bf16 tiles on v4 (which has none); Mosaic kernels either way."""
+    from jax.experimental import topologies
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    m, k, n, groups = 8192, 2048, 768, 128
+    gmm = kernelhub.get("grouped_matmul", platform="pallas", backend="tpu")
+    tgmm = kernelhub.get("transposed_grouped_matmul", platform="pallas", backend="tpu")
+
+    def step(lhs, rhs, d_out, sizes):
+        out = gmm(lhs, rhs, sizes, preferred_element_type=jnp.int32)
+        return out, tgmm(lhs.T, d_out, sizes, preferred_element_type=jnp.int32)
+
+    topology = topologies.get_topology_desc(
+        topology_name=ahead_of_time.TOPOLOGIES[generation], platform="tpu")
+    device = topology.devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in (
+        ((m, k), jnp.int8), ((groups, k, n), jnp.int8), ((m, n), jnp.int8),
+        ((groups,), jnp.int32))]
+    with jax.default_device(device):
+        compiled = jax.jit(step).lower(*specs).compile()
+    text = compiled.as_text()
+    assert text.count(f'custom_call_target="{ahead_of_time.MOSAIC_CALL}"') == 2
+    out_types = [str(o.dtype) for o in jax.tree.leaves(compiled.out_info)]
+    assert out_types == ["int32", "int32"]
+
+
+@pytest.mark.slow
+@needs_libtpu
 def test_existing_out_aliases_and_transposed_rhs_compile_for_tpu():
     """existing_out shares the output's buffer (no copy in the kernel) in both kernels."""
     from jax.experimental import topologies
@@ -446,8 +491,10 @@ def test_moe_shapes_are_the_ones_documented():
 
 @pytest.mark.slow
 @needs_libtpu
-def test_verify_command_compiles_and_reports(capsys):
+def test_verify_command_compiles_and_reports(capsys, monkeypatch):
     from kernelhub import cli
+
+    monkeypatch.setenv("COLUMNS", "200")  # xdist's workers say 80: a tiling would fold
 
     assert cli.main(["verify", "--tpu", "--topologies", "v5e", "--shapes", "odd",
                      "--forward-only"]) == 0
@@ -460,3 +507,33 @@ def test_verify_command_names_what_it_does_not_know(capsys):
 
     assert cli.main(["verify", "--tpu", "--shapes", "mixtral,llama"]) == 2
     assert "llama" in capsys.readouterr().out
+
+
+def test_int32_totals_of_bf16_carried_int8_sum_float32_only_where_exact():
+    """A chip without an int8 MXU (v4) multiplies int8 values as bf16 and sums in float32,
+    exact for at most 1024 products of two int8 values: a longer tile is cut into such runs,
+    added in int32. 2048 products of 127 x 127 (odd, 33032192 in all) stay exact."""
+    from kernelhub._pallas.tpu import kernel_parts
+
+    lengths = []
+
+    def dot(lhs, rhs, dtype):
+        lengths.append(lhs.shape[1])
+        # a float32 sum one term at a time, as a tensor core's accumulator may round
+        products = lhs.astype(np.float32)[:, :, None] * rhs.astype(np.float32)[None, :, :]
+        total = np.zeros(products.shape[::2], np.float32)
+        for term in np.moveaxis(products, 1, 0):
+            total = total + term
+        return jnp.asarray(total, dtype)
+
+    lhs = jnp.full((2, 2048), 127, jnp.bfloat16)
+    rhs = jnp.full((2048, 3), 127, jnp.bfloat16)
+    total = kernel_parts.tile_product(dot, lhs, rhs, 1, 0, jnp.bfloat16, jnp.int32)
+    assert lengths == [1024, 1024]
+    np.testing.assert_array_equal(np.asarray(total), 2048 * 127 * 127)
+    # the float32 tile's own sum would not be
+    assert int(dot(lhs, rhs, jnp.float32)[0, 0]) != 2048 * 127 * 127
+    # int8 tiles (an int8 MXU) and float totals are one dot, as before
+    lengths.clear()
+    kernel_parts.tile_product(dot, lhs, rhs, 1, 0, jnp.bfloat16, jnp.float32)
+    assert lengths == [2048]

@@ -560,3 +560,28 @@ def test_exported_quantized_gmm_holds_each_platforms_kernel_and_runs(block_size,
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, np.ones((40, 16)))
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=16)
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=40)
+
+
+def test_a_stack_of_quantized_weights_maps_over_its_layers():
+    """Weights of L layers [L, G, k, n] quantized along k (axis 2), then jax.vmap or lax.scan
+    over the layers: each layer's [G, k, n] is still quantized along k (its axis 1), as the
+    QuantizedArray keeps its axis counted from the end; the results are each layer's own."""
+    rng = np.random.default_rng(7)
+    layers, groups, k, n, m = 3, 4, 32, 16, 40
+    lhs = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
+    weights = jnp.asarray(rng.normal(size=(layers, groups, k, n)), jnp.float32)
+    sizes = jnp.array([10, 0, 25, 5], jnp.int32)
+    stacked = kernelhub.quantize(weights, jnp.int8, axis=2)
+    expected = []
+    for layer in range(layers):
+        dequantized = np.asarray(kernelhub.quantize(weights[layer], jnp.int8, axis=1).dequantize(),
+                                 np.float64)
+        expected.append(reference.gmm(np.asarray(lhs, np.float64), dequantized, np.asarray(sizes)))
+    mapped = jax.vmap(lambda w: kernelhub.grouped_matmul(lhs, w, sizes))(stacked)
+    _, scanned = jax.lax.scan(lambda carry, w: (carry, kernelhub.grouped_matmul(lhs, w, sizes)),
+                              0, stacked)
+    for out in (mapped, scanned):
+        np.testing.assert_allclose(np.asarray(out), np.stack(expected), rtol=1e-5, atol=1e-4)
+    # and quantized inside a vmap, the stacked result is quantized along the same logical axis
+    inside = jax.vmap(lambda w: kernelhub.quantize(w, jnp.int8, axis=1))(weights)
+    assert inside.axis == 2 and inside.shape == weights.shape

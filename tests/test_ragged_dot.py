@@ -205,14 +205,17 @@ BAD_NUMBERS = [
     ("must not be a contracting", ValueError, dict(ragged_dot_dimension_numbers=_n(([1], [1]), ([], []), [0], [1]))),
     ("rhs_group_dimensions must be empty", ValueError,
      dict(lhs=jnp.ones((8, 4)), rhs=jnp.ones((8, 3)), ragged_dot_dimension_numbers=_n(([0], [0]), ([], []), [0], [0]))),
-    ("rhs must hold between 1 and 2 groups", ValueError, dict(rhs=jnp.ones((3, 4, 3)))),
+    ("rhs must hold 2 groups", ValueError, dict(rhs=jnp.ones((3, 4, 3)))),
+    ("rhs must hold 2 groups", ValueError, dict(rhs=jnp.ones((1, 4, 3)))),  # lax's rule, no offset
+    ("rhs must hold between 1 and 2 groups", ValueError,
+     dict(rhs=jnp.ones((3, 4, 3)), group_offset=0)),
     ("group_sizes must have shape", ValueError, dict(group_sizes=jnp.ones((2, 2), jnp.int32))),
     ("group_sizes", TypeError, dict(group_sizes=SIZES.astype(jnp.float32))),
     ("sum to 12", ValueError, dict(group_sizes=jnp.array([3, 9], jnp.int32))),
     ("group_offset", ValueError, dict(rhs=jnp.ones((1, 4, 3)), group_offset=jnp.array([2]))),
     ("group_offset must be .*; its shape must be \\[1\\]", TypeError, dict(group_offset=jnp.array([0, 1]))),
-    ("lhs must have dtype", TypeError, dict(lhs=LHS.astype(jnp.int8))),
-    ("preferred_element_type", TypeError, dict(preferred_element_type=jnp.int32)),
+    ("lhs must have dtype", TypeError, dict(lhs=LHS.astype(jnp.int16))),
+    ("preferred_element_type", TypeError, dict(preferred_element_type=jnp.complex64)),
     ("precision", TypeError, dict(precision="very high")),
 ]
 
@@ -225,6 +228,45 @@ def test_bad_input_is_named_before_tracing(message, error, changes):
         kernelhub.ragged_dot_general(**arguments)
     with pytest.raises(error, match=message):  # the same, traced: the checks are static
         jax.make_jaxpr(lambda: kernelhub.ragged_dot_general(**arguments))()
+
+
+# The rows above that lax also refuses: it raises TypeError for each (its shape inference).
+LAX_REFUSES = [row for row in BAD_NUMBERS if row[0] in (
+    "exactly one lhs axis", "must be axes of lhs", "must be axes of rhs", "same size",
+    "as many contracting dims", "rhs_group_dimensions must hold one", "must not be a contracting",
+    "rhs_group_dimensions must be empty", "rhs must hold 2 groups", "group_sizes must have shape",
+    "group_sizes")]
+
+
+@pytest.mark.parametrize("message,error,changes", LAX_REFUSES, ids=[m for m, _, _ in LAX_REFUSES])
+def test_what_lax_refuses_is_refused_with_an_error_of_laxs_type(message, error, changes):
+    """Code that catches TypeError around lax's ragged_dot_general catches kernelhub's error;
+    code that caught kernelhub's ValueError still does (kernelhub.ShapeError is both)."""
+    del error
+    arguments = dict(lhs=LHS, rhs=RHS, group_sizes=SIZES, ragged_dot_dimension_numbers=BASIC)
+    arguments.update(changes)
+    with pytest.raises(TypeError):
+        lax.ragged_dot_general(**arguments)
+    with pytest.raises(TypeError, match=message) as raised:
+        kernelhub.ragged_dot_general(**arguments)
+    assert "\n" not in str(raised.value)
+    if raised.type is not TypeError:  # a dtype is a TypeError only, as in lax
+        assert raised.type is kernelhub.ShapeError and isinstance(raised.value, ValueError)
+
+
+def test_simple_ragged_dot_refuses_as_lax_does():
+    """The group count and the contraction, through ragged_dot's own checks (the annotations)."""
+    for rhs in (jnp.ones((3, 4, 3)), jnp.ones((1, 4, 3)), jnp.ones((2, 5, 3)), jnp.ones((4, 3))):
+        with pytest.raises(TypeError):
+            lax.ragged_dot(LHS, rhs, SIZES)
+        with pytest.raises(kernelhub.ShapeError):
+            kernelhub.ragged_dot(LHS, rhs, SIZES)
+    with pytest.raises(kernelhub.ShapeError, match="group_sizes must .* shape"):
+        kernelhub.ragged_dot(LHS, RHS, jnp.ones((2, 2), jnp.int32))
+    # with group_offset, rhs holds the local groups only: fewer than group_sizes' count
+    out = kernelhub.ragged_dot(LHS, RHS[:1], SIZES, group_offset=1)
+    np.testing.assert_array_equal(np.asarray(out[:3]), 0)
+    np.testing.assert_allclose(np.asarray(out[3:]), 4.0)
 
 
 def _transposes_of(text: str, shape: tuple[int, ...], dtype: str = "f32") -> int:

@@ -31,6 +31,15 @@ def test_runtime_check_raises_its_own_error_with_the_problem_first(bad_sizes, me
     assert isinstance(raised.value.__cause__, jax.errors.JaxRuntimeError)  # jax's own report
 
 
+@pytest.mark.parametrize("op", ["ragged_dot", "grouped_matmul"])
+def test_runtime_check_names_the_op_called(op):
+    """ragged_dot runs ragged_dot_general's checks; its failure still names ragged_dot."""
+    traced = jax.jit(lambda sizes: getattr(kernelhub, op)(LHS, RHS, sizes))
+    with pytest.raises(kernelhub.RuntimeCheckError, match=f"sum to 12.*\\({op}\\)"):
+        with kernelhub.runtime_checks():
+            jax.block_until_ready(traced(jnp.array([3, 9], jnp.int32)))
+
+
 def test_turning_checks_on_reaches_functions_jitted_and_run_before():
     """The switch is part of what jax.jit caches on: no stale trace runs unchecked."""
     f = jax.jit(lambda sizes: kernelhub.grouped_matmul(LHS, RHS, sizes))

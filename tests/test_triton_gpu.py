@@ -341,6 +341,68 @@ def test_lowers_for_cuda_with_existing_out_and_transposed_rhs():
     assert "output_operand_alias" in text or "operand_output_alias" in text or "tf.aliasing_output" in text
 
 
+def _offset_bits(triton_ir: str) -> dict[int, set[int]]:
+    """For each kernel argument (by position), the integer widths its pointer offsets are
+    added in (`tt.addptr` on a splat of `%argN`)."""
+    defined: dict[str, str] = {}
+    bits: dict[int, set[int]] = {}
+    for line in triton_ir.splitlines():
+        found = re.match(r"\s*(%\w+) = (.*)", line)
+        if not found:
+            continue
+        name, body = found.groups()
+        added = re.match(r"tt\.addptr (%\w+), %\w+ : .*, (?:tensor<[\dx]+x)?i(\d+)>?$", body)
+        if added:
+            source = re.match(r"tt\.splat %arg(\d+) ", defined.get(added.group(1), ""))
+            if source:
+                bits.setdefault(int(source.group(1)), set()).add(int(added.group(2)))
+        defined[name] = body
+    return bits
+
+
+E4M3 = jnp.float8_e4m3fn
+
+
+@pytest.mark.parametrize("op, lhs_shape, rhs_shape, dtype, wide", [
+    # DeepSeek-V3's experts in fp8 and int8: 256 x 7168 x 2048 = 3.8e9 elements, 3.8 GB
+    (GMM, (16384, 7168), (256, 7168, 2048), E4M3, {"rhs"}),
+    (GMM, (16384, 7168), (256, 7168, 2048), jnp.int8, {"rhs"}),
+    # 786432 tokens of 4096 in fp8: 3.2e9 elements
+    (GMM, (786432, 4096), (8, 4096, 512), E4M3, {"lhs"}),
+    (TGMM, (4096, 786432), (786432, 256), E4M3, {"lhs"}),
+    # below 2**31 elements 32-bit offsets are safe, and kept (they are faster)
+    (GMM, (8192, 2048), (128, 2048, 768), E4M3, set()),
+    (GMM, (16384, 7168), (32, 7168, 2048), jnp.bfloat16, set()),
+])
+def test_offsets_are_64_bit_exactly_for_operands_of_2_31_elements(op, lhs_shape, rhs_shape,
+                                                                   dtype, wide):
+    """Pallas widens offsets by bytes (> 2**32), but they count elements: an 8-bit operand of
+    2**31 to 2**32 elements would get 32-bit offsets that wrap negative past group 147 of
+    DeepSeek-V3's experts. Lowered for CUDA on this host, the Triton IR shows the width."""
+    fn = kernelhub.get(op, platform="triton", backend="gpu")
+    groups = rhs_shape[0] if op == GMM else 8
+    specs = [jax.ShapeDtypeStruct(lhs_shape, jnp.bfloat16),
+             jax.ShapeDtypeStruct(rhs_shape, jnp.bfloat16),
+             jax.ShapeDtypeStruct((groups,), jnp.int32)]
+    operand_axes = (1, 1) if op == GMM else (1, 0)
+
+    def forward(lhs, rhs, sizes):
+        if dtype != jnp.bfloat16:
+            lhs, rhs = (kernelhub.quantize(x, dtype, axis=axis)
+                        for x, axis in zip((lhs, rhs), operand_axes))
+        return fn(lhs, rhs, sizes, preferred_element_type=jnp.bfloat16)
+
+    try:
+        (module,) = cuda_export.triton_modules(forward, specs)
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    bits = _offset_bits(module.ir)
+    # arguments: the visit table, lhs, rhs, then scales and the output
+    for name, position in (("lhs", 1), ("rhs", 2)):
+        assert bits[position] == ({64} if name in wide else {32}), (name, bits)
+    assert all(widths == {32} for position, widths in bits.items() if position > 2), bits
+
+
 # ---------------------------------------------------------------- PTX for Hopper, without a GPU
 
 
@@ -571,3 +633,30 @@ def test_scale_blocks_compile_to_hopper_ptx(op, dtype, forward_wgmma):
         assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES and report.wgmma > 0, report
     for report in backward:
         assert not any(t.endswith(EIGHT_BIT_WGMMA) for t in report.wgmma_types), report
+
+
+@pytest.mark.parametrize("op", [GMM, TGMM])
+def test_raw_int8_with_int32_results_compiles_to_int8_wgmma(op):
+    """lax's int8 x int8 -> int32 (what qwix and AQT call): the tiles multiply as stored on
+    Hopper's int8 tensor cores and the int32 total is written as it is, at the Qwen3-MoE shape."""
+    from kernelhub._verify import ptx as ptx_check
+
+    if (reason := ptx_check.available()) is not None:
+        pytest.skip(reason)
+    m, k, n, groups = 8192, 2048, 768, 128
+    fn = kernelhub.get(op, platform="triton", backend="gpu")
+    shapes = [(m, k), (groups, k, n)] if op == GMM else [(k, m), (m, n)]
+    specs = [jax.ShapeDtypeStruct(shape, jnp.int8) for shape in shapes]
+    specs.append(jax.ShapeDtypeStruct((groups,), jnp.int32))
+
+    def forward(lhs, rhs, sizes):
+        return fn(lhs, rhs, sizes, preferred_element_type=jnp.int32)
+
+    try:
+        (module,) = cuda_export.triton_modules(forward, specs)
+    except RuntimeError as error:
+        pytest.skip(str(error))
+    report = ptx_check.compile_to_ptx(module.ir, module.num_warps, module.num_stages)
+    assert report.wgmma_types == {"s32.s8.s8"}, report.wgmma_types
+    assert re.search(r"st\.global[.\w]*\.(b32|s32|u32|v2\.b32|v4\.b32)", report.ptx)  # int32 out
+    assert "cvt.rn.f32.s32" not in report.ptx  # never through float32

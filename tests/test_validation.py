@@ -76,7 +76,7 @@ TGMM_LHS = jnp.ones((K, M), jnp.float32)
 TGMM_RHS = jnp.ones((M, N), jnp.float32)
 
 TGMM_CASES = [
-    ("lhs", TypeError, dict(lhs=TGMM_LHS.astype(jnp.int8))),
+    ("lhs", TypeError, dict(lhs=TGMM_LHS.astype(jnp.int16))),
     ("rhs", ValueError, dict(rhs=jnp.ones((M + 1, N)))),  # m differs from lhs's
     ("group_sizes", ValueError, dict(group_sizes=jnp.array([8, 8, 0], jnp.int32))),
     ("num_actual_groups", ValueError, dict(num_actual_groups=0)),
@@ -121,12 +121,12 @@ def test_unknown_argument_is_a_type_error(spec):
 
 
 @pytest.mark.parametrize("changes,message", [
-    (dict(lhs=jnp.ones((2, M, K))), "^lhs must be a float array of shape \\[m, k\\] or a "
+    (dict(lhs=jnp.ones((2, M, K))), "^lhs must be a real array of shape \\[m, k\\] or a "
                                     "kernelhub.QuantizedArray or a qwix.QArray, got float32 "
                                     "array of shape "
                                     "\\(2, 12, 8\\); reshape it to \\[m, k\\]"),
     (dict(group_sizes=[4, 4, 4]), "^group_sizes must be an integer array .*got list .*jnp.asarray"),
-    (dict(lhs=LHS.astype(jnp.int32)), "^lhs must be a float array .*got int32 .*astype"),
+    (dict(lhs=LHS.astype(jnp.int32)), "^lhs must have dtype .*got int32.*astype"),
     (dict(rhs=jnp.ones((K, N))), "^rhs must be .*it needs 3 axes"),
 ])
 def test_type_mistakes_get_one_line_with_the_fix(changes, message):
@@ -135,7 +135,8 @@ def test_type_mistakes_get_one_line_with_the_fix(changes, message):
     with pytest.raises(TypeError, match=message) as raised:
         kernelhub.grouped_matmul(**gmm_arguments(**changes))
     assert len(str(raised.value).splitlines()) == 1
-    assert "Type-check error" in str(raised.value.__cause__)  # the full report, for whoever digs
+    if raised.value.__cause__ is not None:  # an annotation's mismatch (a dtype is the contract's)
+        assert "Type-check error" in str(raised.value.__cause__)  # the full report, for diggers
 
 
 def test_numpy_inputs_and_integer_group_sizes_are_accepted():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +15,8 @@ WIDTH = 100  # what the tables are made to fit
 
 def console() -> Console:
     out = Console()
-    if not out.is_terminal:  # piped output: rich would assume 80 columns
+    # Piped output: rich would assume 80 columns; a COLUMNS the user set still decides.
+    if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = WIDTH
     return out
 
@@ -22,7 +24,9 @@ def console() -> Console:
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
     shown = Table(title=title)
     for column in columns:
-        shown.add_column(column)
+        # A value too wide for its column breaks onto the next line rather than being cut:
+        # a tiling or a shape with its end replaced by "…" would be a different one.
+        shown.add_column(column, overflow="fold")
     for row in rows:
         shown.add_row(*row)
     return shown

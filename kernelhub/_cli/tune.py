@@ -18,25 +18,23 @@ import jax
 import jax.numpy as jnp
 
 import kernelhub
-from kernelhub._cli import _tables
+from kernelhub._cli import _arguments, _tables
 from kernelhub._cli._arguments import dtype, non_negative, op, positive, short_op
 from kernelhub.tuning import DEFAULT_SKEW, Tuning, autotune
 
 
-def _shape(text: str) -> tuple[int, int, int]:
-    try:
-        m, k, n = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"shape must be M x K x N such as 4096x1024x1024, got {text!r}") from None
-    if min(m, k, n) < 1:
-        raise argparse.ArgumentTypeError(f"shape sizes must be >= 1, got {text!r}")
-    return m, k, n
+# What --quick tunes unless told otherwise: `kernelhub bench --quick`'s shape, turns and draws.
+QUICK_SHAPE, QUICK_REPEATS, QUICK_DRAWS = (2048, 512, 512), 3, 1
+DEFAULT_SHAPE, DEFAULT_REPEATS, DEFAULT_DRAWS = (4096, 1024, 1024), 5, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", type=_shape, default=(4096, 1024, 1024), metavar="MxKxN",
-                        help="rows (tokens x top-k), model dim and expert dim; default 4096x1024x1024")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look in about a minute: bench --quick's shape 2048x512x512 "
+                             "(unless --shape), 3 turns, 1 draw; not a table to ship")
+    parser.add_argument("--shape", type=_arguments.shape, metavar="MxKxN",
+                        help="rows (tokens x top-k), model dim and expert dim; default "
+                             "4096x1024x1024 (2048x512x512 with --quick)")
     parser.add_argument("--groups", type=positive, nargs="+", default=[64], metavar="G",
                         help="numbers of experts (default 64)")
     parser.add_argument("--local-groups", type=positive, metavar="L",
@@ -56,18 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"balanced; several values time them all (default {DEFAULT_SKEW:g})")
     parser.add_argument("--forward-only", action="store_true",
                         help="tune the forward pass only (default: forward and both gradients)")
-    parser.add_argument("--platform", choices=("xla", "pallas", "triton"),
-                        help="force a kernelhub platform (default: the dispatcher's choice)")
-    parser.add_argument("--repeats", type=positive, default=5,
-                        help="timing turns per candidate (default 5)")
-    parser.add_argument("--draws", type=positive, default=2,
-                        help="group-size draws per nonzero skew (default 2)")
+    parser.add_argument("--platform", type=_arguments.platform,
+                        help="force a kernelhub platform: xla, pallas or triton (default: the "
+                             "dispatcher's choice)")
+    parser.add_argument("--repeats", type=positive,
+                        help="timing turns per candidate (default 5, 3 with --quick)")
+    parser.add_argument("--draws", type=positive,
+                        help="group-size draws per nonzero skew (default 2, 1 with --quick)")
     parser.add_argument("--min-gain", type=float, default=0.03,
                         help="how much faster than the heuristic a winner must be (default 0.03)")
     parser.add_argument("--output", type=Path,
                         help="save the table here (JSON for kernelhub.tuning.load); merged into "
                              "the file's entries when it exists")
     parser.add_argument("--markdown", type=Path, help="also write the tables as markdown here")
+    _arguments.add_import_option(parser)
 
 
 def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: Any,
@@ -140,7 +140,10 @@ def summary(op: str, tuning: Tuning) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    m, k, n = args.shape
+    quick = getattr(args, "quick", False)
+    m, k, n = args.shape or (QUICK_SHAPE if quick else DEFAULT_SHAPE)
+    repeats = args.repeats or (QUICK_REPEATS if quick else DEFAULT_REPEATS)
+    draws = args.draws or (QUICK_DRAWS if quick else DEFAULT_DRAWS)
     tuned = Tuning()
     shown, notes, groups_described = [], [], ""
     for name in args.ops:
@@ -149,16 +152,16 @@ def run(args: argparse.Namespace) -> int:
             fn, arguments = step_function(
                 name, m, k, n, groups, jnp.dtype(dtype_name), args.forward_only, args.platform,
                 args.local_groups, None if out_name is None else jnp.dtype(out_name))
-            one = autotune(fn, *arguments, skew=tuple(args.skew), draws=args.draws,
-                           repeats=args.repeats, min_gain=args.min_gain)
+            one = autotune(fn, *arguments, skew=tuple(args.skew), draws=draws,
+                           repeats=repeats, min_gain=args.min_gain)
             groups_described = next(iter(one.entries.values())).groups
             shown += rows(short_op(name), one)
             notes.append(summary(short_op(name), one))
             tuned = tuned.merged(one)
     device = jax.devices()[0].device_kind
-    header = (f"kernelhub tune, {datetime.date.today()}: {m}x{k}x{n} on {device} (jax "
-              f"{jax.__version__}); group sizes: {groups_described}; median of {args.repeats} "
-              f"turns")
+    header = (f"kernelhub tune{' --quick' if quick else ''}, {datetime.date.today()}: "
+              f"{m}x{k}x{n} on {device} (jax {jax.__version__}); group sizes: "
+              f"{groups_described}; median of {repeats} turns")
     out = _tables.console()
     _tables.report(out, header, COLUMNS, shown, args.markdown,
                    notes="tuned vs default (the winner's second timing, on fresh operands):\n"

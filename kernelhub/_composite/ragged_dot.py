@@ -46,6 +46,7 @@ def register_ragged_dots() -> None:
             continue
         general, simple = _implementations(Pinned(gmm), Pinned(tgmm))
         how = dict(priority=max(gmm.priority, tgmm.priority), requirement=_both(gmm, tgmm),
-                   interpret_only=gmm.interpret_only or tgmm.interpret_only)
+                   interpret_only=gmm.interpret_only or tgmm.interpret_only,
+                   features=gmm.features & tgmm.features)
         _registry.register(contract.NAME, gmm.platform, gmm.backend, **how)(general)
         _registry.register(contract.SIMPLE_NAME, gmm.platform, gmm.backend, **how)(simple)

@@ -236,6 +236,8 @@ class Dispatched:
         concrete = not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(arguments))
         features = definition.features_of(prepared)
         layout, arrays = lowering.split(prepared)
+        if concrete:
+            self._check_runs_here(arrays, features)
         chosen = self._choices(arrays, features)
         if definition.runtime_check is not None and _runtime_checks.enabled():
             definition.runtime_check(arguments)  # the values as given, before any narrowing
@@ -250,6 +252,27 @@ class Dispatched:
         if len(self._plans) >= _PLANS_PER_OP:
             self._plans.clear()
         self._plans[key] = plan
+
+    def _check_runs_here(self, arrays: list[Any], features: frozenset[str]) -> None:
+        """An eager call pinned to hardware this host lacks (backend="tpu" on a CPU, say) cannot
+        run; that pin exists for lowering and export. Say so, and what runs here, rather than
+        let the kernel fail inside Pallas or Triton."""
+        if self._backend not in (Backend.TPU, Backend.GPU):
+            return
+        here = running_backend(arrays)
+        if here is self._backend:
+            return
+        op = self._definition.name
+        try:
+            runnable = resolve(op, self._platform, here, arrays=arrays, features=features)
+        except NoImplementationError:
+            runnable = resolve(op, None, here, arrays=arrays, features=features)
+        raise ValueError(
+            f"{self!r} is for lowering and export on a host without a {self._backend.value} "
+            f"(jax.jit(fn).lower(...), kernelhub.export): called eagerly, it would run on this "
+            f"host's {here.value}. Here, kernelhub.get({op!r}, platform="
+            f"{runnable.platform.value!r}) runs the {runnable.platform.value} kernels"
+            f"{' in interpret mode' if runnable.interpret_only else ''}")
 
     def _chooses_by_arrays(self) -> bool:
         """Whether the choice depends on where the arrays are (committed devices)."""

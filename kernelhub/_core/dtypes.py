@@ -18,3 +18,13 @@ def dtype_among(name: str, value: Any, allowed: Collection[np.dtype], described:
     if dtype not in allowed:
         raise TypeError(f"{name} must be {described}, got {dtype}")
     return dtype
+
+
+def promoted(*dtypes: Any) -> np.dtype:
+    """jax's standard promotion of `dtypes` (bfloat16 with float32 is float32), whatever
+    promotion mode the caller runs under: as jax.lax does, a kernel's dtypes are decided by the
+    contract, not by the user's `jax.numpy_dtype_promotion("strict")`, which refuses them."""
+    import jax  # noqa: PLC0415
+
+    with jax.numpy_dtype_promotion("standard"):
+        return np.dtype(jnp.result_type(*dtypes))

@@ -3,19 +3,26 @@
 jax has no public way to trace a function into a jaxpr for given abstract values (with the
 manual mesh axes they vary over), to drop a jaxpr's dead equations, to lower a jaxpr inside a
 lowering rule, to add a configuration option that jax.jit caches on, to read a lowered
-module's operations, or to add a primitive to Pallas's Triton lowering (and build Triton IR
-there). Everything kernelhub takes from `jax._src` for those goes through this module (the
-Triton IR capture of kernelhub/_verify/cuda_lowering.py aside), so a jax upgrade that moves
-them breaks here. Checked with jax 0.10.2; the fallbacks follow the names 0.11 uses.
+module's operations, to add a primitive to Pallas's Triton lowering (and build Triton IR
+there), to make that lowering's pointer offsets wide enough for 8-bit arrays, or to read
+Pallas's dynamic-shape export flag. Everything kernelhub takes from `jax._src` for those goes
+through this module (the Triton IR capture of kernelhub/_verify/cuda_lowering.py aside), so a
+jax upgrade that moves them breaks here. Checked with jax 0.10.2 and 0.11.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
+import functools
 import inspect
+import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from jax._src import api_util, config, core, effects
 from jax._src import linear_util as lu
 from jax._src.interpreters import mlir
@@ -121,6 +128,38 @@ def dense_int(attribute: Any) -> int:
     return int(ir.DenseIntElementsAttr(attribute)[0])
 
 
+_dynamic_shapes_option: Any = None
+_dynamic_shapes_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def pallas_dynamic_shapes_export() -> Iterator[None]:
+    """Pallas's dynamic-shape export mode (`pallas_export_experimental(dynamic_shapes=True)`),
+    together with a jax option that jax.jit's caches key on. Pallas keeps the mode in a
+    thread-local that jit does not see, so a function traced inside it would be reused outside
+    (and the other way round) without the checks that depend on it."""
+    from jax.experimental import pallas as pl  # noqa: PLC0415
+
+    global _dynamic_shapes_option
+    with _dynamic_shapes_lock:
+        if _dynamic_shapes_option is None:  # made on first use: no option exists at import
+            _dynamic_shapes_option = jit_keyed_flag(
+                "kernelhub_pallas_dynamic_shapes",
+                "kernelhub: traced inside Pallas's dynamic-shape export mode")
+    with pl.pallas_export_experimental(dynamic_shapes=True), _dynamic_shapes_option(True):
+        yield
+
+
+def pallas_symbolic_shapes() -> bool:
+    """Whether Pallas lowers symbolic dimensions (shape-polymorphic export) as placeholders
+    that Mosaic fills in when the program is compiled: inside
+    `jax.experimental.pallas.pallas_export_experimental(dynamic_shapes=True)`, which sets a
+    flag jax offers no public reader of."""
+    from jax._src.pallas import core as pallas_core
+
+    return bool(pallas_core.dynamic_shapes_export_enabled())
+
+
 def register_pallas_triton_rule(primitive: Any, rule: Callable[..., Any]) -> None:
     """Makes Pallas's Triton backend lower `primitive` inside kernels with `rule(ctx, *values,
     **params)`, the values being Triton MLIR values and the result one value (the form of the
@@ -155,3 +194,59 @@ def concrete_array_type() -> type:
     from jax._src.array import ArrayImpl
 
     return ArrayImpl
+
+
+# Set while Pallas's Triton lowering builds a kernel whose offsets must be counted in elements.
+_OFFSETS_BY_ELEMENTS = contextvars.ContextVar("kernelhub_offsets_by_elements", default=False)
+# Arrays with this many elements or more need 64-bit element offsets: a signed 32-bit offset
+# holds 2**31 - 1, and masked lanes of a last tile point a little past the end.
+WIDE_OFFSET_ELEMENTS = 2**31
+
+
+def pallas_triton_offsets_by_elements(kernel_prefix: str) -> None:
+    """Makes Pallas's Triton backend compute pointer offsets in 64 bits for every array of
+    WIDE_OFFSET_ELEMENTS elements or more, in kernels whose pallas_call name starts with
+    `kernel_prefix` (other kernels keep Pallas's rule). Idempotent; RuntimeError when the
+    lowering has moved.
+
+    Pallas widens offsets only when an array's bytes exceed 2**32, but offsets count elements:
+    a 1-byte (int8, fp8) or sub-byte array of 2**31 to 2**32 elements gets 32-bit offsets that
+    wrap negative. Pallas reads the array's dtype there only for that size, so the wrapper hands
+    it the same shape with an 8-byte dtype."""
+    try:
+        from jax._src.pallas.triton import lowering  # noqa: PLC0415
+        lower_module = lowering.lower_jaxpr_to_triton_module
+        offsets = lowering._compute_offsets_from_indices
+    except (ImportError, AttributeError) as error:
+        raise RuntimeError(f"jax's Pallas Triton lowering has moved: {error}") from None
+    if getattr(lower_module, "_kernelhub_prefix", None) != kernel_prefix:
+        lowering.lower_jaxpr_to_triton_module = _named_kernels(lower_module, kernel_prefix)
+    if not getattr(offsets, "_kernelhub_wide", False):
+        lowering._compute_offsets_from_indices = _element_offsets(offsets)
+
+
+def _named_kernels(lower_module: Callable[..., Any], kernel_prefix: str) -> Callable[..., Any]:
+    @functools.wraps(lower_module)
+    def lower(jaxpr, *args, **kwargs):
+        name = getattr(getattr(jaxpr, "debug_info", None), "func_name", "") or ""
+        token = _OFFSETS_BY_ELEMENTS.set(name.startswith(kernel_prefix))
+        try:
+            return lower_module(jaxpr, *args, **kwargs)
+        finally:
+            _OFFSETS_BY_ELEMENTS.reset(token)
+
+    lower._kernelhub_prefix = kernel_prefix
+    return lower
+
+
+def _element_offsets(offsets: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(offsets)
+    def by_elements(block_info, indexer):
+        array = block_info.full_shape_dtype
+        if _OFFSETS_BY_ELEMENTS.get() and math.prod(array.shape) >= WIDE_OFFSET_ELEMENTS:
+            block_info = dataclasses.replace(
+                block_info, full_shape_dtype=array.update(dtype=np.dtype(np.int64)))
+        return offsets(block_info, indexer)
+
+    by_elements._kernelhub_wide = True
+    return by_elements

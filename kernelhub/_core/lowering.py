@@ -40,7 +40,7 @@ from jax.interpreters import batching, mlir
 
 from kernelhub._core import jax_internals as internals
 from kernelhub._core.manual_axes import unify_varying
-from kernelhub._core.registry import KernelSpec, NoImplementationError
+from kernelhub._core.registry import Backend, KernelSpec, NoImplementationError, backend_of_target
 
 # The targets: the platform names jax lowers for, each with its own rule.
 TARGETS = ("cpu", "cuda", "rocm", "tpu")
@@ -55,7 +55,11 @@ class Choices:
 
     @classmethod
     def pinned(cls, spec: KernelSpec) -> Choices:
-        return cls(tuple((target, spec) for target in TARGETS))
+        """`spec` for every target it can lower for: a TPU or GPU kernel only for its own
+        hardware's targets (Pallas would refuse the others with a message about interpret
+        mode); elsewhere, the reason, raised if lowered there."""
+        return cls(tuple((target, spec if _lowers_for(spec, target) else _only_for(spec))
+                         for target in TARGETS))
 
     def of(self, target: str) -> KernelSpec:
         choice = dict(self.entries)[target]
@@ -73,6 +77,18 @@ class Choices:
 
     def __repr__(self) -> str:
         return " ".join(f"{target}={_name(choice)}" for target, choice in self.entries)
+
+
+def _lowers_for(spec: KernelSpec, target: str) -> bool:
+    return spec.backend not in (Backend.TPU, Backend.GPU) or backend_of_target(target) is spec.backend
+
+
+def _only_for(spec: KernelSpec) -> str:
+    targets = [target for target in TARGETS if _lowers_for(spec, target)]
+    return (f"{spec.platform.value}/{spec.backend.value} lowers only for {', '.join(targets)}: "
+            f"lower for it with jax.jit(fn).trace(*args).lower(lowering_platforms="
+            f"{tuple(targets[:1])}), jax.export.export(jax.jit(fn), platforms={targets[:1]}) or "
+            f"kernelhub.export")
 
 
 def _name(choice: KernelSpec | str) -> str:

@@ -39,25 +39,45 @@ class Backend(enum.StrEnum):
 
 
 def as_platform(value: Platform | str, *, argument: str = "platform") -> Platform:
-    """Parses a platform name, raising a ValueError naming `argument` and the valid names."""
-    return _parse_enum(Platform, value, argument)
+    """Parses a platform name, raising a ValueError naming `argument` and the valid names (and
+    saying so when the name is a backend's or a target's: where, not what language)."""
+    try:
+        return _parse_enum(Platform, value, argument)
+    except ValueError as error:
+        name = value.strip().lower()
+        if name in {*Backend, *BACKEND_ALIASES}:
+            raise ValueError(f"{error}: {name!r} names hardware (a backend), and a platform is the "
+                             f"kernels' language; to pick by hardware use backend=") from None
+        raise
+
+
+# jax's names for where it lowers or runs that name one backend: both of jax's GPU targets are
+# kernelhub's gpu ("gpu" itself is also jax's device platform name for either).
+BACKEND_ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
 
 def as_backend(value: Backend | str, *, argument: str = "backend") -> Backend:
-    """Parses a backend name, raising a ValueError naming `argument` and the valid names."""
-    return _parse_enum(Backend, value, argument)
+    """Parses a backend name (or jax's cuda or rocm, which mean gpu), raising a ValueError
+    naming `argument` and the valid names."""
+    return _parse_enum(Backend, value, argument, BACKEND_ALIASES)
 
 
-def _parse_enum(kind: type[enum.StrEnum], value: Any, argument: str):
+def _parse_enum(kind: type[enum.StrEnum], value: Any, argument: str,
+                aliases: dict[str, str] | None = None):
+    """One rule for every name kernelhub reads (arguments, KERNELHUB_PLATFORM, the command):
+    case and surrounding spaces do not matter, and `aliases` map other names onto members."""
     if isinstance(value, kind):
         return value
     if not isinstance(value, str):
         raise TypeError(f"{argument} must be a string or {kind.__name__}, got {type(value).__name__}")
+    aliases = aliases or {}
+    name = value.strip().lower()
     try:
-        return kind(value.strip().lower())
+        return kind(aliases.get(name, name))
     except ValueError:
         valid = ", ".join(member.value for member in kind)
-        raise ValueError(f"{argument}={value!r} is not one of: {valid}") from None
+        also = f" (or {', '.join(f'{a} for {b}' for a, b in aliases.items())})" if aliases else ""
+        raise ValueError(f"{argument}={value!r} is not one of: {valid}{also}") from None
 
 
 class NoImplementationError(ValueError):

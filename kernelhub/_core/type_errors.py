@@ -16,11 +16,14 @@ from typing import Any
 import jax.numpy as jnp
 from beartype.door import is_bearable
 
+from kernelhub._core.errors import ShapeError
+
 
 def explain(op: str, signature: inspect.Signature, hints: dict[str, Any], args: tuple,
             kwargs: dict[str, Any]) -> Exception | None:
-    """A TypeError or ValueError for the first argument that does not fit, or None when no
-    single argument or pair of them explains the checker's complaint."""
+    """A TypeError (a ShapeError where only a shape is wrong) for the first argument that does
+    not fit, or None when no single argument or pair of them explains the checker's
+    complaint."""
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError:
@@ -29,9 +32,15 @@ def explain(op: str, signature: inspect.Signature, hints: dict[str, Any], args: 
     for name, value in bound.arguments.items():
         hint = hints.get(name)
         if hint is not None and not _fits(value, hint):
-            return TypeError(f"{name} must be {_expected(hint)}, got {_described(value)}"
-                             f"{_suggestion(value, hint)} ({op})")
+            suggestion = _suggestion(value, hint)
+            # Only a shape is wrong (the rank, or a fixed axis length): lax calls that a TypeError
+            error = ShapeError if suggestion.startswith(_SHAPE_SUGGESTIONS) else TypeError
+            return error(f"{name} must be {_expected(hint)}, got {_described(value)}{suggestion} "
+                         f"({op})")
     return _dimension_conflict(op, bound.arguments, hints)
+
+
+_SHAPE_SUGGESTIONS = ("; reshape it to", "; it needs", "; its shape must be")
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -132,7 +141,7 @@ def _dimension_conflict(op: str, arguments: dict[str, Any], hints: dict[str, Any
                     continue
                 if axis in seen and seen[axis][0] != size:
                     other_size, other, other_shape = seen[axis]
-                    return ValueError(
+                    return ShapeError(
                         f"{name} has {axis}={size} (shape {tuple(shape)}), but {other} has "
                         f"{axis}={other_size} (shape {other_shape}): they must agree ({op})")
                 seen.setdefault(axis, (int(size), name, tuple(shape)))

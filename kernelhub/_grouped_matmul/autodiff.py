@@ -36,6 +36,7 @@ from kernelhub.quantization import QuantizedArray
 from kernelhub._grouped_matmul import names
 from kernelhub._grouped_matmul.groups import computed_rows
 from kernelhub._grouped_matmul.passes import TuningSpace, gmm_call, run, tgmm_call
+from kernelhub._grouped_matmul.problem import require_static_groups
 from kernelhub._grouped_matmul.tilings import Tilings, as_tilings
 
 RawKernel = Callable[..., jax.Array]
@@ -54,10 +55,24 @@ def _zero_cotangent(value: Any) -> Any:
 def gradient_dtype(operand: Any) -> Any:
     """The dtype of `operand`'s gradient, or None when it takes none: a quantized operand's
     gradient is its float source's (straight-through, kernelhub/quantization.py), and one
-    without a source has nothing to pass it to."""
+    without a source has nothing to pass it to; an integer array takes none (as in lax)."""
     if not isinstance(operand, QuantizedArray):
-        return operand.dtype
+        return None if jnp.issubdtype(operand.dtype, jnp.integer) else operand.dtype
     return None if operand.source is None else operand.source.dtype
+
+
+# The dtypes the kernels write; a raw fp8 operand's gradient (lax gives it in fp8) is computed
+# in float32 and rounded once.
+_KERNEL_GRADIENT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                           jnp.dtype(jnp.float16))
+
+
+def _kernel_dtype(dtype: Any) -> Any:
+    return dtype if jnp.dtype(dtype) in _KERNEL_GRADIENT_DTYPES else jnp.dtype(jnp.float32)
+
+
+def _rounded(gradient: jax.Array | None, dtype: Any) -> jax.Array | None:
+    return None if gradient is None else gradient.astype(dtype)
 
 
 def cotangent(operand: Any, gradient: jax.Array | None) -> Any:
@@ -116,15 +131,19 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
         # The kernels accumulate in float32 and round once into the primal's dtype.
         d_lhs = d_rhs = None
         if gradient_dtype(lhs) is not None:
-            d_lhs = run_gmm(op_gmm, "lhs_gradient", d_out, rhs, group_sizes, gradient_dtype(lhs),
-                            tiling, group_offset, None, not transpose_rhs)
+            d_lhs = _rounded(run_gmm(op_gmm, "lhs_gradient", d_out, rhs, group_sizes,
+                                     _kernel_dtype(gradient_dtype(lhs)), tiling, group_offset,
+                                     None, not transpose_rhs), gradient_dtype(lhs))
         if gradient_dtype(rhs) is not None:
             if transpose_rhs:
                 d_rhs = run_tgmm(op_gmm, "rhs_gradient", d_out.T, lhs, group_sizes,
-                                 gradient_dtype(rhs), tiling, group_offset, local_groups, None)
+                                 _kernel_dtype(gradient_dtype(rhs)), tiling, group_offset,
+                                 local_groups, None)
             else:
                 d_rhs = run_tgmm(op_gmm, "rhs_gradient", transpose(lhs), d_out, group_sizes,
-                                 gradient_dtype(rhs), tiling, group_offset, local_groups, None)
+                                 _kernel_dtype(gradient_dtype(rhs)), tiling, group_offset,
+                                 local_groups, None)
+            d_rhs = _rounded(d_rhs, gradient_dtype(rhs))
         d_existing = None
         if existing_out is not None:
             computed = computed_rows(group_sizes, group_offset, local_groups, lhs.shape[0])
@@ -150,11 +169,13 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
         lhs, rhs, group_sizes, group_offset, has_existing = residuals
         d_lhs = d_rhs = None
         if gradient_dtype(lhs) is not None:
-            d_lhs = run_gmm(op_tgmm, "lhs_gradient", rhs, d_out, group_sizes, gradient_dtype(lhs),
-                            tiling, group_offset, None, True).T
+            d_lhs = _rounded(run_gmm(op_tgmm, "lhs_gradient", rhs, d_out, group_sizes,
+                                     _kernel_dtype(gradient_dtype(lhs)), tiling, group_offset,
+                                     None, True).T, gradient_dtype(lhs))
         if gradient_dtype(rhs) is not None:
-            d_rhs = run_gmm(op_tgmm, "rhs_gradient", transpose(lhs), d_out, group_sizes,
-                            gradient_dtype(rhs), tiling, group_offset, None, False)
+            d_rhs = _rounded(run_gmm(op_tgmm, "rhs_gradient", transpose(lhs), d_out, group_sizes,
+                                     _kernel_dtype(gradient_dtype(rhs)), tiling, group_offset,
+                                     None, False), gradient_dtype(rhs))
         return (cotangent(lhs, d_lhs), cotangent(rhs, d_rhs), _zero_cotangent(group_sizes),
                 _zero_cotangent(group_offset), d_out if has_existing else None)
 
@@ -163,6 +184,7 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
     def grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
                        tiling=None, group_offset=None, existing_out=None,
                        transpose_rhs=False):
+        require_static_groups(group_sizes.shape[0], rhs.shape[0], "rhs's group dimension")
         lhs, rhs, group_sizes, group_offset, existing_out = unify_varying(
             lhs, rhs, group_sizes, group_offset, existing_out)
         tiling = tiling if isinstance(tiling, Tilings) else as_tilings(tiling)
@@ -172,6 +194,8 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
     def transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
                                   tiling=None, group_offset=None, num_actual_groups=None,
                                   existing_out=None):
+        actual = 1 if num_actual_groups is None else num_actual_groups
+        require_static_groups(group_sizes.shape[0], actual, "num_actual_groups")
         lhs, rhs, group_sizes, group_offset, existing_out = unify_varying(
             lhs, rhs, group_sizes, group_offset, existing_out)
         tiling = tiling if isinstance(tiling, Tilings) else as_tilings(tiling)

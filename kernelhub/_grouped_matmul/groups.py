@@ -44,7 +44,8 @@ def running_sum(values: Int[Array, "..."], axis: int = 0, *, limit: int | None =
     if limit is None:
         return windowed(values, lax.add)
     capped = jnp.clip(values, 0, limit)
-    if count * limit < 2**31:  # no partial sum can wrap
+    # No partial sum can wrap; a symbolic limit (shape-polymorphic export) may be any size.
+    if isinstance(limit, (int, np.integer)) and count * limit < 2**31:
         return jnp.minimum(windowed(capped, lax.add), limit)
     return windowed(capped, lambda a, b: a + jnp.minimum(b, limit - a))
 

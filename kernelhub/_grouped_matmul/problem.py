@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelhub._core.errors import ShapeError
 from kernelhub.quantization import QuantizedArray
 
 
@@ -50,6 +51,14 @@ class Problem:
             object.__setattr__(self, name, np.dtype(getattr(self, name)).name)
 
     @property
+    def static(self) -> bool:
+        """Whether m, k and n are numbers: under shape-polymorphic export (jax.export with
+        symbolic shapes) m (and on the XLA loops k and n) may be a symbolic dimension, which
+        no tuning key can bucket: its tiling is the heuristic's (kernelhub/_grouped_matmul/
+        tables.py)."""
+        return all(is_static(size) for size in (self.m, self.k, self.n))
+
+    @property
     def input_bytes(self) -> int:
         """The widest operand's bytes per element."""
         return max(np.dtype(self.lhs_dtype).itemsize, np.dtype(self.rhs_dtype).itemsize)
@@ -57,6 +66,29 @@ class Problem:
     @property
     def output_bytes(self) -> int:
         return np.dtype(self.out_dtype).itemsize
+
+
+def is_static(size: Any) -> bool:
+    """Whether an array dimension is a number rather than a symbolic dimension of
+    shape-polymorphic export (jax.export.symbolic_shape), which is no int."""
+    return isinstance(size, (int, np.integer))
+
+
+def require_static(size: Any, what: str) -> None:
+    """Raises a ShapeError (a TypeError, as lax's, and a ValueError) when `size`, the length of
+    what `what` names, is a symbolic dimension: the group counts, which every kernel loops over
+    or fills an output axis with, and whatever else a kernel cannot take symbolic."""
+    if not is_static(size):
+        raise ShapeError(
+            f"{what} must be static in exported functions (jax.export with symbolic shapes), "
+            f"got the symbolic dimension {size}")
+
+
+def require_static_groups(num_groups: Any, local_groups: Any, local_what: str) -> None:
+    """The group counts as require_static checks them: the kernels loop over the local groups
+    and the output of transposed_grouped_matmul has one entry per group."""
+    require_static(num_groups, "the group count (group_sizes' last dimension)")
+    require_static(local_groups, local_what)
 
 
 def dtype_name(operand: Any) -> str:

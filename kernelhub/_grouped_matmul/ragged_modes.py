@@ -18,6 +18,12 @@ and reshapes that merge neighbouring axes, which cost nothing. Then:
 
 Batch dims (and, in mode 1, free dims before the ragged one, which have their own group sizes)
 are vmaps of the kernels.
+
+A QuantizedArray operand goes through the same transposes and reshapes, its scale (and source)
+with its values: it must be quantized along the last of the axes the kernel's contraction axis
+merges (`contraction_group`), so that its scale blocks stay blocks of that axis. Integer
+operands give int32 kernel results (exact sums), cast once to the result dtype, as do outputs
+the kernels do not write (int8, fp8: lax's result for such operands without a preferred type).
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ import enum
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import group_bounds
+from kernelhub.quantization import QuantizedArray
 
 
 class Mode(enum.Enum):
@@ -122,11 +130,56 @@ def plan(lhs_shape: Sequence[int], rhs_shape: Sequence[int], dimension_numbers,
                 tuple(lhs_shape), tuple(rhs_shape), num_groups, out_shape)
 
 
-def _arranged(x: jax.Array, order: Sequence[int], shape: Sequence[int]) -> jax.Array:
-    """`x` transposed to `order` (a no-op when it already is) and reshaped to `shape`."""
+def contraction_group(p: Plan, operand: str) -> tuple[int, ...]:
+    """The axes of `operand` ("lhs" or "rhs") that the kernels' contraction axis merges, in
+    order: a quantized operand must be quantized along the last of them."""
+    axes = p.lhs if operand == "lhs" else p.rhs
+    return axes.ragged if p.mode is Mode.RAGGED_CONTRACTING else axes.contracting
+
+
+def _transposed(x: jax.Array, order: Sequence[int], shape: Sequence[int]) -> jax.Array:
     if tuple(order) != tuple(range(x.ndim)):
         x = jnp.transpose(x, order)
     return x.reshape(tuple(shape))
+
+
+def _arranged(x, order: Sequence[int], shape: Sequence[int], group: Sequence[int] = (),
+              at: int = 0):
+    """`x` transposed to `order` (a no-op when it already is) and reshaped to `shape`.
+
+    A QuantizedArray's values and source go the same way and its scale with them, the
+    contraction `group` (its quantized axis last) merging into dim `at` of `shape`, its new
+    axis. The vmaps over the leading dims then leave the kernel's layout, in which it is still
+    the contraction axis (a QuantizedArray counts its axis from the end through vmaps)."""
+    if not isinstance(x, QuantizedArray):
+        return _transposed(x, order, shape)
+    others = math.prod(x.shape[a] for a in group[:-1])
+    scale_shape = list(shape)
+    scale_shape[at] = others * x.num_blocks
+    # Merged after whole axes of others, each stretch of the quantized axis keeps its blocks
+    # (the contract checks that they are whole), or is one block of its own without any.
+    block = x.block_size if others == 1 else (x.block_size or x.shape[x.axis])
+    return QuantizedArray._unchecked(
+        _transposed(x.values, order, shape), _transposed(x.scale, order, scale_shape),
+        at, block, None if x.source is None else _transposed(x.source, order, shape))
+
+
+def _is_integer(operand: Any) -> bool:
+    return (not isinstance(operand, QuantizedArray)
+            and jnp.issubdtype(jnp.dtype(operand.dtype), jnp.integer))
+
+
+_KERNEL_FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def kernel_dtype(lhs: Any, rhs: Any, out_dtype: Any) -> Any:
+    """What the grouped matmuls write for a result of `out_dtype`: int32 for two integer
+    operands (their exact sums, cast once after), `out_dtype` where it is a float the kernels
+    write, else float32 (the float32 sums, cast once: to int32, int8 or fp8 as lax's)."""
+    if _is_integer(lhs) and _is_integer(rhs):
+        return jnp.dtype(jnp.int32)
+    out_dtype = jnp.dtype(out_dtype)
+    return out_dtype if out_dtype in _KERNEL_FLOATS else jnp.dtype(jnp.float32)
 
 
 GroupedMatmul = Callable[..., jax.Array]
@@ -139,7 +192,8 @@ def _mapped(fn: Callable[..., jax.Array], in_axes: Sequence[int | None], size: i
         return jax.vmap(fn, in_axes=tuple(in_axes))
 
     def single(*args):
-        args = [a if axis is None else jnp.squeeze(a, axis) for a, axis in zip(args, in_axes)]
+        args = [a if axis is None else jax.tree.map(lambda leaf: jnp.squeeze(leaf, axis), a)
+                for a, axis in zip(args, in_axes)]
         return jnp.expand_dims(fn(*args), 0)
 
     return single
@@ -153,23 +207,26 @@ def run(p: Plan, lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
     group_sizes arrive as [*prefix, g] int32 (already broadcast to the prefix lax allows);
     group_offset as an int32 scalar or None.
     """
+    result_dtype, out_dtype = jnp.dtype(out_dtype), kernel_dtype(lhs, rhs, out_dtype)
     if p.mode is Mode.RAGGED_NONCONTRACTING:
         out = _noncontracting(p, lhs, rhs, group_sizes, group_offset, out_dtype, gmm)
     elif p.mode is Mode.RAGGED_CONTRACTING:
         out = _contracting(p, lhs, rhs, group_sizes, group_offset, out_dtype, tgmm)
     else:
         out = _batch(p, lhs, rhs, group_sizes, group_offset, out_dtype, gmm)
-    return out.reshape(p.out_shape)
+    return out.reshape(p.out_shape).astype(result_dtype)
 
 
 def _noncontracting(p, lhs, rhs, sizes, group_offset, out_dtype, gmm):
     b, x = p.size("lhs", "batch"), p.size("lhs", "outer")
     rows, k, n = p.size("lhs", "ragged"), p.size("lhs", "contracting"), p.size("rhs", "free")
     local = p.rhs_shape[p.rhs_group_axis]
-    lhs = _arranged(lhs, p.lhs.order("batch", "outer", "ragged", "contracting"), (b, x, rows, k))
+    lhs = _arranged(lhs, p.lhs.order("batch", "outer", "ragged", "contracting"), (b, x, rows, k),
+                    p.lhs.contracting, 3)
     inner = ("free", "contracting") if p.transpose_rhs else ("contracting", "free")
     rhs = _arranged(rhs, (p.rhs_group_axis,) + p.rhs.order("batch", *inner),
-                    (local, b) + ((n, k) if p.transpose_rhs else (k, n)))
+                    (local, b) + ((n, k) if p.transpose_rhs else (k, n)), p.rhs.contracting,
+                    3 if p.transpose_rhs else 2)
     sizes = (sizes * p.rows_per_ragged_index).reshape((b, x, p.num_groups))
 
     def one(lhs, rhs, sizes):
@@ -183,15 +240,17 @@ def _noncontracting(p, lhs, rhs, sizes, group_offset, out_dtype, gmm):
 def _contracting(p, lhs, rhs, sizes, group_offset, out_dtype, tgmm):
     b, x = p.size("lhs", "batch"), p.size("lhs", "outer")
     rows, m, n = p.size("lhs", "ragged"), p.size("lhs", "free"), p.size("rhs", "free")
-    lhs = _arranged(lhs, p.lhs.order("batch", "outer", "free", "ragged"), (b, x, m, rows))
-    rhs = _arranged(rhs, p.rhs.order("batch", "outer", "ragged", "free"), (b, x, rows, n))
+    lhs = _arranged(lhs, p.lhs.order("batch", "outer", "free", "ragged"), (b, x, m, rows),
+                    p.lhs.ragged, 3)
+    rhs = _arranged(rhs, p.rhs.order("batch", "outer", "ragged", "free"), (b, x, rows, n),
+                    p.rhs.ragged, 2)
     sizes = (sizes * p.rows_per_ragged_index).reshape((b, x, p.num_groups))
     if group_offset is not None:
         # Result entry j is group group_offset + j; the groups past the last are empty.
         sizes = jnp.concatenate([sizes, jnp.zeros_like(sizes)], axis=-1)
     # Contracting axes before the ragged one have their own group sizes: their products add
-    # up, in float32 before the one rounding.
-    dtype = out_dtype if x == 1 else jnp.float32
+    # up, in float32 (int32 for integer operands) before the one rounding.
+    dtype = out_dtype if x == 1 or out_dtype == jnp.int32 else jnp.float32
 
     def one(lhs, rhs, sizes):
         return tgmm(lhs, rhs, sizes, preferred_element_type=dtype, group_offset=group_offset,
@@ -207,10 +266,12 @@ def _batch(p, lhs, rhs, sizes, group_offset, out_dtype, gmm):
     entries = p.size("lhs", "ragged")  # the ragged axis with the batch axes after it
     per_index = p.rows_per_ragged_index  # entries per index of the ragged axis
     m, k, n = p.size("lhs", "free"), p.size("lhs", "contracting"), p.size("rhs", "free")
-    lhs = _arranged(lhs, p.lhs.order("outer", "ragged", "free", "contracting"), (x, entries * m, k))
+    lhs = _arranged(lhs, p.lhs.order("outer", "ragged", "free", "contracting"), (x, entries * m, k),
+                    p.lhs.contracting, 2)
     inner = ("free", "contracting") if p.transpose_rhs else ("contracting", "free")
     rhs = _arranged(rhs, p.rhs.order("outer", "ragged", *inner),
-                    (x, entries) + ((n, k) if p.transpose_rhs else (k, n)))
+                    (x, entries) + ((n, k) if p.transpose_rhs else (k, n)), p.rhs.contracting,
+                    3 if p.transpose_rhs else 2)
     sizes = sizes.reshape((x, p.num_groups))
     extent = p.lhs_shape[p.lhs.ragged[0]]
 

@@ -88,8 +88,10 @@ def _kernel_scales(lhs: Any, lhs_axis: int, rhs: Any, rhs_axis: int
 
 
 def _float(operand: Any) -> jax.Array:
-    """A fold target: a quantized one (which the contracts never make one) is dequantized."""
-    return operand.dequantize() if isinstance(operand, QuantizedArray) else operand
+    """A fold target in float32, the scales' dtype (a quantized one, which the contracts never
+    make one, dequantized): cast, not promoted, so strict dtype promotion accepts the product."""
+    array = operand.dequantize() if isinstance(operand, QuantizedArray) else operand
+    return array.astype(jnp.float32)
 
 
 def _row_groups(group_sizes, group_offset, local_groups: int, rows: int) -> jax.Array:

@@ -309,9 +309,13 @@ def active() -> Any:
 
 def choose(explicit: Any, table: Any, call: KernelCall) -> Any:
     """The tiling `call` runs with: its explicit one, else `table`'s (a Tuning, a recorder, or
-    HEURISTIC; None for the shipped tables), else None for the heuristic."""
+    HEURISTIC; None for the shipped tables), else None for the heuristic. A call whose m is
+    symbolic (shape-polymorphic export) consults no table: the heuristic's tiling."""
     if explicit is not None:
         return explicit
+    if not call.problem.static:
+        # A key buckets sizes, and a symbolic m has no bucket: the heuristic takes it as it is.
+        return None
     if table is None:
         return shipped_tiling(call)
     return table.tiling_for(call)

@@ -15,16 +15,48 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub._core.dtypes import promoted
 from kernelhub._xla import _row_chunks
 from kernelhub import quantization
 from kernelhub.quantization import EXACT_IN_BFLOAT16, QuantizedArray, expand_scale
 
 
+_INT8 = jnp.dtype(jnp.int8)
+_FLOAT32 = jnp.dtype(jnp.float32)
+
+
+def _raw_carrier(dtypes: set[Any]) -> Any:
+    """The dtype raw operands of `dtypes`, some int8 or fp8, are multiplied in: int8 for two
+    int8 arrays (int32 sums), bfloat16 where it holds every value exactly, else the float
+    operand's own dtype (float32 or float16, which hold every int8 and fp8 value too)."""
+    if dtypes == {_INT8}:
+        return _INT8
+    if all(dtype in EXACT_IN_BFLOAT16 for dtype in dtypes):
+        return jnp.dtype(jnp.bfloat16)
+    wide = {dtype for dtype in dtypes if dtype not in quantization.QUANTIZED_DTYPES}
+    return wide.pop() if len(wide) == 1 else _FLOAT32
+
+
 def compute_dtype(*operands: Any) -> Any:
-    """The dtype the products run in: float32 with any quantized operand, else the promotion."""
+    """The dtype the products run in: float32 with any quantized operand; raw int8 and fp8
+    arrays as `_raw_carrier` says; else the promotion."""
     if any(isinstance(operand, QuantizedArray) for operand in operands):
-        return jnp.dtype(jnp.float32)
-    return jnp.result_type(*(operand.dtype for operand in operands))
+        return _FLOAT32
+    dtypes = {jnp.dtype(operand.dtype) for operand in operands}
+    if dtypes & set(quantization.QUANTIZED_DTYPES):
+        return _raw_carrier(dtypes)
+    return promoted(*dtypes)
+
+
+def sum_dtype(compute: Any, out_dtype: Any, contraction: int) -> Any:
+    """What products of `compute` values are summed in: int32 for int8 values when the output
+    is int32 (exact, wrapping past 2**31 as lax's) or the sum cannot reach 2**31; else float32."""
+    if jnp.dtype(compute) != _INT8:
+        return _FLOAT32
+    exact = (jnp.issubdtype(out_dtype, jnp.integer)
+             # A symbolic contraction (shape-polymorphic export) may pass any bound.
+             or isinstance(contraction, int) and contraction <= quantization.MAX_EXACT_INT32_TERMS)
+    return jnp.dtype(jnp.int32) if exact else _FLOAT32
 
 
 def _slice(array: jax.Array, axis: int, start: jax.Array, size: int,
@@ -111,7 +143,10 @@ def carrier_dtype(*operands: Any, contraction: int) -> tuple[Any, Any]:
     """(the dtype the values are multiplied in, the dtype their products are summed in), for a
     product summing `contraction` terms."""
     if not any(isinstance(operand, QuantizedArray) for operand in operands):
-        return compute_dtype(*operands), jnp.dtype(jnp.float32)
+        compute = compute_dtype(*operands)
+        if compute == _INT8 and contraction > quantization.MAX_EXACT_INT32_TERMS:
+            compute = jnp.dtype(jnp.bfloat16)
+        return compute, jnp.dtype(jnp.int32 if compute == _INT8 else jnp.float32)
     dtypes = {jnp.dtype(operand.dtype) for operand in operands}
     if dtypes == {jnp.dtype(jnp.int8)} and contraction <= quantization.MAX_EXACT_INT32_TERMS:
         return jnp.dtype(jnp.int8), jnp.dtype(jnp.int32)

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub.quantization import QuantizedArray
+
 DEFAULT_LARGEST_CHUNK = 512
 # What is left of a group after its full chunks goes in chunks of this many rows, but for a
 # rest of at most max(SMALL_CHUNKS) rows, which takes one chunk of the smallest size that holds
@@ -69,7 +71,7 @@ def visit_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
     rest = jnp.maximum(end - state[1], 0)
     # Middle chunks are all masked, even those inside the group: an unmasked variant would be
     # one more size to compile, and the select costs little next to the matmul.
-    middle_chunks = rest // middle + (rest % middle > (small[-1] if small else 0))
+    middle_chunks = rest // middle + (rest % middle > (small[-1] if small else 0)).astype(rest.dtype)
     state = lax.fori_loop(0, middle_chunks, lambda _, s: run(middle, s), state)
     # A chain of two-way conds rather than lax.switch: XLA updates a cond's carry in place,
     # but copies it in every branch of a many-way conditional.
@@ -229,6 +231,9 @@ def head_capacity(rows: int, num_groups: int) -> int:
     power of two <= rows / num_groups, so the batched matmul covers at most `rows` rows and
     finishes balanced groups.
     """
+    if not isinstance(rows, int):
+        # A symbolic row count (shape-polymorphic export) has no even share to size a head by.
+        return 0
     even_share = rows // max(num_groups, 1)
     if even_share > MOST_HEAD_ROWS or even_share < 1:
         return 0
@@ -236,3 +241,31 @@ def head_capacity(rows: int, num_groups: int) -> int:
     while capacity * 2 <= even_share:
         capacity *= 2
     return capacity
+
+
+def with_spare_rows(operand: Any, axis: int, rows: Any, spare: int) -> tuple[Any, Any]:
+    """(`operand` with `spare` zero rows appended along `axis` when `rows`, its length there, is
+    symbolic; the new length), else (`operand`, `rows`) unchanged.
+
+    The chunks' windows are clamped into the array, so each must fit in it: a symbolic row
+    count (shape-polymorphic export) may be as small as 1, but jax can tell that rows + spare
+    holds every chunk of at most `spare` rows. The spare rows belong to no group, so they are
+    masked wherever a window reaches them. A quantized operand keeps its scales: along another
+    axis they get spare rows too; along this one a window's blocks past the end read no scale
+    that any unmasked row uses.
+    """
+    if isinstance(rows, int):
+        return operand, rows
+
+    def pad(array: jax.Array) -> jax.Array:
+        widths = [(0, 0)] * array.ndim
+        widths[axis] = (0, spare)
+        return jnp.pad(array, widths)
+
+    if isinstance(operand, QuantizedArray):
+        scale = operand.scale if axis == operand.axis else pad(operand.scale)
+        operand = QuantizedArray._unchecked(pad(operand.values), scale, operand.axis,
+                                            operand.block_size)
+    else:
+        operand = pad(operand)
+    return operand, rows + spare

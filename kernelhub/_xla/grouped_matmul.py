@@ -28,6 +28,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     out = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
     largest = _row_chunks.largest_chunk(tiling, m, k, n)
     starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
+    lhs, rows = _row_chunks.with_spare_rows(lhs, 0, m, largest)
+    out, _ = _row_chunks.with_spare_rows(out, 0, m, largest)
     contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
     # Quantized operands with one scale along k: their values are multiplied as they are and
     # the scales applied to the sums; otherwise each part is dequantized first.
@@ -36,6 +38,9 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         compute_dtype, sum_dtype = _operands.carrier_dtype(lhs, rhs, contraction=k)
     else:
         compute_dtype, sum_dtype = _operands.compute_dtype(lhs, rhs), jnp.float32
+    integer_out = jnp.issubdtype(out_dtype, jnp.integer)
+    if integer_out:  # two int8 arrays (the contract's rule): int32 sums, exact or wrapping as lax's
+        compute_dtype, sum_dtype = jnp.dtype(jnp.int8), jnp.dtype(jnp.int32)
 
     def one_group(j, out_bits):
         if factored:
@@ -52,7 +57,9 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
                                         compute_dtype)
                 row_scale = None
             product = lax.dot_general(rows, weights, (contract, ((), ())),
-                                      preferred_element_type=sum_dtype).astype(jnp.float32)
+                                      preferred_element_type=sum_dtype)
+            if not integer_out:
+                product = product.astype(jnp.float32)
             if row_scale is not None:
                 product = product * row_scale[:, None]
             if column_scale is not None:
@@ -63,11 +70,12 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
                 new = jnp.where(valid[:, None], new, old)
             return lax.dynamic_update_slice_in_dim(out_bits, new, window_start, 0)
 
-        return _row_chunks.visit_rows(starts[j], ends[j], m, largest, step, out_bits)
+        return _row_chunks.visit_rows(starts[j], ends[j], rows, largest, step, out_bits)
 
     out = varying_like(out, lhs, rhs, group_sizes, group_offset)
     # An empty group skips its body: the slice of its weights and its chunk conditionals.
     out_bits = lax.fori_loop(0, local_groups, lambda j, out_bits: lax.cond(
         starts[j] < ends[j], lambda o: one_group(j, o), lambda o: o, out_bits),
         _row_chunks.as_bits(out))
-    return _row_chunks.from_bits(out_bits, out_dtype)
+    out = _row_chunks.from_bits(out_bits, out_dtype)
+    return out if isinstance(m, int) else out[:m]  # the spare rows of a symbolic m

@@ -25,8 +25,16 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     n = rhs.shape[1]
     actual = num_actual_groups
     compute_dtype = _operands.compute_dtype(lhs, rhs)
-    largest = _row_chunks.top_chunk(m, _row_chunks.largest_chunk(tiling, m, k, n))
+    # int8 x int8 sums in int32 (exact, or for an int32 output wrapping as lax's); past what
+    # int32 holds exactly a float output sums bfloat16 products in float32.
+    sum_dtype = _operands.sum_dtype(compute_dtype, out_dtype, m)
+    if compute_dtype == jnp.int8 and sum_dtype == jnp.float32:
+        compute_dtype = jnp.dtype(jnp.bfloat16)
+    chunk = _row_chunks.largest_chunk(tiling, m, k, n)
     starts, ends = local_bounds(group_sizes, group_offset, actual, m)
+    lhs, rows = _row_chunks.with_spare_rows(lhs, 1, m, chunk)
+    rhs, _ = _row_chunks.with_spare_rows(rhs, 0, m, chunk)
+    largest = _row_chunks.top_chunk(rows, chunk)
 
     def window(array, window_start, window_rows, valid, axis):
         part = _operands.sliced(array, axis, window_start, window_rows, window_start,
@@ -41,23 +49,23 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         left = window(lhs, window_start, window_rows, valid, axis=1)
         right = window(rhs, window_start, window_rows, valid, axis=0)
         return lax.dot_general(left, right, (((1,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
+                               preferred_element_type=sum_dtype)
 
     capacity = _row_chunks.head_rows(tiling, m, k, n, group_sizes.shape[0])
     if capacity:
-        sums = _head_sums(lhs, rhs, compute_dtype, starts, ends, capacity, m)
+        sums = _head_sums(lhs, rhs, compute_dtype, sum_dtype, starts, ends, capacity, rows)
         rest = jnp.minimum(starts + capacity, jnp.maximum(ends, starts))
     else:
-        sums, rest = jnp.zeros((actual, k, n), jnp.float32), starts
+        sums, rest = jnp.zeros((actual, k, n), sum_dtype), starts
     if existing_out is not None:
-        sums = sums + existing_out.astype(jnp.float32)
+        sums = sums + existing_out.astype(sum_dtype)
     stored = bool(capacity) or existing_out is not None  # else every sum the loop meets is 0
     sums = varying_like(sums, lhs, rhs, group_sizes, group_offset)
 
     def add_rest(j, sums):
         # The group's rows are summed apart and stored once: a stored sum is read and written
         # once per group, not once per chunk.
-        total = _row_chunks.sum_over_rows(rest[j], ends[j], m, largest, product)
+        total = _row_chunks.sum_over_rows(rest[j], ends[j], rows, largest, product)
         if stored:
             total = lax.dynamic_index_in_dim(sums, j, 0, keepdims=False) + total
         return lax.dynamic_update_index_in_dim(sums, total, j, 0)
@@ -67,8 +75,9 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     return sums.astype(out_dtype)
 
 
-def _head_sums(lhs, rhs, compute_dtype, starts, ends, capacity: int, rows: int) -> jax.Array:
-    """float32 [A, k, n]: each group's sum over its first `capacity` rows."""
+def _head_sums(lhs, rhs, compute_dtype, sum_dtype, starts, ends, capacity: int,
+               rows: int) -> jax.Array:
+    """[A, k, n] of sum_dtype: each group's sum over its first `capacity` rows."""
     index = starts[:, None] + jnp.arange(capacity, dtype=jnp.int32)[None, :]
     valid = index < ends[:, None]
     index = jnp.minimum(index, rows - 1)
@@ -81,4 +90,4 @@ def _head_sums(lhs, rhs, compute_dtype, starts, ends, capacity: int, rows: int) 
     left = jnp.where(valid[:, None, :], left, 0).astype(compute_dtype)
     right = jnp.where(valid[:, :, None], right, 0).astype(compute_dtype)
     return lax.dot_general(left, right, (((2,), (1,)), ((0,), (0,))),
-                           preferred_element_type=jnp.float32)
+                           preferred_element_type=sum_dtype)

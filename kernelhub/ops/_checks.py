@@ -15,15 +15,28 @@ import numpy as np
 
 from kernelhub import _qwix
 from kernelhub._core.dtypes import dtype_among
+from kernelhub._core.errors import ShapeError
 from kernelhub._grouped_matmul.contraction_scales import fits_kernels
 from kernelhub._grouped_matmul.groups import NO_OFFSET
+from kernelhub._grouped_matmul.problem import require_static
 from kernelhub._grouped_matmul.names import QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS
 from kernelhub._grouped_matmul.tables import active as active_tuning
 from kernelhub._grouped_matmul.tilings import SingleTiling, Tilings, as_tilings
-from kernelhub.quantization import QuantizedArray
+from kernelhub.quantization import QUANTIZED_DTYPES, QuantizedArray
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _FLOAT_NAMES = "float32, bfloat16 or float16"
+# Raw 8-bit operands, without scales, as lax's ragged_dot takes them (qwix and AQT apply their
+# scales themselves): the kernels multiply them on their int8 and fp8 paths. Integers narrower
+# than int8 (int4, uint4, int2, ...) are widened to int8, exactly.
+RAW_DTYPES = QUANTIZED_DTYPES
+OPERAND_DTYPES = FLOAT_DTYPES + RAW_DTYPES
+_OPERAND_NAMES = ("float32, bfloat16, float16, int8 (or a narrower integer such as int4), "
+                  "float8_e4m3fn or float8_e5m2")
+INT32 = jnp.dtype(jnp.int32)
+# What the kernels write: a float dtype, or int32 for integer operands (exact sums).
+OUTPUT_DTYPES = FLOAT_DTYPES + (INT32,)
+_OUTPUT_NAMES = "float32, bfloat16, float16 or int32 (for integer operands)"
 
 Tiling = SingleTiling | Tilings | Mapping[str, SingleTiling]
 
@@ -53,34 +66,56 @@ def as_int32(array: jax.Array) -> jax.Array:
     return array.astype(jnp.int32)
 
 
-def float_array(name: str, value: Any) -> jax.Array:
+def _fits_int8(dtype: np.dtype) -> bool:
+    info = jnp.iinfo(dtype)
+    return info.min >= -128 and info.max <= 127
+
+
+def operand_array(name: str, value: Any) -> jax.Array:
+    """A float or raw 8-bit operand (OPERAND_DTYPES); a narrower integer widened to int8."""
     array = as_array(value)
-    if array.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype {_FLOAT_NAMES}, got {array.dtype}")
-    return array
+    dtype = jnp.dtype(array.dtype)
+    if dtype in OPERAND_DTYPES:
+        return array
+    if jnp.issubdtype(dtype, jnp.integer) and _fits_int8(dtype):
+        return array.astype(jnp.int8)
+    raise TypeError(f"{name} must have dtype {_OPERAND_NAMES}, got {dtype}; cast it: "
+                    f"x.astype(jnp.float32) (or bfloat16)")
+
+
+def is_integer(operand: Any) -> bool:
+    """Whether `operand` is a raw integer array (a QuantizedArray stands for floats)."""
+    return (not isinstance(operand, QuantizedArray)
+            and jnp.issubdtype(jnp.dtype(operand.dtype), jnp.integer))
+
+
+def accumulation_dtype(lhs: Any, rhs: Any) -> np.dtype:
+    """What products of these operands are summed in: int32 for two integer arrays (exact, as
+    lax), float32 otherwise (fp8 included)."""
+    return INT32 if is_integer(lhs) and is_integer(rhs) else jnp.dtype(jnp.float32)
 
 
 def float_matrix(name: str, value: Any, rank: int, layout: str) -> jax.Array:
     array = as_array(value)
     if array.ndim != rank:
-        raise ValueError(f"{name} must have rank {rank} ({layout}), got shape {array.shape}")
-    return float_array(name, array)
+        raise ShapeError(f"{name} must have rank {rank} ({layout}), got shape {array.shape}")
+    return operand_array(name, array)
 
 
 def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int) -> Any:
-    """A float array of `rank`, or a QuantizedArray quantized along `contraction_axis` (the axis
+    """A float or raw 8-bit array of `rank`, or a QuantizedArray quantized along `contraction_axis` (the axis
     the product sums over, where its scales can be applied to each block's partial sums). A
     qwix QArray becomes one of the two (kernelhub/_qwix.py)."""
     if _qwix.is_qarray(value):
         if len(value.shape) != rank:
-            raise ValueError(f"{name} must have rank {rank} ({layout}), got a qwix QArray of "
+            raise ShapeError(f"{name} must have rank {rank} ({layout}), got a qwix QArray of "
                              f"shape {tuple(value.shape)}")
         value = _qwix.converted(value, contraction_axis)
     if not isinstance(value, QuantizedArray):
         return float_matrix(name, value, rank, layout)
     value.check(name)  # one rebuilt from leaves skipped the constructor's checks
     if value.ndim != rank:
-        raise ValueError(f"{name} must have rank {rank} ({layout}), got a QuantizedArray of shape "
+        raise ShapeError(f"{name} must have rank {rank} ({layout}), got a QuantizedArray of shape "
                          f"{value.shape}")
     if value.axis != contraction_axis:
         axis_names = layout.strip("[]").split(", ")
@@ -106,8 +141,20 @@ def features(arguments: dict[str, Any]) -> frozenset[str]:
     return frozenset(used)
 
 
-def element_type(value: Any) -> np.dtype:
-    return dtype_among("preferred_element_type", value, FLOAT_DTYPES, _FLOAT_NAMES)
+def element_type(value: Any, lhs: Any, rhs: Any) -> np.dtype:
+    """The grouped matmuls' output dtype: a float one, or int32 for two integer operands."""
+    dtype = dtype_among("preferred_element_type", value, OUTPUT_DTYPES, _OUTPUT_NAMES)
+    if dtype == INT32 and accumulation_dtype(lhs, rhs) != INT32:
+        raise TypeError(
+            f"preferred_element_type int32 needs two integer operands (int8 arrays, summed "
+            f"exactly in int32), got {_kind(lhs)} and {_kind(rhs)}: ask for float32")
+    return dtype
+
+
+def _kind(operand: Any) -> str:
+    if isinstance(operand, QuantizedArray):
+        return "a QuantizedArray"
+    return f"{jnp.dtype(operand.dtype)}"
 
 
 def group_sizes(value: Any) -> jax.Array:
@@ -117,9 +164,10 @@ def group_sizes(value: Any) -> jax.Array:
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise TypeError(f"group_sizes must have an integer dtype (int32), got {array.dtype}")
     if array.ndim != 1:
-        raise ValueError(f"group_sizes must have rank 1 ([num_groups]), got shape {array.shape}")
+        raise ShapeError(f"group_sizes must have rank 1 ([num_groups]), got shape {array.shape}")
+    require_static(array.shape[0], "the group count (group_sizes' last dimension)")
     if array.shape[0] == 0:
-        raise ValueError("group_sizes must hold at least one group, got shape (0,)")
+        raise ShapeError("group_sizes must hold at least one group, got shape (0,)")
     return as_int32(array)
 
 
@@ -150,7 +198,7 @@ def existing_out(value: Any, shape: tuple[int, ...], dtype: np.dtype) -> jax.Arr
         return None
     array = as_array(value)
     if array.shape != shape:
-        raise ValueError(f"existing_out must have shape {shape} (the output's), got {array.shape}")
+        raise ShapeError(f"existing_out must have shape {shape} (the output's), got {array.shape}")
     if array.dtype != dtype:
         raise TypeError(
             f"existing_out must have dtype {dtype} (preferred_element_type), got {array.dtype}"

@@ -7,9 +7,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Float, Integer
+from jaxtyping import Integer, Real
 
 from kernelhub._core.define import define_op
+from kernelhub._core.errors import ShapeError
 from kernelhub._grouped_matmul import names
 from kernelhub._grouped_matmul.tables import active as active_tuning
 from kernelhub.ops import _checks
@@ -31,20 +32,20 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
     local_groups = rhs.shape[0]
     rhs_k, n = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else (rhs.shape[1], rhs.shape[2])
     if rhs_k != k:
-        raise ValueError(
+        raise ShapeError(
             f"rhs must contract over lhs's k={k}: rhs has shape {rhs.shape} ({rhs_layout}, "
             f"transpose_rhs={transpose_rhs})"
         )
     if local_groups == 0:
-        raise ValueError(f"rhs must hold at least one group, got shape {rhs.shape}")
+        raise ShapeError(f"rhs must hold at least one group, got shape {rhs.shape}")
     group_sizes = _checks.group_sizes(arguments["group_sizes"])
     num_groups = group_sizes.shape[0]
     if local_groups > num_groups:
-        raise ValueError(
+        raise ShapeError(
             f"rhs has {local_groups} groups but group_sizes only {num_groups}: rhs must hold at "
             f"most num_groups groups"
         )
-    out_dtype = _checks.element_type(arguments["preferred_element_type"])
+    out_dtype = _checks.element_type(arguments["preferred_element_type"], lhs, rhs)
     return dict(
         lhs=lhs,
         rhs=rhs,
@@ -65,28 +66,31 @@ _check_values, _runtime_check = value_hooks(
 @define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features,
            check_values=_check_values, validate_reads_values=False, context=active_tuning)
 def grouped_matmul(
-    lhs: Float[ArrayIn, "m k"] | QuantizedArray | QwixQArray,
-    rhs: Float[ArrayIn, "local_groups _ _"] | QuantizedArray | QwixQArray,
+    lhs: Real[ArrayIn, "m k"] | QuantizedArray | QwixQArray,
+    rhs: Real[ArrayIn, "local_groups _ _"] | QuantizedArray | QwixQArray,
     group_sizes: Integer[ArrayIn, "num_groups"],
     preferred_element_type: Any = jnp.float32,
     tiling: _checks.Tiling = None,
     group_offset: int | Integer[ArrayIn, ""] | None = None,
-    existing_out: Float[ArrayIn, "m _"] | None = None,
+    existing_out: Real[ArrayIn, "m _"] | None = None,
     transpose_rhs: bool = False,
-) -> Float[jax.Array, "m n"]:
+) -> Real[jax.Array, "m n"]:
     """Multiplies each row group of `lhs` by its own matrix: the MoE expert matmul.
 
     Args:
       lhs: [m, k] rows sorted by group. Group g owns rows
-        [sum(group_sizes[:g]), sum(group_sizes[:g + 1])). Float, or a QuantizedArray quantized
-        along k (kernelhub.quantize(x, dtype, axis=1, block_size=...)).
+        [sum(group_sizes[:g]), sum(group_sizes[:g + 1])). float32, bfloat16 or float16; raw
+        int8 (narrower integers such as int4 are widened to it), float8_e4m3fn or float8_e5m2
+        values, multiplied as they are (no scales); or a QuantizedArray quantized along k
+        (kernelhub.quantize(x, dtype, axis=1, block_size=...)).
       rhs: [local_groups, k, n], or [local_groups, n, k] with `transpose_rhs`. rhs[j] belongs to
-        group `group_offset + j`. Float, or a QuantizedArray quantized along k (axis 1, or 2
-        with `transpose_rhs`).
+        group `group_offset + j`. Any dtype lhs may have, or a QuantizedArray quantized along k
+        (axis 1, or 2 with `transpose_rhs`).
       group_sizes: [num_groups] integers >= 0 with sum <= m (rows past the sum belong to no
         group). num_groups >= local_groups.
-      preferred_element_type: dtype of the output (float32, bfloat16 or float16). Products are
-        accumulated in float32 and cast once.
+      preferred_element_type: dtype of the output: float32, bfloat16 or float16, or int32 when
+        both operands are integer arrays. Products of two integer arrays are summed exactly in
+        int32 (wrapping past 2**31, as lax's); every other pair in float32; cast once.
       tiling: implementation-specific block sizes: a tuple, a callable (m, k, n) -> tuple or None,
         or None (the tuning table in force, else the implementation's heuristic); or one of
         these per pass, as kernelhub.Tilings(forward=..., lhs_gradient=..., rhs_gradient=...)
@@ -108,7 +112,9 @@ def grouped_matmul(
     Gradients: exact VJPs for lhs, rhs and existing_out. A QuantizedArray made by
     kernelhub.quantize passes the gradient of its dequantized value straight to what was
     quantized; its values and scale get none. existing_out's cotangent is the output
-    cotangent on the rows not computed and 0 on the rows computed.
+    cotangent on the rows not computed and 0 on the rows computed. An integer operand takes
+    no gradient (as in lax); a raw fp8 one takes its gradient in its own dtype (as lax's:
+    summed in float32, rounded once to fp8).
 
     Raises:
       TypeError or ValueError naming the argument for bad ranks, dtypes, contraction sizes,

@@ -10,6 +10,7 @@ kernelhub/_composite), so forcing a platform forces their kernels too.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -19,10 +20,15 @@ from jaxtyping import Integer, Shaped
 
 from kernelhub._core import runtime_checks as _runtime_checks
 from kernelhub._core.define import define_op
+from kernelhub._core.errors import ShapeError
 from kernelhub.ops import _checks
 from kernelhub.ops._group_values import check_call, group_check
 from kernelhub._grouped_matmul.groups import NO_OFFSET
-from kernelhub._grouped_matmul.ragged_modes import Mode, plan
+from kernelhub._grouped_matmul.problem import require_static
+from kernelhub._grouped_matmul.ragged_modes import Mode, contraction_group, plan
+from kernelhub import _qwix
+from kernelhub._qwix import QwixQArray
+from kernelhub.quantization import QuantizedArray
 
 NAME = "ragged_dot_general"
 SIMPLE_NAME = "ragged_dot"
@@ -41,15 +47,15 @@ def _axes(name: str, axes: Any, rank: int, operand: str) -> tuple[int, ...]:
     if any(not isinstance(a, (int, np.integer)) or isinstance(a, bool) for a in axes):
         raise TypeError(f"{_ARGUMENT}: {name} must be ints, got {axes}")
     if any(not 0 <= a < rank for a in axes):
-        raise ValueError(f"{_ARGUMENT}: {name} {axes} must be axes of {operand}, which has rank {rank}")
+        raise ShapeError(f"{_ARGUMENT}: {name} {axes} must be axes of {operand}, which has rank {rank}")
     if len(set(axes)) != len(axes):
-        raise ValueError(f"{_ARGUMENT}: {name} {axes} repeats an axis")
+        raise ShapeError(f"{_ARGUMENT}: {name} {axes} repeats an axis")
     return tuple(int(a) for a in axes)
 
 
 def check_dimension_numbers(numbers: Any, lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...],
-                            num_groups: int) -> Mode:
-    """Raises a TypeError/ValueError naming the rule `numbers` break; returns the mode."""
+                            num_groups: int, has_offset: bool = False) -> Mode:
+    """Raises a TypeError or ShapeError naming the rule `numbers` break; returns the mode."""
     if not isinstance(numbers, DimensionNumbers):
         raise TypeError(f"{_ARGUMENT} must be a jax.lax.RaggedDotDimensionNumbers, got "
                         f"{type(numbers).__name__}")
@@ -66,19 +72,19 @@ def check_dimension_numbers(numbers: Any, lhs_shape: tuple[int, ...], rhs_shape:
     for kind, lhs_axes, rhs_axes in (("contracting", lhs_contract, rhs_contract),
                                      ("batch", lhs_batch, rhs_batch)):
         if len(lhs_axes) != len(rhs_axes):
-            raise ValueError(f"{_ARGUMENT}: lhs and rhs must have as many {kind} dims, got "
+            raise ShapeError(f"{_ARGUMENT}: lhs and rhs must have as many {kind} dims, got "
                              f"{lhs_axes} and {rhs_axes}")
         for a, b in zip(lhs_axes, rhs_axes):
             if lhs_shape[a] != rhs_shape[b]:
-                raise ValueError(f"{_ARGUMENT}: {kind} dims lhs {a} (size {lhs_shape[a]}) and rhs "
+                raise ShapeError(f"{_ARGUMENT}: {kind} dims lhs {a} (size {lhs_shape[a]}) and rhs "
                                  f"{b} (size {rhs_shape[b]}) must have the same size")
     for operand, contract, batch in (("lhs", lhs_contract, lhs_batch), ("rhs", rhs_contract, rhs_batch)):
         if set(contract) & set(batch):
-            raise ValueError(f"{_ARGUMENT}: {operand} axes {sorted(set(contract) & set(batch))} are "
+            raise ShapeError(f"{_ARGUMENT}: {operand} axes {sorted(set(contract) & set(batch))} are "
                              f"both contracting and batch dims")
     ragged = tuple(numbers.lhs_ragged_dimensions)
     if len(ragged) != 1:
-        raise ValueError(f"{_ARGUMENT}.lhs_ragged_dimensions must hold exactly one lhs axis, got {ragged}")
+        raise ShapeError(f"{_ARGUMENT}.lhs_ragged_dimensions must hold exactly one lhs axis, got {ragged}")
     ragged_axis, = _axes("lhs_ragged_dimensions", ragged, lhs_rank, "lhs")
     groups = _axes("rhs_group_dimensions", numbers.rhs_group_dimensions, rhs_rank, "rhs")
     if ragged_axis in lhs_contract:
@@ -89,26 +95,128 @@ def check_dimension_numbers(numbers: Any, lhs_shape: tuple[int, ...], rhs_shape:
         mode = Mode.RAGGED_NONCONTRACTING
     if mode is Mode.RAGGED_NONCONTRACTING:
         if len(groups) != 1:
-            raise ValueError(f"{_ARGUMENT}.rhs_group_dimensions must hold one rhs axis when the "
+            raise ShapeError(f"{_ARGUMENT}.rhs_group_dimensions must hold one rhs axis when the "
                              f"ragged lhs axis is not contracting or batch (mode 1), got {groups}")
         if groups[0] in rhs_contract + rhs_batch:
-            raise ValueError(f"{_ARGUMENT}: the rhs group dim {groups[0]} must not be a contracting "
+            raise ShapeError(f"{_ARGUMENT}: the rhs group dim {groups[0]} must not be a contracting "
                              f"or batch dim")
         local = rhs_shape[groups[0]]
+        if not has_offset and local != num_groups:
+            # lax's rule; with group_offset, rhs holds only the local groups
+            raise ShapeError(f"rhs must hold {num_groups} groups on its group dim {groups[0]}, as "
+                             f"group_sizes has {num_groups} sizes (fewer only with group_offset), "
+                             f"got {local}")
         if not 1 <= local <= num_groups:
-            raise ValueError(f"rhs must hold between 1 and {num_groups} groups (the last axis of "
-                             f"group_sizes) on its group dim {groups[0]}, got {local}")
+            raise ShapeError(f"rhs must hold between 1 and {num_groups} groups on its group dim "
+                             f"{groups[0]} (group_sizes has {num_groups} sizes), got {local}")
     elif groups:
-        raise ValueError(f"{_ARGUMENT}.rhs_group_dimensions must be empty when the ragged lhs axis "
+        raise ShapeError(f"{_ARGUMENT}.rhs_group_dimensions must be empty when the ragged lhs axis "
                          f"is a {'contracting' if mode is Mode.RAGGED_CONTRACTING else 'batch'} dim "
                          f"(mode {mode.value}), got {groups}")
     return mode
 
 
-def _element_type(value: Any, lhs: jax.Array, rhs: jax.Array) -> np.dtype:
-    if value is None:  # lax's rule: the inputs' promoted type
-        return _checks.element_type(jnp.promote_types(lhs.dtype, rhs.dtype))
-    return _checks.element_type(value)
+def _static_groups(numbers: Any, lhs_shape: tuple[Any, ...], rhs_shape: tuple[Any, ...],
+                   num_groups: Any) -> None:
+    """Raises a ShapeError naming the size that shape-polymorphic export left symbolic where
+    the kernels need it static: the group count, rhs's group dim (mode 1), or lhs's ragged axis
+    in mode 3 (its entries are the kernels' groups). Other rules are check_dimension_numbers'."""
+    require_static(num_groups, "the group count (group_sizes' last dimension)")
+    if not isinstance(numbers, DimensionNumbers):
+        return
+    for axis in numbers.rhs_group_dimensions:
+        if isinstance(axis, (int, np.integer)) and 0 <= axis < len(rhs_shape):
+            require_static(rhs_shape[axis], f"rhs's group dim {axis}")
+    try:
+        (_, _), (lhs_batch, _) = numbers.dot_dimension_numbers
+        ragged, = numbers.lhs_ragged_dimensions
+    except (TypeError, ValueError):
+        return
+    if isinstance(ragged, (int, np.integer)) and ragged in tuple(lhs_batch) and (
+            0 <= ragged < len(lhs_shape)):
+        require_static(lhs_shape[ragged], f"lhs's ragged batch dim {ragged} (mode 3)")
+
+
+def _precision_rank(dtype: np.dtype) -> tuple[int, ...]:
+    # lax's (and XLA's) order of precision: range, then mantissa, then width, then sign.
+    if jnp.issubdtype(dtype, jnp.floating):
+        info = jnp.finfo(dtype)
+        return (int(info.maxexp), int(info.nmant), int(info.bits), 1)
+    return (-1, -1, int(jnp.iinfo(dtype).bits), int(jnp.issubdtype(dtype, jnp.signedinteger)))
+
+
+def _logical_dtype(operand: Any) -> np.dtype:
+    """The dtype an operand counts as in lax's result rule: a QuantizedArray its float32
+    dequantization's, a qwix QArray its own (qwix's logical dtype), an array its dtype."""
+    if isinstance(operand, QuantizedArray):
+        return jnp.dtype(jnp.float32)
+    return jnp.dtype(getattr(operand, "dtype", jnp.float32))
+
+
+def _element_type(value: Any, lhs: Any, rhs: Any) -> np.dtype:
+    """lax's result dtype: `value`, or without one the operand dtype of higher precision
+    (float16 x bfloat16 gives bfloat16, int8 x fp8 fp8, int8 x int8 int8, as lax's)."""
+    lhs_dtype, rhs_dtype = _logical_dtype(lhs), _logical_dtype(rhs)
+    natural = max(lhs_dtype, rhs_dtype, key=_precision_rank)
+    if value is None:
+        return natural
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        raise TypeError(f"preferred_element_type must be a dtype or None, got {value!r}") from None
+    if (not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
+            or dtype.itemsize > 4):
+        raise TypeError(f"preferred_element_type must be an integer or float dtype of at most "
+                        f"32 bits (float32, bfloat16, float16, int32, int8, fp8, ...) or None, "
+                        f"got {dtype}")
+    if (jnp.issubdtype(natural, jnp.integer)
+            and _precision_rank(dtype)[2] < _precision_rank(natural)[2]):
+        raise TypeError(f"preferred_element_type {dtype} must not be narrower than the "
+                        f"operands' {natural} (as lax's)")
+    return dtype
+
+
+def _operand(name: str, value: Any) -> Any:
+    """A float or raw 8-bit array, a QuantizedArray, or a qwix QArray (kept for `_quantized`,
+    which needs the mode's contraction axis)."""
+    if _qwix.is_qarray(value):
+        return value
+    if isinstance(value, QuantizedArray):
+        value.check(name)  # one rebuilt from leaves skipped the constructor's checks
+        return value
+    return _checks.operand_array(name, value)
+
+
+def _quantized(name: str, value: Any, p: Any) -> Any:
+    """`value` with its quantization checked against the mode: scales apply to whole partial
+    sums only along the axis the product sums over, the last of the axes the kernels' contraction
+    axis merges (kernelhub/_grouped_matmul/ragged_modes.py); a qwix QArray is converted for
+    that axis."""
+    if not (_qwix.is_qarray(value) or isinstance(value, QuantizedArray)):
+        return value
+    group = contraction_group(p, name)
+    where = ("its ragged contracting dim and the contracting dims after it (mode 2)"
+             if p.mode is Mode.RAGGED_CONTRACTING else "its contracting dims")
+    if not group:
+        raise ValueError(f"{name} cannot be quantized here: its product sums over no axis of it")
+    axis = group[-1]
+    if _qwix.is_qarray(value):
+        value = _qwix.converted(value, axis)
+        if not isinstance(value, QuantizedArray):
+            return value  # dequantized to float32
+    if value.axis != axis:
+        raise ValueError(
+            f"{name} is quantized along axis {value.axis}, but a quantized {name} must be "
+            f"quantized along the axis its product sums over, axis {axis} here (the last of "
+            f"{where}, {group}): quantize it with axis={axis}")
+    shape = p.lhs_shape if name == "lhs" else p.rhs_shape
+    merged = math.prod(shape[a] for a in group[:-1])
+    if merged > 1 and value.block_size is not None and shape[axis] % value.block_size:
+        raise ValueError(
+            f"{name}'s scale blocks of {value.block_size} must divide its axis {axis} "
+            f"({shape[axis]}), which is merged with its axes {group[:-1]} into one contraction: "
+            f"use a block size dividing {shape[axis]}, or None")
+    return value
 
 
 def _precision(value: Any) -> Any:
@@ -138,8 +246,11 @@ def _group_sizes(value: Any, prefix_shape: tuple[int, ...]) -> jax.Array:
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise TypeError(f"group_sizes must have an integer dtype, got {array.dtype}")
     if array.ndim != 1 and array.shape[:-1] != prefix_shape:
-        raise ValueError(f"group_sizes must have shape (g,) or {prefix_shape + ('g',)} (the lhs dims "
-                         f"before the ragged one that lax allows), got {array.shape}")
+        if not prefix_shape:
+            raise ShapeError(f"group_sizes must have shape (g,), got {array.shape}")
+        prefixed = "(" + ", ".join(map(str, prefix_shape)) + ", g)"
+        raise ShapeError(f"group_sizes must have shape (g,) or {prefixed} (the lhs dims before the "
+                         f"ragged one, as lax allows), got {array.shape}")
     array = _checks.as_int32(array)
     if array.ndim == 1 and prefix_shape:
         array = jnp.broadcast_to(array, prefix_shape + array.shape)
@@ -158,26 +269,30 @@ def _group_offset(value: Any) -> jax.Array | None:
 
 
 def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
-    lhs = _checks.float_array("lhs", arguments["lhs"])
-    rhs = _checks.float_array("rhs", arguments["rhs"])
+    lhs = _operand("lhs", arguments["lhs"])
+    rhs = _operand("rhs", arguments["rhs"])
+    lhs_shape, rhs_shape = tuple(lhs.shape), tuple(rhs.shape)
     numbers = arguments["ragged_dot_dimension_numbers"]
     sizes_shape = tuple(np.shape(arguments["group_sizes"]))
     if not sizes_shape or sizes_shape[-1] == 0:
-        raise ValueError(f"group_sizes must have a last axis of at least one group, got shape "
+        raise ShapeError(f"group_sizes must have a last axis of at least one group, got shape "
                          f"{sizes_shape}")
     num_groups = sizes_shape[-1]
-    mode = check_dimension_numbers(numbers, lhs.shape, rhs.shape, num_groups)
+    _static_groups(numbers, lhs.shape, rhs.shape, num_groups)
+    mode = check_dimension_numbers(numbers, lhs.shape, rhs.shape, num_groups,
+                                   arguments["group_offset"] is not None)
     p = plan(lhs.shape, rhs.shape, numbers, num_groups)
     ragged_axis = numbers.lhs_ragged_dimensions[0]
     prefix_shape = tuple(lhs.shape[a] for a in p.prefix)
     group_sizes = _group_sizes(arguments["group_sizes"], prefix_shape)
+    out_dtype = _element_type(arguments["preferred_element_type"], lhs, rhs)
     return dict(
-        lhs=lhs,
-        rhs=rhs,
+        lhs=_quantized("lhs", lhs, p),
+        rhs=_quantized("rhs", rhs, p),
         group_sizes=group_sizes,
         ragged_dot_dimension_numbers=numbers,
         precision=_precision(arguments["precision"]),
-        preferred_element_type=_element_type(arguments["preferred_element_type"], lhs, rhs),
+        preferred_element_type=out_dtype,
         group_offset=_group_offset(arguments["group_offset"]),
         out_sharding=arguments["out_sharding"],
     )
@@ -198,11 +313,11 @@ def _check_values(arguments: dict[str, Any], op: str = NAME) -> None:
     check_call(arguments["group_sizes"], arguments["group_offset"], extent, local, op)
 
 
-def _runtime_check(arguments: dict[str, Any]) -> None:
+def _runtime_check(arguments: dict[str, Any], op: str = NAME) -> None:
     extent, local = _extent_and_local_groups(arguments)
     offset = arguments["group_offset"]
 
-    row_check = group_check(NAME, extent, local)
+    row_check = group_check(op, extent, local)
 
     def check(group_sizes: np.ndarray, group_offset: np.ndarray) -> None:
         for row in np.asarray(group_sizes).reshape(-1, group_sizes.shape[-1]):
@@ -213,10 +328,10 @@ def _runtime_check(arguments: dict[str, Any]) -> None:
 
 
 @define_op(validate=prepare, runtime_check=_runtime_check, check_values=_check_values,
-           validate_reads_values=False)
+           validate_reads_values=False, features=_checks.features)
 def ragged_dot_general(
-    lhs: Shaped[ArrayIn, "..."],
-    rhs: Shaped[ArrayIn, "..."],
+    lhs: Shaped[ArrayIn, "..."] | QuantizedArray | QwixQArray,
+    rhs: Shaped[ArrayIn, "..."] | QuantizedArray | QwixQArray,
     group_sizes: Integer[ArrayIn, "..."],
     ragged_dot_dimension_numbers: DimensionNumbers,
     precision: Any = None,
@@ -238,8 +353,13 @@ def ragged_dot_general(
          batch entries are grouped.
 
     Args:
-      lhs, rhs: float32, bfloat16 or float16 arrays, laid out as `ragged_dot_dimension_numbers`
-        say (any order of axes; transposed rhs layouts are read in place).
+      lhs, rhs: arrays laid out as `ragged_dot_dimension_numbers` say (any order of axes;
+        transposed rhs layouts are read in place): float32, bfloat16, float16, or raw int8
+        (narrower integers such as int4 are widened to it), float8_e4m3fn or float8_e5m2
+        values without scales, as lax takes them; or a kernelhub.QuantizedArray or qwix.QArray
+        quantized along the axis the product sums over (the last contracting dim in modes 1
+        and 3, the last of the ragged contracting dim and those after it in mode 2), whose
+        scales follow the values (docs/quantization.md).
       group_sizes: integers >= 0 of shape [g], or [*prefix, g] where prefix are lax's: the batch
         dims then the lhs free (mode 1) or contracting (mode 2) dims before the ragged one, or
         in mode 3 the batch dims before it. Their sum may stay below the ragged axis's length:
@@ -248,8 +368,11 @@ def ragged_dot_general(
         numbers, the one lhs ragged axis, and the rhs group axis (mode 1 only).
       precision: as lax's (checked, and met: kernels accumulate in float32 from the inputs as
         given).
-      preferred_element_type: the result dtype (float32, bfloat16 or float16); None gives lax's
-        rule, the inputs' promoted dtype. Accumulation is float32 either way.
+      preferred_element_type: the result dtype, any integer or float dtype of up to 32 bits;
+        None gives lax's rule, the operand dtype of higher precision (int8 for int8 x int8,
+        bfloat16 for float16 x bfloat16; a quantized operand counts as float32). Two integer
+        operands are summed exactly in int32 (wrapping past 2**31, as lax's), any other pair
+        in float32; the sum is cast once to the result dtype.
       group_offset: the first local group, as lax's (1,)-shaped array, a scalar or an int; may
         be traced (e.g. inside shard_map). Mode 1: rhs's group dim holds the local groups
         group_offset .. group_offset + L - 1, L its length (L may be less than g). Mode 2: the
@@ -262,7 +385,9 @@ def ragged_dot_general(
       or batch entries (mode 3) that belong to no local group are exactly 0; lax computes mode 3
       batch entries past the groups, kernelhub gives 0 there, as in the other modes.
 
-    Gradients: exact VJPs for lhs and rhs in every mode (lax differentiates mode 1 only).
+    Gradients: exact VJPs for lhs and rhs in every mode (lax differentiates mode 1 only). As in
+    lax an integer operand takes none and a raw fp8 one takes an fp8 gradient; a quantized
+    operand's is straight-through to what kernelhub.quantize quantized.
 
     Raises:
       TypeError or ValueError naming the argument and the rule, before anything is traced: the
@@ -282,7 +407,8 @@ def _simple_prepare(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _simple_runtime_check(arguments: dict[str, Any]) -> None:
-    _runtime_check({**arguments, "ragged_dot_dimension_numbers": BASIC_DIMENSION_NUMBERS})
+    _runtime_check({**arguments, "ragged_dot_dimension_numbers": BASIC_DIMENSION_NUMBERS},
+                   SIMPLE_NAME)
 
 
 def _simple_check_values(arguments: dict[str, Any]) -> None:
@@ -291,10 +417,11 @@ def _simple_check_values(arguments: dict[str, Any]) -> None:
 
 
 @define_op(name=SIMPLE_NAME, validate=_simple_prepare, runtime_check=_simple_runtime_check,
-           check_values=_simple_check_values, validate_reads_values=False)
+           check_values=_simple_check_values, validate_reads_values=False,
+           features=_checks.features)
 def ragged_dot(
-    lhs: Shaped[ArrayIn, "m k"],
-    rhs: Shaped[ArrayIn, "local_groups k n"],
+    lhs: Shaped[ArrayIn, "m k"] | QuantizedArray | QwixQArray,
+    rhs: Shaped[ArrayIn, "local_groups k n"] | QuantizedArray | QwixQArray,
     group_sizes: Integer[ArrayIn, "num_groups"],
     precision: Any = None,
     preferred_element_type: Any = None,

@@ -7,9 +7,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Float, Integer
+from jaxtyping import Integer, Real
 
 from kernelhub._core.define import define_op
+from kernelhub._core.errors import ShapeError
 from kernelhub._core.dispatch import note_values_read
 from kernelhub._grouped_matmul import names
 from kernelhub._grouped_matmul.tables import active as active_tuning
@@ -28,7 +29,7 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
     rhs = _checks.operand("rhs", arguments["rhs"], 2, "[m, n]", 0)
     k, m = lhs.shape
     if rhs.shape[0] != m:
-        raise ValueError(
+        raise ShapeError(
             f"rhs must have lhs's m={m} rows (lhs is [k, m] = {lhs.shape}), got shape {rhs.shape}"
         )
     n = rhs.shape[1]
@@ -53,7 +54,7 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
     actual = int(actual)
     if not 1 <= actual <= num_groups:
         raise ValueError(f"num_actual_groups={actual} must lie in [1, {num_groups}] (num_groups)")
-    out_dtype = _checks.element_type(arguments["preferred_element_type"])
+    out_dtype = _checks.element_type(arguments["preferred_element_type"], lhs, rhs)
     return dict(
         lhs=lhs,
         rhs=rhs,
@@ -75,26 +76,27 @@ _check_values, _runtime_check = value_hooks(
 @define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features,
            check_values=_check_values, validate_reads_values=False, context=active_tuning)
 def transposed_grouped_matmul(
-    lhs: Float[ArrayIn, "k m"] | QuantizedArray | QwixQArray,
-    rhs: Float[ArrayIn, "m n"] | QuantizedArray | QwixQArray,
+    lhs: Real[ArrayIn, "k m"] | QuantizedArray | QwixQArray,
+    rhs: Real[ArrayIn, "m n"] | QuantizedArray | QwixQArray,
     group_sizes: Integer[ArrayIn, "num_groups"],
     preferred_element_type: Any = jnp.float32,
     tiling: _checks.Tiling = None,
     group_offset: int | Integer[ArrayIn, ""] | None = None,
     num_actual_groups: int | None = None,
-    existing_out: Float[ArrayIn, "actual_groups k n"] | None = None,
-) -> Float[jax.Array, "actual_groups k n"]:
+    existing_out: Real[ArrayIn, "actual_groups k n"] | None = None,
+) -> Real[jax.Array, "actual_groups k n"]:
     """Per-group products over the rows of each group: the weight gradient of grouped_matmul.
 
     Args:
       lhs: [k, m], columns sorted by group (group g owns columns
         [sum(group_sizes[:g]), sum(group_sizes[:g + 1]))); typically the transposed gmm input.
-        Float, or a QuantizedArray quantized along m (axis 1).
-      rhs: [m, n], rows sorted the same way; typically gmm's output cotangent. Float, or a
-        QuantizedArray quantized along m (axis 0).
+        Float, raw int8 or fp8 (as for grouped_matmul), or a QuantizedArray quantized along m
+        (axis 1).
+      rhs: [m, n], rows sorted the same way; typically gmm's output cotangent. Float, raw int8
+        or fp8, or a QuantizedArray quantized along m (axis 0).
       group_sizes: [num_groups] integers >= 0 with sum <= m.
-      preferred_element_type: dtype of the output (float32, bfloat16 or float16); products are
-        accumulated in float32 and cast once.
+      preferred_element_type: dtype of the output (float32, bfloat16 or float16, or int32 for
+        two integer operands); products are accumulated as for grouped_matmul and cast once.
       tiling: implementation-specific block sizes, as for grouped_matmul; never affects results.
       group_offset: first group computed (an int or int32 scalar, may be traced); 0 when None.
       num_actual_groups: how many groups to compute (static int). Defaults to

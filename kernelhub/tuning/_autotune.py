@@ -152,6 +152,13 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
         raise ValueError(f"repeats and draws must be >= 1, got repeats={repeats}, draws={draws}")
     if min_gain < 0:
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+    symbolic = [leaf.shape for leaf in jax.tree.leaves((example_args, example_kwargs))
+                if any(not isinstance(size, int) for size in getattr(leaf, "shape", ()))]
+    if symbolic:
+        # A measurement needs arrays; a symbolic m gets the heuristic's tiling when exported.
+        raise ValueError(f"autotune times kernels on concrete shapes: example arguments must "
+                         f"have no symbolic dimension, got shape {symbolic[0]}; tune at the "
+                         f"sizes you expect")
     recorder = Recorder()
     with active_table.activated(recorder):
         jax.eval_shape(fn, *example_args, **example_kwargs)

@@ -29,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "heuristic's, forward and with gradients")
     parser.add_argument("--tuning-table", type=Path, metavar="FILE",
                         help="with --tuning: a table saved by kernelhub tune --output")
+    parser.add_argument("--shape", type=_arguments.shape, metavar="MxKxN",
+                        help="the CPU benchmark's and --tuning's shape, as kernelhub tune takes "
+                             "it: rows, model dim, expert dim (default 4096x1024x1024, "
+                             "2048x512x512 with --quick)")
+    parser.add_argument("--out-dtype", type=_arguments.dtype, metavar="DTYPE",
+                        help="with --tuning: preferred_element_type of the calls timed (part of "
+                             "a table's key); default float32, the ops' own; kernelhub tune "
+                             "tunes the operands' dtype unless told --out-dtypes")
     parser.add_argument("--groups", type=_arguments.positive, nargs="+", metavar="G",
                         help="numbers of groups (default 8 64 256; 8 64 with --quick)")
     parser.add_argument("--dtypes", nargs="+", type=_arguments.dtype,
@@ -46,8 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fresh input allocations per case (default 3, 1 with --quick); each "
                              "time is the median of its turns in its best draw")
     parser.add_argument("--out", type=Path, help="also write the table as markdown to this file")
-    parser.add_argument("--platform", choices=("xla", "pallas", "triton"),
-                        help="force a kernelhub platform (default: the dispatcher's choice)")
+    parser.add_argument("--platform", type=_arguments.platform,
+                        help="force a kernelhub platform: xla, pallas or triton (default: the "
+                             "dispatcher's choice)")
+    _arguments.add_import_option(parser)
     try:
         from kernelhub._cli.bench import gpu
     except ImportError:  # the GPU options are left out where the GPU benchmark cannot load
@@ -55,7 +65,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_gpu_arguments(parser)
 
 
+# Options read by some benchmarks only: given to another, they would change nothing unseen.
+_READ_BY = {"shape": ("the CPU benchmark (no flag)", "--tuning"),
+            "tuning_table": ("--tuning",), "out_dtype": ("--tuning",)}
+
+
+def _check_options_apply(args: argparse.Namespace) -> None:
+    chosen = next((flag for flag in ("gpu", "overhead", "ragged", "compile", "tuning",
+                                     "quantized") if getattr(args, flag)), None)
+    for option, readers in _READ_BY.items():
+        if getattr(args, option) is None:
+            continue
+        if chosen is None and "the CPU benchmark (no flag)" in readers:
+            continue
+        if chosen is not None and f"--{chosen}" in readers:
+            continue
+        raise ValueError(f"--{option.replace('_', '-')} is read by {' and '.join(readers)} only, "
+                         f"not by {'--' + chosen if chosen else 'the CPU benchmark'}")
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_options_apply(args)
     if args.gpu:
         from kernelhub._cli.bench import gpu
 

@@ -132,6 +132,8 @@ def cases(args: argparse.Namespace) -> list[Case]:
         m, k, n, groups = 2048, 512, 512, args.groups or [8, 64]
     else:
         m, k, n, groups = 4096, 1024, 1024, args.groups or [8, 64, 256]
+    if getattr(args, "shape", None):
+        m, k, n = args.shape
     return [Case(op, m, k, n, g, dtype, kind) for op in args.ops for dtype in args.dtypes
             for g in groups for kind in ("balanced", "skewed")]
 

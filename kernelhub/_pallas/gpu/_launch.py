@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from kernelhub._core import jax_internals as internals
 from kernelhub._core.manual_axes import shape_dtype_like
 from kernelhub._pallas.gpu.config import BlockConfig
 
@@ -25,6 +26,8 @@ def pallas_triton(kernel: Callable[..., None], operands: Sequence[jax.Array],
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    if not interpret:
+        _offsets_by_elements(operands, existing_out)
     aliases = {}
     if existing_out is not None:
         aliases = {len(operands): 0}
@@ -39,3 +42,20 @@ def pallas_triton(kernel: Callable[..., None], operands: Sequence[jax.Array],
         interpret=interpret,
         name=name,
     )(*operands)
+
+
+KERNEL_PREFIX = "kernelhub_"
+
+
+def _offsets_by_elements(operands: Sequence[jax.Array], existing_out: jax.Array | None) -> None:
+    """Makes the kernels' pointer offsets 64-bit for every array of 2**31 elements or more,
+    whatever its dtype (Pallas alone widens them by bytes, so 8-bit arrays of 2**31 to 2**32
+    elements would wrap). Raises rather than lower a kernel whose offsets could wrap."""
+    try:
+        internals.pallas_triton_offsets_by_elements(KERNEL_PREFIX)
+    except RuntimeError as error:
+        arrays = [*operands, *([] if existing_out is None else [existing_out])]
+        if any(np.prod(a.shape, dtype=np.int64) >= internals.WIDE_OFFSET_ELEMENTS for a in arrays):
+            raise NotImplementedError(
+                "the Triton kernels cannot address an operand of 2**31 elements or more with "
+                f"this jax ({error}); call with platform='xla'") from None

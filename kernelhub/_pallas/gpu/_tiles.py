@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub import quantization
+from kernelhub._core.dtypes import promoted
 from kernelhub.quantization import EXACT_IN_BFLOAT16
 
 
@@ -79,7 +80,7 @@ def compute_dtype(lhs_dtype, rhs_dtype) -> jnp.dtype:
     tensor cores), then the promotion. Its size is what the block heuristics go by."""
     lhs_dtype, rhs_dtype = (jnp.dtype(jnp.bfloat16) if jnp.dtype(d) in EXACT_IN_BFLOAT16
                             else jnp.dtype(d) for d in (lhs_dtype, rhs_dtype))
-    return jnp.dtype(jnp.promote_types(lhs_dtype, rhs_dtype))
+    return promoted(lhs_dtype, rhs_dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +105,10 @@ class TileProduct:
 
         if self.widen_to is not None:
             # Triton folds `total + dot` into one dot accumulating in place (MMA pipelining).
-            return total + dot(left.astype(self.widen_to), right.astype(self.widen_to), trans_b)
+            # An int32 total (int8 tiles into an int32 output) takes each block's float32 sum,
+            # exact below 2**24, so for contraction blocks of up to 1024 int8 products.
+            return total + dot(left.astype(self.widen_to), right.astype(self.widen_to),
+                               trans_b).astype(total.dtype)
         if total.dtype == _narrow_dot.accumulator_dtype(left.dtype, right.dtype):
             return _narrow_dot.accumulate(total, left, right, trans_b)
         # int8 over a contraction too long for exact int32 sums: each block's sum is exact,
@@ -128,23 +132,35 @@ class TileProduct:
     def result(self, total: jax.Array) -> jax.Array:
         return total.astype(jnp.float32)
 
+    def output(self, total: jax.Array, dtype) -> jax.Array:
+        """The finished sum in the output's `dtype`: int32 sums into an int32 output as they
+        are (exact), every other sum through float32, rounded once."""
+        if jnp.issubdtype(dtype, jnp.integer):
+            return total.astype(dtype)
+        return self.result(total).astype(dtype)
+
 
 # Tiles dequantized in the kernel (scaled_by) are float32: multiplied as such (TF32 on a GPU).
 FLOAT32_TILES = TileProduct(jnp.dtype(jnp.float32), jnp.dtype(jnp.float32))
 
 
 def tile_product(lhs_dtype, rhs_dtype, contraction_block: int, contraction: int,
-                 interpret: bool) -> TileProduct:
+                 interpret: bool, out_dtype=jnp.float32) -> TileProduct:
     """int8 x int8 and fp8 x fp8 tiles are multiplied as stored (int8 and fp8 wgmma on Hopper)
     where Triton allows it: contraction blocks of at least 32, and a jax whose Pallas lowering
     kernelhub can extend (interpret mode needs none). Everything else is widened
-    (`compute_dtype`) and summed in float32."""
+    (`compute_dtype`) and summed in float32. An int32 output (two int8 operands) is summed in
+    int32 whatever the contraction (wrapping past 2**31, as lax's)."""
     from kernelhub._pallas.gpu import _narrow_dot
 
     narrow = _narrow_dot.accumulator_dtype(lhs_dtype, rhs_dtype)
+    total = (jnp.dtype(jnp.int32) if jnp.issubdtype(out_dtype, jnp.integer)
+             else jnp.dtype(jnp.float32))
     if (narrow is None or contraction_block < _narrow_dot.MIN_CONTRACTION_BLOCK
             or not (interpret or _narrow_dot.triton_lowering_missing() is None)):
-        return TileProduct(compute_dtype(lhs_dtype, rhs_dtype), jnp.dtype(jnp.float32))
+        return TileProduct(compute_dtype(lhs_dtype, rhs_dtype), total)
+    if total == jnp.int32:
+        return TileProduct(None, total)
     if narrow == jnp.int32 and contraction > quantization.MAX_EXACT_INT32_TERMS:
         return TileProduct(None, jnp.dtype(jnp.float32))
     return TileProduct(None, narrow)

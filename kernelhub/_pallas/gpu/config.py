@@ -53,6 +53,20 @@ def _next_power_of_two(value: int) -> int:
     return 1 << max(int(value) - 1, 0).bit_length()
 
 
+def check_static(problem: Problem) -> None:
+    """Raises a ValueError for a symbolic m, k or n (shape-polymorphic export): jax's Pallas
+    Triton lowering takes no symbolic dimension, neither in an operand's shape nor in the grid."""
+    for name, size in (("m", problem.m), ("k", problem.k), ("n", problem.n)):
+        if not isinstance(size, (int, np.integer)):
+            raise ValueError(
+                f"the Triton kernels (the 'cuda' target) cannot lower a symbolic {name} "
+                f"({size}): jax's Pallas Triton lowering takes static shapes only. Export for "
+                f"'cuda' with concrete shapes, or pin kernelhub's XLA implementation "
+                f"(kernelhub.get(op, platform='xla') or KERNELHUB_PLATFORM=xla), which lowers "
+                f"symbolic sizes for every target; kernelhub.export lowers a symbolic m for "
+                f"'cpu' and 'tpu' as they are")
+
+
 def validate(config: BlockConfig, source: Any) -> BlockConfig:
     """Raises a ValueError naming the broken rule; `source` is what the user passed."""
     for name in ("block_m", "block_k", "block_n"):

@@ -40,10 +40,11 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
                           transpose_rhs)
     m, k, n, local_groups = problem.m, problem.k, problem.n, problem.local_groups
+    config.check_static(problem)
     blocks = config.from_tiling(tiling, m, k, n, config.gmm_heuristic(problem))
     output_blocks = output_blocks or NO_OUTPUT_BLOCKS
     blocks = config.within_all_scale_blocks(blocks, scales, output_blocks, "block_k", "block_m")
-    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret)
+    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret, out_dtype)
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
     fill = existing_out is None
@@ -135,8 +136,8 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
             return product.add_scaled(total, left, right, row_scale, col_scale, transpose_rhs)
 
         start = jnp.zeros((bm, bn), jnp.float32) if scaled else product.zeros((bm, bn))
-        total = product.result(lax.fori_loop(0, -(-k // bk), step, start))
-        _tiles.masked_store(out_block, total.astype(out_ref.dtype), owned, col_inside)
+        total = product.output(lax.fori_loop(0, -(-k // bk), step, start), out_ref.dtype)
+        _tiles.masked_store(out_block, total, owned, col_inside)
 
     if fill:
         @pl.when(group == visits.FILL)

@@ -40,10 +40,11 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     groups = num_actual_groups
     problem = tgmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None, groups)
     m, k, n = problem.m, problem.k, problem.n
+    config.check_static(problem)
     blocks = config.from_tiling(tiling, m, k, n, config.tgmm_heuristic(problem))
     output_blocks = output_blocks or NO_OUTPUT_BLOCKS
     blocks = config.within_all_scale_blocks(blocks, scales, output_blocks, "block_m", "block_k")
-    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_m, m, interpret)
+    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_m, m, interpret, out_dtype)
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
@@ -132,9 +133,12 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
         chunk = jnp.where((i == 0) & head, _tiles.div(start, bm), _tiles.div(end, bm))
         return add_chunk(chunk, t, True)
 
-    total = product.result(lax.fori_loop(0, edges, edge, total))
+    total = lax.fori_loop(0, edges, edge, total)
+    integer = jnp.issubdtype(out_ref.dtype, jnp.integer)
+    total = total if integer else product.result(total)
     where = (group, pl.ds(first_k, bk), pl.ds(first_col, bn))
     if has_existing:
         kept = _tiles.masked_load(refs[0].at[where], k_inside, col_inside)
-        total = total + kept.astype(jnp.float32)
-    _tiles.masked_store(out_ref.at[where], total.astype(out_ref.dtype), k_inside, col_inside)
+        total = total + kept.astype(total.dtype)
+    _tiles.masked_store(out_ref.at[where], product.output(total, out_ref.dtype), k_inside,
+                        col_inside)

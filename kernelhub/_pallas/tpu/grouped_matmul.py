@@ -25,12 +25,12 @@ from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, keep_first, kernel_name,
-    needs_widening, row_mask, widened)
+    needs_widening, result_dtype, row_mask, tile_product, widened)
 from kernelhub._pallas.tpu.schedule import GmmField
 from kernelhub._pallas.tpu.tiling import LANES
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
-from kernelhub._grouped_matmul.problem import gmm_problem
+from kernelhub._grouped_matmul.problem import gmm_problem, is_static
 
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
@@ -52,6 +52,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
     problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
                           transpose_rhs)
     m, k, n = problem.m, problem.k, problem.n
+    schedule_lib.check_symbolic(problem, interpret)
 
     options = call_options(problem, tiling, interpret)
     scales, output_blocks = scales or NO_SCALES, output_blocks or NO_OUTPUT_BLOCKS
@@ -154,7 +155,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             in_specs=in_specs,
             out_specs=out_spec,
             scratch_shapes=[pltpu.VMEM(
-                (tm, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute, k))],
+                (tm, tn),
+                jnp.float32 if scales.arrays else accumulator_dtype(compute, k, out_dtype))],
         ),
         input_output_aliases=aliases,
         # Items revisit an output block back to back, and contraction steps accumulate: only
@@ -162,7 +164,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=options.vmem_limit_bytes),
-        cost_estimate=pl.CostEstimate(
+        # A symbolic m (shape-polymorphic export) has no count to estimate with.
+        cost_estimate=None if not is_static(m) else pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0,
             bytes_accessed=(lhs.size * lhs.dtype.itemsize * n_tiles
                             + rhs.size * rhs.dtype.itemsize
@@ -214,7 +217,8 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
                                    precision=contraction_precision(compute))
 
         if slices is None:
-            product = dot(lhs, rhs, accumulator_dtype(compute)).astype(acc_ref.dtype)
+            product = tile_product(dot, lhs, rhs, 1, 1 if transpose_rhs else 0, compute,
+                                   acc_ref.dtype)
         else:
             def sub_slice_product(start, size):
                 part = slice(start, start + size)
@@ -244,7 +248,6 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
         first_row = field(GmmField.OUT_TILE, item) * tm
         mine = row_mask(out_ref.shape, 0, first_row, field(GmmField.ROW_START, item),
                         field(GmmField.ROW_END, item))
-        # Selected in float32: exact for the 16-bit outputs, and native on every generation.
-        kept = out_ref[...].astype(jnp.float32)
-        total = acc_ref[...].astype(jnp.float32)
+        kept = out_ref[...].astype(result_dtype(out_ref.dtype))
+        total = acc_ref[...].astype(result_dtype(out_ref.dtype))
         out_ref[...] = jnp.where(mine, total, kept).astype(out_ref.dtype)

@@ -81,12 +81,46 @@ def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False) -> Any
     return jnp.float32
 
 
-def accumulator_dtype(compute: Any, contraction: int = 0) -> Any:
+def accumulator_dtype(compute: Any, contraction: int = 0, out_dtype: Any = None) -> Any:
     """What the products of `compute` tiles are summed in over a `contraction` (0: one tile's):
     int32 for int8, exact while the contraction has at most MAX_EXACT_INT32_TERMS terms; else
-    float32 (a longer int8 contraction adds its tiles' exact int32 sums in float32)."""
+    float32 (a longer int8 contraction adds its tiles' exact int32 sums in float32). An int32
+    output (two int8 operands) always sums in int32, wrapping as lax's (on a chip without an
+    int8 MXU, through `tile_product`'s exact float32 runs)."""
+    if out_dtype is not None and jnp.issubdtype(out_dtype, jnp.integer):
+        return jnp.int32
     int8 = jnp.dtype(compute) == jnp.dtype(jnp.int8)
     return jnp.int32 if int8 and contraction <= quantization.MAX_EXACT_INT32_TERMS else jnp.float32
+
+
+# int8 x int8 products are at most 2**14 in magnitude, so float32 (24-bit significand) sums
+# this many of them exactly.
+EXACT_FLOAT32_INT8_TERMS = 2**24 // 2**14
+
+
+def tile_product(dot: Any, lhs: jax.Array, rhs: jax.Array, lhs_axis: int, rhs_axis: int,
+                 compute: Any, total_dtype: Any) -> jax.Array:
+    """`dot(lhs, rhs, dtype)` over one tile, summed in `total_dtype`. An int32 total of int8
+    values carried in bf16 (a chip without an int8 MXU) is summed in float32 over runs of at
+    most EXACT_FLOAT32_INT8_TERMS along the contraction, each exact, and the runs in int32: the
+    tile's own float32 sum could round past 2**24."""
+    if jnp.dtype(total_dtype) != jnp.int32 or jnp.dtype(compute) == jnp.int8:
+        return dot(lhs, rhs, accumulator_dtype(compute)).astype(total_dtype)
+    size = lhs.shape[lhs_axis]
+    total = None
+    for start in range(0, size, EXACT_FLOAT32_INT8_TERMS):
+        stop = min(start + EXACT_FLOAT32_INT8_TERMS, size)
+        part = dot(lax.slice_in_dim(lhs, start, stop, axis=lhs_axis),
+                   lax.slice_in_dim(rhs, start, stop, axis=rhs_axis), jnp.float32)
+        part = part.astype(jnp.int32)
+        total = part if total is None else total + part
+    return total
+
+
+def result_dtype(out_dtype: Any) -> Any:
+    """What an output block is finished in (selected, existing_out added): int32 for an int32
+    output, exactly; float32 otherwise (exact for the 16-bit outputs, native everywhere)."""
+    return jnp.int32 if jnp.issubdtype(out_dtype, jnp.integer) else jnp.float32
 
 
 def contraction_precision(compute: Any) -> lax.Precision | None:

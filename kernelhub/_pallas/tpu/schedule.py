@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub._core import jax_internals as _jax_internals
 from kernelhub._grouped_matmul.groups import local_bounds
+from kernelhub._grouped_matmul.problem import Kernel, Problem, is_static, require_static
 
 
 class GmmField(enum.IntEnum):
@@ -91,6 +93,28 @@ def _tile_span(starts: jax.Array, ends: jax.Array, tm: int) -> tuple[jax.Array, 
     first = starts // tm
     count = jnp.where(nonempty, (ends - 1) // tm - first + 1, 0)
     return nonempty, first, count
+
+
+def check_symbolic(problem: Problem, interpret: Any) -> None:
+    """Raises when a symbolic size (shape-polymorphic export) cannot be lowered: k or n (the
+    tiles and the kernels' masks are fitted to them), or m outside Pallas's dynamic-shape mode.
+
+    The schedule's length grows with m, and Mosaic takes a scalar-prefetched table of symbolic
+    length only as a placeholder it fills in when the program is compiled for its m, which
+    Pallas does inside `pallas_export_experimental(dynamic_shapes=True)` (kernelhub.export
+    enters it for symbolic arguments).
+    """
+    inner = "lhs's columns" if problem.kernel is not Kernel.TGMM else "lhs's rows"
+    require_static(problem.k, f"k ({inner}) for the Pallas TPU kernels")
+    require_static(problem.n, "n (the output's columns) for the Pallas TPU kernels")
+    m = problem.m
+    if is_static(m) or interpret is not False or _jax_internals.pallas_symbolic_shapes():
+        return
+    raise ValueError(
+        f"the Pallas TPU kernels lower a symbolic m ({m}, the rows of lhs) only for "
+        f"shape-polymorphic export with kernelhub.export, or inside "
+        f"jax.experimental.pallas.pallas_export_experimental(dynamic_shapes=True); "
+        f"jax.export lowers it for 'cpu' on kernelhub's XLA implementation")
 
 
 def gmm_schedule(group_sizes: jax.Array, group_offset: jax.Array, local_groups: int, m: int,

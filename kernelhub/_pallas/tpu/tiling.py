@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._grouped_matmul.problem import Kernel, Problem, is_static
 from kernelhub._pallas.tpu.hardware import Chip
 
 LANES = 128
@@ -70,7 +70,9 @@ def depth_granule(problem: Problem) -> int:
 
 
 def _clamp(tiles: Tiles, problem: Problem) -> Tiles:
-    return Tiles(min(tiles.tm, problem.m), min(tiles.tk, problem.k), min(tiles.tn, problem.n))
+    # A symbolic m (shape-polymorphic export) keeps its tile: its blocks run past the rows.
+    tm = min(tiles.tm, problem.m) if is_static(problem.m) else tiles.tm
+    return Tiles(tm, min(tiles.tk, problem.k), min(tiles.tn, problem.n))
 
 
 def check(tiling: Any, problem: Problem, source: str = "tiling") -> Tiles:
@@ -88,7 +90,11 @@ def check(tiling: Any, problem: Problem, source: str = "tiling") -> Tiles:
         ("tn", tiles.tn, problem.n, "n", LANES),
     )
     for name, tile, axis, axis_name, granule in rules:
-        if tile != axis and tile % granule:
+        if not is_static(axis) and tile % granule:
+            raise ValueError(
+                f"{source}={tuple(tiling)!r}: {name}={tile} must be a multiple of {granule}: "
+                f"{axis_name} is symbolic ({axis}), so no tile can span it")
+        if is_static(axis) and tile != axis and tile % granule:
             where = "lanes" if granule == LANES else "sublanes"
             raise ValueError(
                 f"{source}={tuple(tiling)!r}: {name}={tile} must be a multiple of {granule} (it "
@@ -105,8 +111,17 @@ def resolve(tiling: Any, problem: Problem, default: Callable[[Problem], Tiles]) 
         source = f"tiling({problem.m}, {problem.k}, {problem.n})"
         tiling = tiling(problem.m, problem.k, problem.n)
     if tiling is None:
-        return default(problem)
+        if problem.static:
+            return default(problem)
+        # The default for a symbolic m is the default for NOMINAL_ROWS rows, whose tm is a
+        # multiple of its granule, as a tile that cannot be cut to m must be.
+        return _clamp(default(dataclasses.replace(problem, m=NOMINAL_ROWS)), problem)
     return check(tiling, problem, source)
+
+
+# A symbolic m (shape-polymorphic export) gets the default tiles of this many rows: more than
+# any whole-axis candidate (_ROW_CANDIDATES), and a common count of routed tokens.
+NOMINAL_ROWS = 4096
 
 
 # --- the default on a TPU -------------------------------------------------------------------

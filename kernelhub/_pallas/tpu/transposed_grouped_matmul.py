@@ -25,12 +25,12 @@ from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, kernel_name,
-    needs_widening, row_mask, widened)
+    needs_widening, result_dtype, row_mask, tile_product, widened)
 from kernelhub._pallas.tpu.schedule import TgmmField
 from kernelhub._pallas.tpu.tiling import LANES
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
-from kernelhub._grouped_matmul.problem import tgmm_problem
+from kernelhub._grouped_matmul.problem import tgmm_problem, is_static
 
 
 def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
@@ -53,6 +53,7 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
     actual = num_actual_groups
     problem = tgmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None, actual)
     m, k, n = problem.m, problem.k, problem.n
+    schedule_lib.check_symbolic(problem, interpret)
 
     options = call_options(problem, tiling, interpret)
     scales, output_blocks = scales or NO_SCALES, output_blocks or NO_OUTPUT_BLOCKS
@@ -135,14 +136,16 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
             in_specs=in_specs,
             out_specs=out_spec,
             scratch_shapes=[pltpu.VMEM(
-                (tk, tn), jnp.float32 if scales.arrays else accumulator_dtype(compute, m))],
+                (tk, tn),
+                jnp.float32 if scales.arrays else accumulator_dtype(compute, m, out_dtype))],
         ),
         input_output_aliases=aliases,
         # Every output block belongs to one (column, row) tile pair: those axes are independent.
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=options.vmem_limit_bytes),
-        cost_estimate=pl.CostEstimate(
+        # A symbolic m (shape-polymorphic export) has no count to estimate with.
+        cost_estimate=None if not is_static(m) else pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0,
             bytes_accessed=(lhs.size * lhs.dtype.itemsize * n_tiles
                             + rhs.size * rhs.dtype.itemsize * k_tiles
@@ -191,7 +194,7 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs
                                    precision=contraction_precision(compute))
 
         if slices is None:
-            acc_ref[...] += dot(lhs, rhs, accumulator_dtype(compute)).astype(acc_ref.dtype)
+            acc_ref[...] += tile_product(dot, lhs, rhs, 1, 0, compute, acc_ref.dtype)
             return
         def multiply(start, size):
             part = slice(start, start + size)
@@ -202,7 +205,7 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs
 
     @pl.when(field(TgmmField.LAST, item) == 1)
     def _store():
-        total = acc_ref[...].astype(jnp.float32)
+        total = acc_ref[...].astype(result_dtype(out_ref.dtype))
         if has_existing:
-            total = total + existing_ref[...].astype(jnp.float32)
+            total = total + existing_ref[...].astype(result_dtype(out_ref.dtype))
         out_ref[...] = total.astype(out_ref.dtype)
