@@ -239,11 +239,29 @@ def _gmm(lhs, rhs, group_sizes):
 GMM_SPECS = (spec((M, K)), spec((3, K, N)), spec((3,), INT32))
 
 
-def test_cuda_names_the_symbolic_m_and_the_targets_that_take_it():
-    # jax's Pallas Triton lowering takes no symbolic size (an operand's shape or the grid).
+def test_a_symbolic_m_exported_for_cuda_runs_the_xla_loops_there():
+    """jax's Pallas Triton lowering takes no symbolic size (an operand's shape or the grid):
+    the Triton kernels lack the symbolic_shapes feature, so an unforced call lowers the XLA
+    implementation for cuda (and the Mosaic kernels for tpu), with gradients; forcing Triton
+    is an error naming the feature, never a silent fallback."""
+    def step(lhs, rhs, sizes):
+        out, vjp = jax.vjp(lambda a, b: _gmm(a, b, sizes), lhs, rhs)
+        return out, vjp(out)
+
+    for fn, mosaic in ((_gmm, 1), (step, 3)):
+        exported = kernelhub.export.export(fn, *GMM_SPECS, platforms=("cpu", "tpu", "cuda"))
+        assert kernelhub.export.kernels_by_platform(exported) == {
+            "cpu": {}, "tpu": {"mosaic": mosaic}, "cuda": {}}
+    triton = kernelhub.get("grouped_matmul", platform="triton", backend="gpu")
+    with pytest.raises(kernelhub.NoImplementationError, match="symbolic_shapes"):
+        kernelhub.export.export(lambda a, b, s: triton(a, b, s), *GMM_SPECS,
+                                platforms=("cuda",))
+    # the Triton kernel itself still names the way out, for whoever reaches it directly
+    from kernelhub._pallas.gpu import config
+
     with pytest.raises(ValueError, match=r"Triton kernels \(the 'cuda' target\) cannot lower a "
                                          r"symbolic m \(m\).*platform='xla'.*'cpu' and 'tpu'"):
-        kernelhub.export.export(_gmm, *GMM_SPECS, platforms=("cpu", "cuda"))
+        config.check_static(types.SimpleNamespace(m=M, k=K, n=N))
 
 
 def test_xla_pinned_lowers_a_symbolic_m_for_cuda_too():

@@ -11,3 +11,7 @@ TRANSPOSED_GROUPED_MATMUL = "transposed_grouped_matmul"
 QUANTIZED = "quantized"
 QUANTIZED_BLOCKS = "quantized_blocks"
 QUANTIZED_ODD_BLOCKS = "quantized_odd_blocks"
+# Operands with a symbolic dimension (shape-polymorphic export): the Triton kernels cannot lower
+# one (Pallas-Triton takes no symbolic size), so an unforced call exported for cuda with a
+# symbolic m runs the XLA implementation there.
+SYMBOLIC_SHAPES = "symbolic_shapes"

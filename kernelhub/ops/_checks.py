@@ -19,7 +19,8 @@ from kernelhub._core.errors import ShapeError
 from kernelhub._grouped_matmul.contraction_scales import fits_kernels
 from kernelhub._grouped_matmul.groups import NO_OFFSET
 from kernelhub._grouped_matmul.problem import require_static
-from kernelhub._grouped_matmul.names import QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS
+from kernelhub._grouped_matmul.names import (
+    QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS, SYMBOLIC_SHAPES)
 from kernelhub._grouped_matmul.tables import active as active_tuning
 from kernelhub._grouped_matmul.tilings import SingleTiling, Tilings, as_tilings
 from kernelhub.quantization import QUANTIZED_DTYPES, QuantizedArray
@@ -128,11 +129,13 @@ def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int
 
 def features(arguments: dict[str, Any]) -> frozenset[str]:
     """The optional features a grouped-matmul call uses."""
-    quantized = [arguments.get(name) for name in ("lhs", "rhs")
-                 if isinstance(arguments.get(name), QuantizedArray)]
+    operands = [arguments.get(name) for name in ("lhs", "rhs")]
+    symbolic = any(not isinstance(size, int) for operand in operands
+                   for size in getattr(operand, "shape", ()))
+    quantized = [operand for operand in operands if isinstance(operand, QuantizedArray)]
     if not quantized:
-        return frozenset()
-    used = {QUANTIZED}
+        return frozenset({SYMBOLIC_SHAPES}) if symbolic else frozenset()
+    used = {QUANTIZED} | ({SYMBOLIC_SHAPES} if symbolic else set())
     blocked = [operand for operand in quantized if operand.num_blocks > 1]
     if blocked:
         used.add(QUANTIZED_BLOCKS)
