@@ -35,6 +35,7 @@ import jax
 from kernelhub import _loader
 from kernelhub._core import jax_internals as _jax_internals
 from kernelhub._core import runtime_checks
+from kernelhub._core.shapes import symbolic_shapes
 from kernelhub._verify.cuda_lowering import triton_call_targets
 
 DEFAULT_PLATFORMS = ("cpu", "tpu", "cuda")
@@ -62,7 +63,7 @@ def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAUL
     exporting = jax.export.export(jitted, platforms=tuple(platforms),
                                   disabled_checks=disabled_checks())
     with contextlib.ExitStack() as context:
-        if _has_symbolic_shape((args, kwargs)):
+        if symbolic_shapes((args, kwargs)):
             # Mosaic kernels take symbolic dimensions as placeholders filled in when the
             # artifact is compiled for its shapes; Pallas lowers them so only in this mode.
             context.enter_context(_jax_internals.pallas_dynamic_shapes_export())
@@ -73,13 +74,6 @@ def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAUL
                 "calling it", stacklevel=2)
             context.enter_context(runtime_checks.runtime_checks(False))
         return exporting(*args, **kwargs)
-
-
-def _has_symbolic_shape(tree: Any) -> bool:
-    """Whether an array or jax.ShapeDtypeStruct in `tree` has a symbolic dimension
-    (jax.export.symbolic_shape), which is no int."""
-    return any(not isinstance(size, int) for leaf in jax.tree.leaves(tree)
-               for size in getattr(leaf, "shape", ()))
 
 
 def kernels_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, int]]:

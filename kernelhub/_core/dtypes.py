@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,7 +25,5 @@ def promoted(*dtypes: Any) -> np.dtype:
     """jax's standard promotion of `dtypes` (bfloat16 with float32 is float32), whatever
     promotion mode the caller runs under: as jax.lax does, a kernel's dtypes are decided by the
     contract, not by the user's `jax.numpy_dtype_promotion("strict")`, which refuses them."""
-    import jax  # noqa: PLC0415
-
     with jax.numpy_dtype_promotion("standard"):
         return np.dtype(jnp.result_type(*dtypes))

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from kernelhub._core.shapes import is_static
+
 from kernelhub._core.errors import ShapeError
 from kernelhub.quantization import QuantizedArray
 
@@ -66,12 +68,6 @@ class Problem:
     @property
     def output_bytes(self) -> int:
         return np.dtype(self.out_dtype).itemsize
-
-
-def is_static(size: Any) -> bool:
-    """Whether an array dimension is a number rather than a symbolic dimension of
-    shape-polymorphic export (jax.export.symbolic_shape), which is no int."""
-    return isinstance(size, (int, np.integer))
 
 
 def require_static(size: Any, what: str) -> None:

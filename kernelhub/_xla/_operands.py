@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._core.dtypes import promoted
+from kernelhub._core.shapes import is_static
 from kernelhub._xla import _row_chunks
 from kernelhub import quantization
 from kernelhub.quantization import EXACT_IN_BFLOAT16, QuantizedArray, expand_scale
@@ -55,7 +56,7 @@ def sum_dtype(compute: Any, out_dtype: Any, contraction: int) -> Any:
         return _FLOAT32
     exact = (jnp.issubdtype(out_dtype, jnp.integer)
              # A symbolic contraction (shape-polymorphic export) may pass any bound.
-             or isinstance(contraction, int) and contraction <= quantization.MAX_EXACT_INT32_TERMS)
+             or is_static(contraction) and contraction <= quantization.MAX_EXACT_INT32_TERMS)
     return jnp.dtype(jnp.int32) if exact else _FLOAT32
 
 

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub._core.shapes import is_static
 from kernelhub.quantization import QuantizedArray
 
 DEFAULT_LARGEST_CHUNK = 512
@@ -231,7 +232,7 @@ def head_capacity(rows: int, num_groups: int) -> int:
     power of two <= rows / num_groups, so the batched matmul covers at most `rows` rows and
     finishes balanced groups.
     """
-    if not isinstance(rows, int):
+    if not is_static(rows):
         # A symbolic row count (shape-polymorphic export) has no even share to size a head by.
         return 0
     even_share = rows // max(num_groups, 1)
@@ -254,7 +255,7 @@ def with_spare_rows(operand: Any, axis: int, rows: Any, spare: int) -> tuple[Any
     axis they get spare rows too; along this one a window's blocks past the end read no scale
     that any unmasked row uses.
     """
-    if isinstance(rows, int):
+    if is_static(rows):
         return operand, rows
 
     def pad(array: jax.Array) -> jax.Array:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._core.manual_axes import varying_like
+from kernelhub._core.shapes import is_static
 from kernelhub._xla import _operands, _row_chunks
 from kernelhub._grouped_matmul.groups import local_bounds
 
@@ -78,4 +79,4 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         starts[j] < ends[j], lambda o: one_group(j, o), lambda o: o, out_bits),
         _row_chunks.as_bits(out))
     out = _row_chunks.from_bits(out_bits, out_dtype)
-    return out if isinstance(m, int) else out[:m]  # the spare rows of a symbolic m
+    return out if is_static(m) else out[:m]  # the spare rows of a symbolic m

@@ -16,6 +16,7 @@ import numpy as np
 from kernelhub import _qwix
 from kernelhub._core.dtypes import dtype_among
 from kernelhub._core.errors import ShapeError
+from kernelhub._core.shapes import symbolic_shapes
 from kernelhub._grouped_matmul.contraction_scales import fits_kernels
 from kernelhub._grouped_matmul.groups import NO_OFFSET
 from kernelhub._grouped_matmul.problem import require_static
@@ -130,8 +131,7 @@ def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int
 def features(arguments: dict[str, Any]) -> frozenset[str]:
     """The optional features a grouped-matmul call uses."""
     operands = [arguments.get(name) for name in ("lhs", "rhs")]
-    symbolic = any(not isinstance(size, int) for operand in operands
-                   for size in getattr(operand, "shape", ()))
+    symbolic = bool(symbolic_shapes(operands))
     quantized = [operand for operand in operands if isinstance(operand, QuantizedArray)]
     if not quantized:
         return frozenset({SYMBOLIC_SHAPES}) if symbolic else frozenset()

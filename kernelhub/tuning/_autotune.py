@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernelhub._core.shapes import symbolic_shapes
 from kernelhub._grouped_matmul import active_table
 from kernelhub._grouped_matmul.passes import KernelCall
 from kernelhub._grouped_matmul.problem import Problem
@@ -152,8 +153,7 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
         raise ValueError(f"repeats and draws must be >= 1, got repeats={repeats}, draws={draws}")
     if min_gain < 0:
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
-    symbolic = [leaf.shape for leaf in jax.tree.leaves((example_args, example_kwargs))
-                if any(not isinstance(size, int) for size in getattr(leaf, "shape", ()))]
+    symbolic = symbolic_shapes((example_args, example_kwargs))
     if symbolic:
         # A measurement needs arrays; a symbolic m gets the heuristic's tiling when exported.
         raise ValueError(f"autotune times kernels on concrete shapes: example arguments must "

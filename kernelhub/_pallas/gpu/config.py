@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelhub._core.shapes import is_static
 from kernelhub._grouped_matmul.contraction_scales import largest_power_of_two_dividing
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub.quantization import EXACT_IN_BFLOAT16
@@ -57,7 +58,7 @@ def check_static(problem: Problem) -> None:
     """Raises a ValueError for a symbolic m, k or n (shape-polymorphic export): jax's Pallas
     Triton lowering takes no symbolic dimension, neither in an operand's shape nor in the grid."""
     for name, size in (("m", problem.m), ("k", problem.k), ("n", problem.n)):
-        if not isinstance(size, (int, np.integer)):
+        if not is_static(size):
             raise ValueError(
                 f"the Triton kernels (the 'cuda' target) cannot lower a symbolic {name} "
                 f"({size}): jax's Pallas Triton lowering takes static shapes only. Export for "

@@ -29,7 +29,8 @@ from jax import lax
 
 from kernelhub._core import jax_internals as _jax_internals
 from kernelhub._grouped_matmul.groups import local_bounds
-from kernelhub._grouped_matmul.problem import Kernel, Problem, is_static, require_static
+from kernelhub._core.shapes import is_static
+from kernelhub._grouped_matmul.problem import Kernel, Problem, require_static
 
 
 class GmmField(enum.IntEnum):

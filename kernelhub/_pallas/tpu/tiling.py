@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from kernelhub._grouped_matmul.problem import Kernel, Problem, is_static
+from kernelhub._core.shapes import is_static
+from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.tpu.hardware import Chip
 
 LANES = 128

@@ -30,7 +30,8 @@ from kernelhub._pallas.tpu.schedule import TgmmField
 from kernelhub._pallas.tpu.tiling import LANES
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
-from kernelhub._grouped_matmul.problem import tgmm_problem, is_static
+from kernelhub._core.shapes import is_static
+from kernelhub._grouped_matmul.problem import tgmm_problem
 
 
 def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
