@@ -7,7 +7,8 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/moe_train.py  # a mesh
 
 The block: a router picks top_k experts per token, the token choices are sorted by expert, each
-expert is a SwiGLU feed-forward (grouped matmuls for gate and up, silu, a grouped matmul down),
+expert is a SwiGLU feed-forward (one grouped matmul with glu="silu" over the concatenated gate
+and up weights, a grouped matmul down),
 and the answers are unsorted and combined with the router's weights. The student block learns
 to imitate a fixed random teacher network on random inputs, so the loss must fall.
 
@@ -65,11 +66,13 @@ QUANTIZED_FORMATS = {"none": None, "int8": (jnp.int8, None), "fp8": (jnp.float8_
 def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
     d, f, e = config.hidden, config.expert_hidden, config.experts
     router, gate, up, down = jax.random.split(key, 4)
+    # gate and up side by side: one [e, d, 2f] weight, the glu's "concatenated" layout.
+    gate_up = jnp.concatenate([jax.random.normal(gate, (e, d, f)),
+                               jax.random.normal(up, (e, d, f))], axis=2) / np.sqrt(d)
     return {
         "router": jax.random.normal(router, (d, e)) / np.sqrt(d),
         "experts": {
-            "gate": jax.random.normal(gate, (e, d, f)) / np.sqrt(d),
-            "up": jax.random.normal(up, (e, d, f)) / np.sqrt(d),
+            "gate_up": gate_up,
             "down": jax.random.normal(down, (e, f, d)) / np.sqrt(f),
         },
     }
@@ -80,16 +83,16 @@ def swiglu_experts(rows, group_sizes, experts, group_offset, quantize="none"):
     gmm = kernelhub.get("grouped_matmul")
     form = QUANTIZED_FORMATS[quantize]
 
-    def matmul(lhs, weights):
+    def matmul(lhs, weights, **epilogue):
         if form is not None:  # along k, the axis each product sums over
             dtype, block_size = form
             lhs = kernelhub.quantize(lhs, dtype, axis=1, block_size=block_size)
             weights = kernelhub.quantize(weights, dtype, axis=1, block_size=block_size)
-        return gmm(lhs, weights, group_sizes, group_offset=group_offset)
+        return gmm(lhs, weights, group_sizes, group_offset=group_offset, **epilogue)
 
-    gate = matmul(rows, experts["gate"])
-    up = matmul(rows, experts["up"])
-    hidden = (jax.nn.silu(gate) * up).astype(rows.dtype)
+    # silu(gate) * up inside the kernel, from one [e, d, 2f] weight: the gate and up sums are
+    # never written out.
+    hidden = matmul(rows, experts["gate_up"], glu="silu", preferred_element_type=rows.dtype)
     return matmul(hidden, experts["down"])
 
 

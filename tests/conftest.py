@@ -24,7 +24,7 @@ QUICK_FILES = frozenset({
     "test_contract.py", "test_ragged_dot.py", "test_ragged_dot_dtypes.py", "test_validation.py",
     "test_dispatch.py", "test_registry.py", "test_define.py", "test_groups.py", "test_eager.py",
     "test_runtime_checks.py", "test_architecture.py", "test_import.py",
-    "test_transformations.py"})
+    "test_transformations.py", "test_epilogue.py"})
 
 
 def pytest_addoption(parser):

@@ -53,3 +53,57 @@ def test_cpu_bench_cases_take_the_users_shape():
                               ops=["grouped_matmul"], dtypes=["float32"])
     assert {(case.m, case.k, case.n) for case in cpu.cases(args)} == {(64, 32, 16)}
     assert {case.groups for case in cpu.cases(args)} == {8, 64}
+
+
+def test_epilogue_bench_checks_fused_against_unfused_and_gives_its_rows(monkeypatch, tmp_path):
+    import argparse
+
+    import numpy as np
+    import pytest
+
+    from kernelhub._cli.bench import epilogue
+    from kernelhub._grouped_matmul import autodiff
+
+    # The bench refuses to time two functions whose results differ.
+    with pytest.raises(AssertionError, match="not timing two different computations"):
+        epilogue.check_agreement("x", np.ones(4), np.zeros(4) + 1.5, "float32")
+    monkeypatch.setattr(epilogue, "QUICK_SHAPE", (64, 32, 16, 2))
+    args = argparse.Namespace(quick=True, groups=None, dtypes=["float32"], reps=1, draws=1,
+                              platform=None, out=tmp_path / "epilogue.md")
+    done = epilogue.tables(args)
+    compared, residuals = done
+    assert [row[:2] for row in compared.rows] == [["glu silu", "forward"],
+                                                  ["glu silu", "forward + grad"]]
+    assert [row[:2] for row in residuals.rows] == [["f32", "kernelhub.get"],
+                                                   ["f32", "implementation"]]
+    for row in compared.rows + residuals.rows:
+        assert float(row[-1]) <= epilogue.TOLERANCE["float32"]  # agreement, checked before timing
+        assert all(cell != "-" for cell in row)  # every time and memory figure is there
+    # Through the implementation SAVE keeps z [m, 2n] (float32 here) for the backward pass; the
+    # public call keeps its inputs only, under either policy.
+    public, implementation = (row.kept for row in residuals.results)
+    assert public[autodiff.SAVE] == public[autodiff.RECOMPUTE]
+    assert implementation[autodiff.SAVE] - implementation[autodiff.RECOMPUTE] == 64 * 32 * 4
+    assert autodiff.RESIDUALS == autodiff.RECOMPUTE  # the bench restores the policy
+    monkeypatch.setattr(epilogue, "tables", lambda args, status=None: done)
+    assert epilogue.run_epilogue(args) == 0
+    written = (tmp_path / "epilogue.md").read_text()
+    assert written.count("| glu silu |") == 2 and written.count("| f32 |") == 2
+
+
+def test_gpu_bench_epilogue_rows_build_on_cpu():
+    import jax.numpy as jnp
+
+    from kernelhub._cli.bench import epilogue
+    from kernelhub._cli.bench.gpu_measurement import SMOKE_SHAPES
+
+    shard = SMOKE_SHAPES[1]  # 2 of 8 experts, at a group offset: rows outside stay 0
+    rows = epilogue.measure_gpu(shard, jnp.float32, reps=1, warmup=0, platform="xla",
+                                variants=epilogue.GPU_VARIANTS[1:])
+    assert [row.pass_name for row in rows] == [
+        "bias + glu swiglu_oai, interleaved, forward",
+        "bias + glu swiglu_oai, interleaved, forward + grad"]
+    assert all(row.max_relative_error < 1e-5 and row.ratio("unfused") for row in rows)
+    lines = epilogue.gpu_markdown_lines(rows)
+    assert lines[-3].startswith("| smoke-shard | bias + glu swiglu_oai, interleaved, forward |")
+    assert epilogue.gpu_record(rows[0])["pass"] == rows[0].pass_name

@@ -56,6 +56,36 @@ def test_gmm_artifact_holds_each_platforms_kernel_and_runs_on_cpu():
     assert groups == sizes.shape[0]
 
 
+def test_a_gated_artifact_holds_each_platforms_fused_kernel_and_runs_on_cpu():
+    """GPT-OSS's gate (interleaved swiglu_oai with a bias) with group_offset, forward and VJP in
+    lhs, rhs and bias: the backward runs the forward kernel again for the pre-activation, so
+    each accelerator lowering holds four kernel launches and no other."""
+    rng = np.random.default_rng(2)
+    m, k, n, groups = 120, 40, 24, 5
+    sizes = np.array([20, 0, 41, 30, 19], np.int32)
+    lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (3, k, 2 * n), jnp.float32)
+    bias, d_out = normal(rng, (3, 2 * n), jnp.float32), normal(rng, (m, n), jnp.float32)
+    epilogue = dict(glu="swiglu_oai", glu_layout="interleaved")
+
+    def forward_and_vjp(lhs, rhs, bias, sizes, d_out):
+        out, pullback = jax.vjp(lambda a, b, c: kernelhub.grouped_matmul(
+            a, b, sizes, group_offset=1, bias=c, **epilogue), lhs, rhs, bias)
+        return (out, *pullback(d_out))
+
+    exported = kernelhub.export.export(forward_and_vjp, lhs, rhs, bias, sizes, d_out)
+    assert kernelhub.export.kernels_by_platform(exported) == {
+        "cpu": {}, "tpu": {"mosaic": KERNELS_WITH_VJP + 1},
+        "cuda": {"triton": KERNELS_WITH_VJP + 1}}
+
+    got = _round_trip(exported).call(lhs, rhs, bias, sizes, d_out)
+    want = reference.gmm_epilogue_vjp(lhs, rhs, sizes, d_out, group_offset=1, bias=bias,
+                                      **epilogue)
+    assert_close(got[0], reference.gmm(lhs, rhs, sizes, group_offset=1, bias=bias, **epilogue),
+                 jnp.float32, jnp.float32, contraction=k)
+    for value, name, contraction in zip(got[1:], ("lhs", "rhs", "bias"), (2 * n, m, m)):
+        assert_close(value, want[name], jnp.float32, jnp.float32, contraction=contraction)
+
+
 def test_tgmm_artifact_holds_each_platforms_kernel_and_runs_on_cpu():
     rng = np.random.default_rng(1)
     k, m, n = 40, 150, 24

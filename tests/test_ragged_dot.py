@@ -162,7 +162,8 @@ def test_signatures_and_result_dtypes_are_laxs():
                          (kernelhub.ragged_dot_general, lax.ragged_dot_general)):
         mine = [(p.name, p.default) for p in inspect.signature(ours).parameters.values()]
         lax_ = [(p.name, p.default) for p in inspect.signature(theirs).parameters.values()]
-        assert mine == lax_
+        # lax's, then kernelhub's fused activation (tokamax's argument) after them
+        assert mine == lax_ + [("activation", None)]
     sizes = jnp.array([2, 4], jnp.int32)
     for lhs_dtype, rhs_dtype, preferred in [(jnp.bfloat16, jnp.bfloat16, None),
                                             (jnp.bfloat16, jnp.float32, None),

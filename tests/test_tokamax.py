@@ -1,37 +1,102 @@
-"""tokamax's own quantized ragged-dot test (RaggedDotTestBase.test_quantized, shipped in the
-tokamax wheel), run on kernelhub.grouped_matmul: int8 and int4 operands from qwix, and from
-tokamax's AsQArray, in every tiling it draws, with and without an activation.
+"""tokamax's own ragged-dot tests of gradients and quantized operands (RaggedDotTestBase.test_vjp
+and test_quantized, shipped in the tokamax wheel), run on kernelhub.grouped_matmul on every
+implementation that runs here: bf16 forward and VJP against tokamax's float32 reference, and
+int8 and int4 operands from qwix and from tokamax's AsQArray in every tiling it draws; each
+with and without an activation, which kernelhub applies itself (its `activation=` epilogue).
+
+The interpret-mode kernels (Pallas and Triton emulated on the CPU, about 2 s a case) take a
+slice of the products: test_vjp's smaller problem with each activation; for test_quantized each
+dtype with each activation, both operand kinds, every tiling of lhs and of rhs at least once.
 """
 
 from __future__ import annotations
 
+import itertools
+
+import jax
 import jax.numpy as jnp
 import pytest
 
 import kernelhub
+from kernelhub import testing
 
 test_base = pytest.importorskip("tokamax._src.ops.ragged_dot.test_base")
 quantization = pytest.importorskip("tokamax._src.quantization")
+parameterized = pytest.importorskip("absl.testing.parameterized")
+
+GMM = "grouped_matmul"
 
 
-def kernelhub_ragged_dot(lhs, rhs, group_sizes, activation=None, preferred_element_type=None,
-                         precision=None):
-    """tokamax's ragged_dot signature on kernelhub's gmm (mode 1: ragged rows)."""
-    del precision  # kernelhub accumulates in float32 always
-    lhs, rhs = (x.as_qarray() if isinstance(x, quantization.AsQArray) else x for x in (lhs, rhs))
-    out_dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
-    out = kernelhub.grouped_matmul(lhs, rhs, group_sizes.astype(jnp.int32))
-    if activation is not None:
-        out = activation(out)
-    return out.astype(out_dtype)
+def ragged_dot_on(gmm):
+    """tokamax's ragged_dot signature on kernelhub's gmm `gmm` (mode 1: ragged rows)."""
+
+    def ragged_dot(lhs, rhs, group_sizes, activation=None, preferred_element_type=None,
+                   precision=None):
+        del precision  # kernelhub accumulates in float32 always
+        lhs, rhs = (x.as_qarray() if isinstance(x, quantization.AsQArray) else x
+                    for x in (lhs, rhs))
+        out_dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
+        # The activation runs on the float32 sums inside kernelhub, before the one cast.
+        out = gmm(lhs, rhs, group_sizes.astype(jnp.int32), activation=activation)
+        return out.astype(out_dtype)
+
+    return ragged_dot
 
 
-class KernelhubQuantizedRaggedDotTest(test_base.RaggedDotTestBase):
-    def __init__(self, *args):
-        super().__init__(*args, dot_fn=kernelhub_ragged_dot)
+# The interpret kernels' slice of test_quantized's product: each dtype with each activation,
+# qwix's QArray and tokamax's AsQArray in turn, and so every lhs and rhs tiling in turn.
+_A_TILES = (None, (1, 128), (1, 16), (256, 1), (16, 1))
+_B_TILES = ((1, 1, 16), (1, 1, 128), (1, 256, 1), (1, 16, 1))
+INTERPRET_SLICE = [
+    dict(dtype=dtype, a_tile_shape=_A_TILES[i % len(_A_TILES)],
+         b_tile_shape=_B_TILES[i % len(_B_TILES)], use_as_qarray=bool(i % 2),
+         activation=activation)
+    for i, (dtype, activation) in enumerate(
+        itertools.product(("int8", "int4"), (None, test_base.relu, jax.nn.tanh)))]
 
 
-# Only the quantized test: the others exercise tokamax's own options (checkify, configs).
-for _name in list(vars(test_base.RaggedDotTestBase)) + list(vars(KernelhubQuantizedRaggedDotTest)):
-    if _name.startswith("test") and not _name.startswith("test_quantized"):
-        setattr(KernelhubQuantizedRaggedDotTest, _name, None)
+# test_vjp's product with m=128 only (it also draws m=1024: the same code at 8x the rows, for CI's
+# time) on the compiled implementations; its smallest problem with each activation on the
+# interpret kernels.
+_ACTIVATIONS = (None, test_base.relu, jax.nn.tanh)
+VJP_CASES = [dict(num_groups=8, m=128, k=k, n=n, activation=activation)
+             for k, n, activation in itertools.product((128, 64), (256, 128), _ACTIVATIONS)]
+VJP_SLICE = [dict(num_groups=8, m=128, k=64, n=128, activation=activation)
+             for activation in _ACTIVATIONS]
+
+
+def _test_class(spec: kernelhub.KernelSpec) -> type:
+    gmm = kernelhub.get(GMM, platform=spec.platform)
+
+    class Test(test_base.RaggedDotTestBase):
+        def __init__(self, *args):
+            super().__init__(*args, dot_fn=ragged_dot_on(gmm))
+
+        @parameterized.parameters(*(VJP_SLICE if spec.interpret_only else VJP_CASES))
+        def test_vjp(self, num_groups, m, k, n, activation):
+            self._test_vjp(num_groups, m, k, n, activation)
+
+        if spec.interpret_only:
+            @parameterized.parameters(*INTERPRET_SLICE)
+            def test_quantized(self, dtype, a_tile_shape, b_tile_shape, use_as_qarray,
+                               activation):
+                self._test_quantized(dtype, dtype, a_tile_shape, b_tile_shape, use_as_qarray,
+                                     activation)
+
+    # Only the gradient and quantized tests (the others exercise tokamax's own options:
+    # checkify, configs), as parameterized above; test_quantized's whole product on the
+    # compiled implementations.
+    own = set(vars(Test))
+    for name in set(dir(test_base.RaggedDotTestBase)) | own:
+        kept = name in own or (not spec.interpret_only and name.startswith("test_quantized"))
+        if name.startswith("test") and not kept:
+            setattr(Test, name, None)
+    Test.__name__ = Test.__qualname__ = (
+        f"Kernelhub{spec.platform.value.capitalize()}RaggedDotTest")
+    return Test
+
+
+for _spec in testing.runnable_implementations(GMM):
+    _cls = _test_class(_spec)
+    globals()[_cls.__name__] = _cls
+del _spec, _cls

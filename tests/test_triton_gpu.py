@@ -660,3 +660,54 @@ def test_raw_int8_with_int32_results_compiles_to_int8_wgmma(op):
     assert report.wgmma_types == {"s32.s8.s8"}, report.wgmma_types
     assert re.search(r"st\.global[.\w]*\.(b32|s32|u32|v2\.b32|v4\.b32)", report.ptx)  # int32 out
     assert "cvt.rn.f32.s32" not in report.ptx  # never through float32
+
+
+def _global_stores(ptx: str) -> list[str]:
+    """The global store instructions of a kernel's PTX (e.g. "st.global.v4.b32"), one per use."""
+    return re.findall(r"\bst\.global[.\w]*", ptx)
+
+
+def test_glu_compiles_to_hopper_ptx_and_stores_only_the_output():
+    """A fused SwiGLU (glu="silu", bf16) exported for CUDA: the forward kernel multiplies on
+    wgmma, keeps its loads vectorised and pipelined in both layouts, and stores one kind of
+    value, the gated output: no more global stores than the kernel without a glu writing the
+    same output tile (block_n counts the rhs columns a program reads, gate and up together), so
+    the pre-activation is never written."""
+    from kernelhub._verify import ptx as ptx_check
+
+    if (reason := ptx_check.available()) is not None:
+        pytest.skip(reason)
+    m, k, n, groups = 512, 256, 256, 8
+    fn = kernelhub.get(GMM, platform="triton", backend="gpu")
+
+    def report(glu, layout, block_n, bias):
+        n_rhs = 2 * n if glu else n
+        specs = [jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((groups, k, n_rhs), jnp.bfloat16),
+                 jax.ShapeDtypeStruct((groups,), jnp.int32),
+                 jax.ShapeDtypeStruct((groups, n_rhs), jnp.float32)]
+
+        def forward(lhs, rhs, sizes, bias_values):
+            return fn(lhs, rhs, sizes, preferred_element_type=jnp.bfloat16, glu=glu,
+                      glu_layout=layout, bias=bias_values if bias else None,
+                      tiling=(64, 64, block_n))
+
+        try:
+            (module,) = cuda_export.triton_modules(forward, specs)
+        except RuntimeError as error:
+            pytest.skip(str(error))
+        return ptx_check.compile_to_ptx(module.ir, module.num_warps, module.num_stages)
+
+    plain = report(None, "concatenated", 128, bias=False)
+    plain_stores = _global_stores(plain.ptx)
+    assert plain_stores and len(set(plain_stores)) == 1, plain_stores
+    for layout, bias in (("concatenated", False), ("interleaved", True)):
+        gated = report("silu", layout, 256, bias)
+        where = f"glu silu {layout}{' with bias' if bias else ''}"
+        assert gated.wgmma > 0 and gated.wgmma_types == {"f32.bf16.bf16"}, (where, gated)
+        assert gated.wgmma_serialized is not True, where
+        assert gated.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES, where
+        assert gated.overlapped_wgmma and gated.scalar_loads == 0, (where, gated)
+        stores = _global_stores(gated.ptx)
+        assert len(set(stores)) == 1, (where, stores)  # the bf16 output, nothing else
+        assert len(stores) <= len(plain_stores), (where, len(stores), len(plain_stores))

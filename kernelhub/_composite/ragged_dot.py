@@ -17,16 +17,19 @@ from kernelhub._grouped_matmul.ragged_modes import plan, run
 
 def _implementations(gmm: Callable[..., Any], tgmm: Callable[..., Any]):
     def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
-                           preferred_element_type=None, group_offset=None, out_sharding=None):
+                           preferred_element_type=None, group_offset=None, out_sharding=None,
+                           activation=None):
         del precision  # met by the kernels' float32 accumulation
         p = plan(lhs.shape, rhs.shape, ragged_dot_dimension_numbers, group_sizes.shape[-1])
-        out = run(p, lhs, rhs, group_sizes, group_offset, preferred_element_type, gmm, tgmm)
+        out = run(p, lhs, rhs, group_sizes, group_offset, preferred_element_type, gmm, tgmm,
+                  activation)
         return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
 
     def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
-                   group_offset=None, out_sharding=None):
+                   group_offset=None, out_sharding=None, activation=None):
         return ragged_dot_general(lhs, rhs, group_sizes, contract.BASIC_DIMENSION_NUMBERS,
-                                  precision, preferred_element_type, group_offset, out_sharding)
+                                  precision, preferred_element_type, group_offset, out_sharding,
+                                  activation)
 
     return ragged_dot_general, ragged_dot
 

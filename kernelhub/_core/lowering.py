@@ -162,7 +162,8 @@ class _Traced:
         self.out_tree = None
 
     def forward(self, *arrays: Any) -> list[Any]:
-        leaves, tree = jax.tree.flatten(self.spec.fn(**self.layout.arguments(arrays)))
+        leaves, tree = jax.tree.flatten(
+            self.spec.fn(**self.spec.arguments_for(self.layout.arguments(arrays))))
         self.out_tree = tree
         return leaves
 

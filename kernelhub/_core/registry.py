@@ -141,6 +141,24 @@ class KernelSpec:
     requirement: Callable[[], str | None] = dataclasses.field(repr=False, compare=False)
     interpret_only: bool = False
     features: frozenset[str] = frozenset()
+    # The op's trailing parameters the function leaves out (registered before the op grew
+    # them): calls reach it only with their defaults (`arguments_for`).
+    omitted: tuple[tuple[str, Any], ...] = ()
+
+    def arguments_for(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """`arguments` without the parameters this function leaves out; a NoImplementationError
+        when one of them holds anything but its default (the op's features route such calls
+        elsewhere, so this guards ops whose features do not cover a new parameter)."""
+        if not self.omitted:
+            return arguments
+        kept = dict(arguments)
+        for name, default in self.omitted:
+            value = kept.pop(name, default)
+            if value is not default and not (_plain(value) and value == default):
+                raise NoImplementationError(
+                    f"{self.op} for platform={self.platform.value}, backend={self.backend.value} "
+                    f"takes no {name!r} (its function has no such parameter), got {value!r}")
+        return kept
 
     def unavailable_reason(self) -> str | None:
         return self.requirement()
@@ -148,6 +166,10 @@ class KernelSpec:
     @property
     def available(self) -> bool:
         return self.unavailable_reason() is None
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool, type(None)))
 
 
 def _always() -> None:
@@ -261,7 +283,9 @@ def register(
     `features` names the optional features of the op this implementation supports (say
     "quantized"); a call that uses a feature goes only to implementations that list it.
 
-    The function must have the op's signature (names, order, kinds and defaults); registering
+    The function must have the op's signature (names, order, kinds and defaults), but for
+    trailing parameters with defaults that it may leave out (an implementation written before
+    the op grew them); it is then called only with those parameters at their defaults. Registering
     the same (op, platform, backend) twice is an error, and so is an op nobody declared.
     """
     definition = op_definition(op)
@@ -274,7 +298,7 @@ def register(
     features = frozenset(features)
 
     def add(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _check_same_signature(definition, fn)
+        omitted = _check_same_signature(definition, fn)
         table = _KERNELS[definition.name]
         if (platform, backend) in table:
             raise ValueError(
@@ -283,7 +307,7 @@ def register(
             )
         table[(platform, backend)] = KernelSpec(
             definition.name, platform, backend, priority, fn, requirement, interpret_only,
-            features)
+            features, omitted)
         _changed()
         return fn
 
@@ -315,7 +339,10 @@ def op_names() -> list[str]:
     return sorted(_OPS)
 
 
-def _check_same_signature(definition: OpDefinition, fn: Callable[..., Any]) -> None:
+def _check_same_signature(definition: OpDefinition,
+                          fn: Callable[..., Any]) -> tuple[tuple[str, Any], ...]:
+    """Raises a TypeError where `fn`'s signature departs from the op's; returns the trailing
+    parameters (name, default) it leaves out."""
     expected = list(definition.signature.parameters.values())
     got = list(inspect.signature(fn).parameters.values())
     where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
@@ -335,8 +362,11 @@ def _check_same_signature(definition: OpDefinition, fn: Callable[..., Any]) -> N
                 f"{where}: parameter {want.name!r} defaults to {have.default!r}, expected "
                 f"{want.default!r} as in {definition.name}"
             )
-    if len(got) != len(expected):
+    left_out = expected[len(got):]
+    if len(got) > len(expected) or any(p.default is inspect.Parameter.empty for p in left_out):
         names = [p.name for p in expected]
         raise TypeError(
-            f"{where} has {len(got)} parameters, {definition.name} has {len(expected)}: {names}"
+            f"{where} has {len(got)} parameters, {definition.name} has {len(expected)}: {names} "
+            f"(only trailing parameters with defaults may be left out)"
         )
+    return tuple((p.name, p.default) for p in left_out)

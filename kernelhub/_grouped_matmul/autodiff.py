@@ -31,15 +31,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernelhub._core.dtypes import promoted
 from kernelhub._core.manual_axes import unify_varying
 from kernelhub.quantization import QuantizedArray
 from kernelhub._grouped_matmul import names
-from kernelhub._grouped_matmul.groups import computed_rows
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue, applied
+from kernelhub._grouped_matmul.groups import NO_OFFSET, computed_rows, group_sums
 from kernelhub._grouped_matmul.passes import TuningSpace, gmm_call, run, tgmm_call
 from kernelhub._grouped_matmul.problem import require_static_groups
 from kernelhub._grouped_matmul.tilings import Tilings, as_tilings
 
 RawKernel = Callable[..., jax.Array]
+
+# What grouped_matmul's backward pass needs of a nonlinear epilogue's pre-activation z:
+# RECOMPUTE runs the forward kernel again (bias added, no activation, float32 out) and keeps no
+# [m, n_rhs] residual; SAVE writes z in the output's dtype during the forward (the epilogue then
+# runs outside the kernel) and keeps it. Chosen by measurement: benchmarks/epilogue.md.
+RECOMPUTE = "recompute"
+SAVE = "save"
+RESIDUALS = RECOMPUTE
 
 
 class Differentiable(NamedTuple):
@@ -104,30 +114,60 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
     op_gmm, op_tgmm = names.GROUPED_MATMUL, names.TRANSPOSED_GROUPED_MATMUL
 
     def run_gmm(op, pass_name, lhs, rhs, group_sizes, dtype, tilings, group_offset,
-                existing_out, transpose_rhs):
+                existing_out, transpose_rhs, epilogue=NO_EPILOGUE):
         return run(tilings, gmm_call(space, op, pass_name, raw_gmm, lhs, rhs, group_sizes,
-                                      dtype, group_offset, existing_out, transpose_rhs))
+                                      dtype, group_offset, existing_out, transpose_rhs,
+                                      epilogue))
 
     def run_tgmm(op, pass_name, lhs, rhs, group_sizes, dtype, tilings, group_offset,
                  num_actual_groups, existing_out):
         return run(tilings, tgmm_call(space, op, pass_name, raw_tgmm, lhs, rhs, group_sizes,
                                        dtype, group_offset, num_actual_groups, existing_out))
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 7))
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 7, 9))
     def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
-            transpose_rhs):
+            transpose_rhs, bias, epilogue):
         return run_gmm(op_gmm, "forward", lhs, rhs, group_sizes, preferred_element_type, tiling,
-                       group_offset, existing_out, transpose_rhs)
+                       group_offset, existing_out, transpose_rhs, KernelEpilogue(epilogue, bias))
 
     def gmm_forward(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                    existing_out, transpose_rhs):
-        out = gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                  existing_out, transpose_rhs)
-        return out, (lhs, rhs, group_sizes, group_offset, existing_out)
+                    existing_out, transpose_rhs, bias, epilogue):
+        saved = None
+        if epilogue.nonlinear and RESIDUALS == SAVE:
+            # z in the output's dtype, then the epilogue outside the kernel.
+            saved = run_gmm(op_gmm, "forward", lhs, rhs, group_sizes, preferred_element_type,
+                            tiling, group_offset, None, transpose_rhs,
+                            KernelEpilogue(epilogue.bias_only(), bias))
+            out = applied(saved, KernelEpilogue(epilogue, None), group_sizes, group_offset,
+                          rhs.shape[0], existing_out, preferred_element_type)
+        else:
+            out = gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                      existing_out, transpose_rhs, bias, epilogue)
+        return out, (lhs, rhs, group_sizes, group_offset, existing_out, bias, saved)
 
-    def gmm_backward(preferred_element_type, tiling, transpose_rhs, residuals, d_out):
-        lhs, rhs, group_sizes, group_offset, existing_out = residuals
+    def gmm_backward(preferred_element_type, tiling, transpose_rhs, epilogue, residuals, d_out):
+        lhs, rhs, group_sizes, group_offset, existing_out, bias, saved = residuals
         local_groups = rhs.shape[0]
+        m = lhs.shape[0]
+        d_existing = None
+        if existing_out is not None:
+            computed = computed_rows(group_sizes, group_offset, local_groups, m)
+            d_existing = jnp.where(computed[:, None], jnp.zeros_like(d_out), d_out)
+        d_bias = None
+        if epilogue.nonlinear:
+            # The cotangent of the pre-activation z, from z recomputed in float32 (or saved).
+            if saved is None:
+                saved = run_gmm(op_gmm, "forward", lhs, rhs, group_sizes, jnp.float32, tiling,
+                                group_offset, None, transpose_rhs,
+                                KernelEpilogue(epilogue.bias_only(), bias))
+            # d z in the widest of d out's and the operands' gradient dtypes: float32 operands
+            # keep float32 gradients under a bfloat16 output, as without an epilogue.
+            wanted = [_kernel_dtype(gradient_dtype(x)) for x in (lhs, rhs, bias)
+                      if x is not None and gradient_dtype(x) is not None]
+            d_out = epilogue.pre_activation_gradient(
+                saved.astype(jnp.float32), d_out).astype(promoted(d_out.dtype, *wanted))
+        if bias is not None:
+            d_bias = group_sums(d_out, group_sizes, group_offset, local_groups).astype(bias.dtype)
         # The kernels accumulate in float32 and round once into the primal's dtype.
         d_lhs = d_rhs = None
         if gradient_dtype(lhs) is not None:
@@ -144,12 +184,8 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
                                  _kernel_dtype(gradient_dtype(rhs)), tiling, group_offset,
                                  local_groups, None)
             d_rhs = _rounded(d_rhs, gradient_dtype(rhs))
-        d_existing = None
-        if existing_out is not None:
-            computed = computed_rows(group_sizes, group_offset, local_groups, lhs.shape[0])
-            d_existing = jnp.where(computed[:, None], jnp.zeros_like(d_out), d_out)
         return (cotangent(lhs, d_lhs), cotangent(rhs, d_rhs), _zero_cotangent(group_sizes),
-                _zero_cotangent(group_offset), d_existing)
+                _zero_cotangent(group_offset), d_existing, d_bias)
 
     gmm.defvjp(gmm_forward, gmm_backward)
 
@@ -183,13 +219,16 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
 
     def grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
                        tiling=None, group_offset=None, existing_out=None,
-                       transpose_rhs=False):
+                       transpose_rhs=False, bias=None, activation=None, glu=None,
+                       glu_layout="concatenated"):
         require_static_groups(group_sizes.shape[0], rhs.shape[0], "rhs's group dimension")
-        lhs, rhs, group_sizes, group_offset, existing_out = unify_varying(
-            lhs, rhs, group_sizes, group_offset, existing_out)
+        lhs, rhs, group_sizes, group_offset, existing_out, bias = unify_varying(
+            lhs, rhs, group_sizes, group_offset, existing_out, bias)
         tiling = tiling if isinstance(tiling, Tilings) else as_tilings(tiling)
+        group_offset = NO_OFFSET if group_offset is None else group_offset
+        epilogue = Epilogue(bias is not None, activation, glu, glu_layout)
         return gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                   existing_out, transpose_rhs)
+                   existing_out, transpose_rhs, bias, epilogue)
 
     def transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type=jnp.float32,
                                   tiling=None, group_offset=None, num_actual_groups=None,

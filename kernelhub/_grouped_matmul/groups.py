@@ -79,3 +79,25 @@ def computed_rows(
     # Local groups are consecutive, so their rows form one range.
     row = jnp.arange(rows, dtype=jnp.int32)
     return (row >= starts[0]) & (row < jnp.max(ends))
+
+
+def row_groups(group_sizes: Int[Array, "G"], group_offset: Int[Array, ""], local_groups: int,
+               rows: int) -> jax.Array:
+    """int32 [rows]: each row's local group, clamped into [0, local_groups) for other rows."""
+    _, ends = local_bounds(group_sizes, group_offset, local_groups, rows)
+    # ends is non-decreasing: a row's group is the number of local groups ending at or before it.
+    # method="sort": no loop (the default's while loop costs a GPU a host round trip per step).
+    group = jnp.searchsorted(ends, jnp.arange(rows, dtype=jnp.int32), side="right", method="sort")
+    return jnp.minimum(group, local_groups - 1).astype(jnp.int32)
+
+
+def group_sums(values: jax.Array, group_sizes: Int[Array, "G"], group_offset: Int[Array, ""],
+               local_groups: int) -> jax.Array:
+    """float32 [local_groups, ...]: the sum of `values` [rows, ...] over each local group's rows
+    (0 for a group without rows; other rows, NaN or not, are left out by a select)."""
+    rows = values.shape[0]
+    computed = computed_rows(group_sizes, group_offset, local_groups, rows)
+    mask = computed.reshape((rows,) + (1,) * (values.ndim - 1))
+    kept = jnp.where(mask, values.astype(jnp.float32), jnp.zeros((), jnp.float32))
+    return jax.ops.segment_sum(kept, row_groups(group_sizes, group_offset, local_groups, rows),
+                               num_segments=local_groups, indices_are_sorted=True)

@@ -15,3 +15,8 @@ QUANTIZED_ODD_BLOCKS = "quantized_odd_blocks"
 # one (Pallas-Triton takes no symbolic size), so an unforced call exported for cuda with a
 # symbolic m runs the XLA implementation there.
 SYMBOLIC_SHAPES = "symbolic_shapes"
+# A fused epilogue (kernelhub/_grouped_matmul/epilogue.py): a per-group bias, an activation, a
+# gated unit (rhs holding gate and up columns).
+BIAS = "bias"
+ACTIVATION = "activation"
+GLU = "glu"

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from kernelhub._grouped_matmul import tables
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue
 from kernelhub._grouped_matmul.problem import Problem, gmm_problem, tgmm_problem
 from kernelhub._grouped_matmul.tilings import Tilings, in_pass
 
@@ -65,14 +66,17 @@ class KernelCall:
 
 
 def gmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rhs, group_sizes,
-             preferred_element_type, group_offset, existing_out, transpose_rhs: bool) -> KernelCall:
+             preferred_element_type, group_offset, existing_out, transpose_rhs: bool,
+             epilogue: KernelEpilogue = NO_EPILOGUE) -> KernelCall:
     problem = gmm_problem(lhs, rhs, group_sizes, preferred_element_type,
                           existing_out is not None, transpose_rhs)
+    # Only a call with an epilogue passes one: a raw kernel without that option serves the rest.
+    options = {} if epilogue.spec.is_identity else {"epilogue": epilogue}
 
     def invoke(arrays: Arrays, tiling: Any) -> jax.Array:
         lhs, rhs, group_sizes, group_offset, existing_out = arrays
         return raw(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                   existing_out, transpose_rhs)
+                   existing_out, transpose_rhs, **options)
 
     return KernelCall(space, op, pass_name, problem,
                       (lhs, rhs, group_sizes, group_offset, existing_out), invoke)

@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue, applied
 from kernelhub._grouped_matmul.groups import NO_OFFSET, computed_rows
 
 RawKernel = Callable[..., jax.Array]
@@ -28,14 +29,22 @@ RawKernel = Callable[..., jax.Array]
 
 def gmm_without_products(lhs: Any, rhs: Any, group_sizes: jax.Array, out_dtype: Any,
                          group_offset: jax.Array, existing_out: jax.Array | None,
-                         transpose_rhs: bool) -> jax.Array | None:
-    """grouped_matmul's result when one of m, k, n is 0, else None."""
+                         transpose_rhs: bool,
+                         epilogue: KernelEpilogue = NO_EPILOGUE) -> jax.Array | None:
+    """grouped_matmul's result when one of m, k, n is 0, else None. With k of 0 each computed
+    row is the epilogue of an empty sum: of its group's bias, or of 0."""
     m, k = lhs.shape
-    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    if m and k and n:
+    n_rhs = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    if m and k and n_rhs:
         return None
+    n = epilogue.spec.output_columns(n_rhs)
     kept = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
-    if m == 0 or n == 0 or existing_out is None:
+    if m == 0 or n == 0:
+        return kept
+    if not epilogue.spec.is_identity:
+        return applied(jnp.zeros((m, n_rhs), jnp.float32), epilogue, group_sizes, group_offset,
+                       rhs.shape[0], existing_out, out_dtype)
+    if existing_out is None:
         return kept
     computed = computed_rows(group_sizes, group_offset, rhs.shape[0], m)
     return jnp.where(computed[:, None], jnp.zeros((), out_dtype), kept)
@@ -60,7 +69,8 @@ def guarded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> tuple[RawKernel, RawKern
             existing_out=None, transpose_rhs=False, **kernel_options):
         group_offset = NO_OFFSET if group_offset is None else group_offset
         empty = gmm_without_products(lhs, rhs, group_sizes, jnp.dtype(preferred_element_type),
-                                     group_offset, existing_out, transpose_rhs)
+                                     group_offset, existing_out, transpose_rhs,
+                                     kernel_options.get("epilogue", NO_EPILOGUE))
         if empty is not None:
             return empty
         return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,

@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.groups import group_bounds
 from kernelhub.quantization import QuantizedArray
 
@@ -201,23 +202,40 @@ def _mapped(fn: Callable[..., jax.Array], in_axes: Sequence[int | None], size: i
 
 def run(p: Plan, lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         group_offset: jax.Array | None, out_dtype, gmm: GroupedMatmul,
-        tgmm: GroupedMatmul) -> jax.Array:
+        tgmm: GroupedMatmul, activation: Any = None) -> jax.Array:
     """The result of ragged_dot_general, computed with the given grouped-matmul kernels.
 
     group_sizes arrive as [*prefix, g] int32 (already broadcast to the prefix lax allows);
-    group_offset as an int32 scalar or None.
+    group_offset as an int32 scalar or None. `activation` (a name or callable, as
+    grouped_matmul's) is fused into grouped_matmul in modes 1 and 3; in mode 2 it follows the
+    float32 products (transposed_grouped_matmul has no epilogue).
     """
     result_dtype, out_dtype = jnp.dtype(out_dtype), kernel_dtype(lhs, rhs, out_dtype)
     if p.mode is Mode.RAGGED_NONCONTRACTING:
-        out = _noncontracting(p, lhs, rhs, group_sizes, group_offset, out_dtype, gmm)
+        out = _noncontracting(p, lhs, rhs, group_sizes, group_offset, out_dtype, gmm, activation)
     elif p.mode is Mode.RAGGED_CONTRACTING:
-        out = _contracting(p, lhs, rhs, group_sizes, group_offset, out_dtype, tgmm)
+        contracting_dtype = out_dtype if activation is None else jnp.dtype(jnp.float32)
+        out = _contracting(p, lhs, rhs, group_sizes, group_offset, contracting_dtype, tgmm)
+        if activation is not None:
+            out = _activated_groups(out, activation, group_offset, p.num_groups)
     else:
-        out = _batch(p, lhs, rhs, group_sizes, group_offset, out_dtype, gmm)
+        out = _batch(p, lhs, rhs, group_sizes, group_offset, out_dtype, gmm, activation)
     return out.reshape(p.out_shape).astype(result_dtype)
 
 
-def _noncontracting(p, lhs, rhs, sizes, group_offset, out_dtype, gmm):
+def _activated_groups(out: jax.Array, activation: Any, group_offset: jax.Array | None,
+                      num_groups: int) -> jax.Array:
+    """Mode 2's [g, ...] float32 products activated; with an offset, the entries past the last
+    group stay 0."""
+    activated = Epilogue(activation=activation).activate(out)
+    if group_offset is None:
+        return activated
+    entry = group_offset + jnp.arange(out.shape[0], dtype=jnp.int32)
+    inside = (entry < num_groups).reshape((-1,) + (1,) * (out.ndim - 1))
+    return jnp.where(inside, activated, jnp.zeros((), activated.dtype))
+
+
+def _noncontracting(p, lhs, rhs, sizes, group_offset, out_dtype, gmm, activation=None):
     b, x = p.size("lhs", "batch"), p.size("lhs", "outer")
     rows, k, n = p.size("lhs", "ragged"), p.size("lhs", "contracting"), p.size("rhs", "free")
     local = p.rhs_shape[p.rhs_group_axis]
@@ -231,7 +249,7 @@ def _noncontracting(p, lhs, rhs, sizes, group_offset, out_dtype, gmm):
 
     def one(lhs, rhs, sizes):
         return gmm(lhs, rhs, sizes, preferred_element_type=out_dtype, group_offset=group_offset,
-                   transpose_rhs=p.transpose_rhs)
+                   transpose_rhs=p.transpose_rhs, activation=activation)
 
     over_outer = _mapped(one, (0, None, 0), x)
     return _mapped(over_outer, (0, 1, 0), b)(lhs, rhs, sizes)  # [b, x, rows, n]
@@ -261,7 +279,7 @@ def _contracting(p, lhs, rhs, sizes, group_offset, out_dtype, tgmm):
     return out[0] if b == 1 else jnp.moveaxis(out, 1, 0)  # [g, b, m, n]
 
 
-def _batch(p, lhs, rhs, sizes, group_offset, out_dtype, gmm):
+def _batch(p, lhs, rhs, sizes, group_offset, out_dtype, gmm, activation=None):
     x = p.size("lhs", "outer")
     entries = p.size("lhs", "ragged")  # the ragged axis with the batch axes after it
     per_index = p.rows_per_ragged_index  # entries per index of the ragged axis
@@ -290,6 +308,6 @@ def _batch(p, lhs, rhs, sizes, group_offset, out_dtype, gmm):
         entry_sizes = jnp.where((index >= first) & (index < last), m, 0).astype(jnp.int32)
         kernel_sizes = jnp.concatenate([(first * per_index * m).reshape(1), entry_sizes])
         return gmm(lhs, rhs, kernel_sizes, preferred_element_type=out_dtype, group_offset=1,
-                   transpose_rhs=p.transpose_rhs)
+                   transpose_rhs=p.transpose_rhs, activation=activation)
 
     return _mapped(one, (0, 0, 0), x)(lhs, rhs, sizes)

@@ -25,7 +25,8 @@ from kernelhub._grouped_matmul.passes import TuningSpace
 from kernelhub._grouped_matmul.prologue import RawKernel, guarded
 from kernelhub._grouped_matmul.scale_folding import folded
 
-GMM_STATIC = ("preferred_element_type", "tiling", "transpose_rhs")
+GMM_STATIC = ("preferred_element_type", "tiling", "transpose_rhs", "activation", "glu",
+              "glu_layout")
 TGMM_STATIC = ("preferred_element_type", "tiling", "num_actual_groups")
 
 

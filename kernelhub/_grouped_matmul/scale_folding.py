@@ -4,8 +4,9 @@ The Pallas kernels take int8 and fp8 arrays as operands (multiplied as stored or
 tile) and apply scale blocks along the contraction themselves (`scales=`,
 kernelhub/_grouped_matmul/contraction_scales.py). A QuantizedArray (kernelhub/quantization.py) with one
 scale along its quantized axis has a scale that varies along one axis of the product only:
-where that axis is an output axis, the scale multiplies the kernel's float32 result (rows,
-columns, per group); where it is the contraction axis (the backward products, whose other
+where that axis is an output axis, the scale multiplies grouped_matmul's float32 tile in the
+kernel, before its store and ahead of any bias or activation (`KernelEpilogue`'s row_scale and
+column_scale; tgmm's result is scaled after its kernel); where it is the contraction axis (the backward products, whose other
 operand is a float cotangent), it is folded into the other operand first. An operand with
 several scale blocks along an output axis (again only in backward products, where the quantized
 operand is the gradient's other factor) has scales varying along both axes: the kernels take it
@@ -24,7 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.contraction_scales import ContractionScales, OutputBlockScales
-from kernelhub._grouped_matmul.groups import computed_rows, local_bounds
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue
+from kernelhub._grouped_matmul.groups import row_groups
 from kernelhub.quantization import QuantizedArray
 
 RawKernel = Any
@@ -94,25 +96,17 @@ def _float(operand: Any) -> jax.Array:
     return array.astype(jnp.float32)
 
 
-def _row_groups(group_sizes, group_offset, local_groups: int, rows: int) -> jax.Array:
-    """int32 [rows]: each row's local group, clamped into [0, local_groups) for other rows."""
-    _, ends = local_bounds(group_sizes, group_offset, local_groups, rows)
-    # ends is non-decreasing: a row's group is the number of local groups ending at or before it.
-    # method="sort": no loop (the default's while loop costs a GPU a host round trip per step).
-    group = jnp.searchsorted(ends, jnp.arange(rows, dtype=jnp.int32), side="right", method="sort")
-    return jnp.minimum(group, local_groups - 1).astype(jnp.int32)
-
-
 def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
     """Raw kernels taking QuantizedArrays, from raw kernels taking plain arrays (int8 and fp8
     ones included) in their place, `scales=` (ContractionScales) and `output_blocks=`
     (OutputBlockScales)."""
 
     def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
-            transpose_rhs):
+            transpose_rhs, epilogue: KernelEpilogue | None = None):
+        fused = {} if epilogue is None else {"epilogue": epilogue}
         if not _is_quantized(lhs, rhs):
             return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                           existing_out, transpose_rhs)
+                           existing_out, transpose_rhs, **fused)
         m = lhs.shape[0]
         local_groups = rhs.shape[0]
         rhs_contraction = 2 if transpose_rhs else 1
@@ -129,25 +123,20 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
             lhs = lhs.values
         if isinstance(rhs, QuantizedArray):
             scale = _scales(rhs)  # [local_groups, the axis the scale varies over]
-            groups = _row_groups(group_sizes, group_offset, local_groups, m)
             if rhs.axis == rhs_contraction:  # one scale per output column and group
-                column_scale = scale[groups]
+                column_scale = scale
             else:  # one scale per k and group: folded into each row of lhs
+                groups = row_groups(group_sizes, group_offset, local_groups, m)
                 lhs = _float(lhs) * scale[groups]
             rhs = rhs.values
-        if row_scale is None and column_scale is None:  # every scale applied in the kernel
-            return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                           existing_out, transpose_rhs, **kernel_options)
-        out = raw_gmm(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
-                      transpose_rhs, **kernel_options)
-        if row_scale is not None:
-            out = out * row_scale[:, None]
-        if column_scale is not None:
-            out = out * column_scale
-        out = out.astype(preferred_element_type)
-        computed = computed_rows(group_sizes, group_offset, local_groups, m)[:, None]
-        base = jnp.zeros_like(out) if existing_out is None else existing_out
-        return jnp.where(computed, out, base)
+        if row_scale is not None or column_scale is not None:
+            # Applied to the kernel's float32 tile before its store, ahead of any bias or
+            # activation (the contract's order).
+            epilogue = (epilogue or NO_EPILOGUE)._replace(row_scale=row_scale,
+                                                          column_scale=column_scale)
+            fused = {"epilogue": epilogue}
+        return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                       existing_out, transpose_rhs, **kernel_options, **fused)
 
     def tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
              num_actual_groups, existing_out):

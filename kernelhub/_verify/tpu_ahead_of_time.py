@@ -54,6 +54,19 @@ SHAPES = {
 }
 
 
+# A gated expert layer: n is the output's columns, rhs holds 2n (gate and up, interleaved).
+GATED_SHAPES = {
+    s.name: s
+    for s in (
+        MoeShape("gpt-oss-120b", 8192, 2880, 2880, 128,
+                 note="GPT-OSS-120B gate/up projection: interleaved swiglu_oai with bias"),
+    )
+}
+
+# What compile_for's `epilogue` names: grouped_matmul's epilogue arguments, a bias by default.
+GPT_OSS_EPILOGUE = {"glu": "swiglu_oai", "glu_layout": "interleaved", "bias": True}
+
+
 def libtpu_available() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
@@ -105,8 +118,9 @@ def vmem_estimates(result: "CompileResult") -> dict[str, int]:
 
 
 def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = None,
-                  block_size: int | None = None):
-    """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels)."""
+                  block_size: int | None = None, epilogue: dict[str, Any] | None = None):
+    """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels; a
+    nonlinear epilogue adds the forward kernel's recomputation of its pre-activation)."""
     from kernelhub import _loader
     from kernelhub._core.dispatch import get
     from kernelhub.quantization import quantize
@@ -114,40 +128,56 @@ def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = 
     _loader.load()
     gmm = get("grouped_matmul", platform="pallas", backend="tpu")
 
-    def forward(lhs, rhs, group_sizes, group_offset):
+    options = dict(epilogue or {})
+    with_bias = options.pop("bias", False)
+
+    def forward(lhs, rhs, group_sizes, group_offset, bias=None):
         if quantized is not None:  # scales per row of lhs and column of each expert, per block
             lhs = quantize(lhs, quantized, axis=1, block_size=block_size)
             rhs = quantize(rhs, quantized, axis=1, block_size=block_size)
-        return gmm(lhs, rhs, group_sizes, preferred_element_type=dtype, group_offset=group_offset)
+        return gmm(lhs, rhs, group_sizes, preferred_element_type=dtype, group_offset=group_offset,
+                   bias=bias, **options)
 
-    def forward_and_backward(lhs, rhs, group_sizes, group_offset, d_out):
-        out, vjp = jax.vjp(lambda a, b: forward(a, b, group_sizes, group_offset), lhs, rhs)
-        d_lhs, d_rhs = vjp(d_out)
-        return out, d_lhs, d_rhs
+    def forward_and_backward(lhs, rhs, group_sizes, group_offset, d_out, bias=None):
+        if not with_bias:
+            out, vjp = jax.vjp(lambda a, b: forward(a, b, group_sizes, group_offset), lhs, rhs)
+            return out, *vjp(d_out)
+        out, vjp = jax.vjp(lambda a, b, c: forward(a, b, group_sizes, group_offset, c), lhs,
+                           rhs, bias)
+        return out, *vjp(d_out)
 
     return jax.jit(forward_and_backward if backward else forward)
 
 
-def argument_specs(shape: MoeShape, dtype: Any, backward: bool, device: Any) -> list:
+def argument_specs(shape: MoeShape, dtype: Any, backward: bool, device: Any,
+                   epilogue: dict[str, Any] | None = None) -> list:
     sharding = jax.sharding.SingleDeviceSharding(device)
+    epilogue = epilogue or {}
+    rhs_columns = 2 * shape.n if epilogue.get("glu") else shape.n
 
     def spec(dims, dt):
         return jax.ShapeDtypeStruct(dims, dt, sharding=sharding)
 
-    specs = [spec((shape.m, shape.k), dtype), spec((shape.local_experts, shape.k, shape.n), dtype),
+    specs = [spec((shape.m, shape.k), dtype),
+             spec((shape.local_experts, shape.k, rhs_columns), dtype),
              spec((shape.experts,), jnp.int32),
              spec((), jnp.int32) if shape.local is not None else None]
     if backward:
         specs.append(spec((shape.m, shape.n), dtype))
+    if epilogue.get("bias"):
+        specs.append(spec((shape.local_experts, rhs_columns), jnp.float32))
     return specs
 
 
 def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
                 backward: bool = True, quantized: Any = None,
-                block_size: int | None = None) -> CompileResult:
+                block_size: int | None = None,
+                epilogue: dict[str, Any] | None = None) -> CompileResult:
     """Compiles the step for one chip of `generation` with the default tiling; with
     `quantized` (int8 or an fp8 dtype), on both operands quantized to it per row and column,
-    with `block_size` scale blocks along k."""
+    with `block_size` scale blocks along k; with `epilogue`, grouped_matmul's epilogue arguments
+    (bias=True for a float32 bias; with a glu, shape.n is the output's columns and rhs has
+    twice as many)."""
     from jax.experimental import topologies
 
     dtype = jnp.dtype(dtype)
@@ -162,8 +192,9 @@ def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
         device = topology.devices[0]
         # The kernels read the target chip from the default device while tracing (hardware.py).
         with jax.default_device(device):
-            lowered = step_function(shape, dtype, backward, quantized, block_size).lower(
-                *argument_specs(shape, dtype, backward, device))
+            lowered = step_function(shape, dtype, backward, quantized, block_size,
+                                    epilogue).lower(
+                *argument_specs(shape, dtype, backward, device, epilogue))
         compiled = lowered.compile()
         result.compiled = True
         text = compiled.as_text()

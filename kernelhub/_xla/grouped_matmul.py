@@ -15,18 +15,24 @@ from jax import lax
 from kernelhub._core.manual_axes import varying_like
 from kernelhub._core.shapes import is_static
 from kernelhub._xla import _operands, _row_chunks
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue
 from kernelhub._grouped_matmul.groups import local_bounds
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
-                       existing_out, transpose_rhs) -> jax.Array:
+                       existing_out, transpose_rhs,
+                       epilogue: KernelEpilogue = NO_EPILOGUE) -> jax.Array:
     """The raw forward kernel: arguments as the contract hands them on, no axis empty
-    (kernelhub/_grouped_matmul/prologue.py)."""
+    (kernelhub/_grouped_matmul/prologue.py). The epilogue runs on each chunk's float32 sums."""
     out_dtype = jnp.dtype(preferred_element_type)
     m, k = lhs.shape
     local_groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    out = existing_out if existing_out is not None else jnp.zeros((m, n), out_dtype)
+    # Quantized operands reach these loops whole (no scale folding), so no scales come here.
+    spec, bias = epilogue.spec, epilogue.bias
+    out_columns = spec.output_columns(n)
+    out = (existing_out if existing_out is not None
+           else jnp.zeros((m, out_columns), out_dtype))
     largest = _row_chunks.largest_chunk(tiling, m, k, n)
     starts, ends = local_bounds(group_sizes, group_offset, local_groups, m)
     lhs, rows = _row_chunks.with_spare_rows(lhs, 0, m, largest)
@@ -44,6 +50,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         compute_dtype, sum_dtype = jnp.dtype(jnp.int8), jnp.dtype(jnp.int32)
 
     def one_group(j, out_bits):
+        group_bias = 0.0 if bias is None else lax.dynamic_index_in_dim(
+            bias, j, 0, keepdims=False).astype(jnp.float32)
         if factored:
             weights, column_scale = _operands.indexed_values(rhs, j, compute_dtype)
         else:
@@ -65,6 +73,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
                 product = product * row_scale[:, None]
             if column_scale is not None:
                 product = product * column_scale[None, :]
+            if not spec.is_identity:
+                product = spec.apply(product + group_bias)
             new = _row_chunks.as_bits(product.astype(out_dtype))
             if valid is not None:
                 old = lax.dynamic_slice_in_dim(out_bits, window_start, window_rows, 0)

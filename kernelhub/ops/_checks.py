@@ -16,8 +16,10 @@ import numpy as np
 from kernelhub import _qwix
 from kernelhub._core.dtypes import dtype_among
 from kernelhub._core.errors import ShapeError
-from kernelhub._core.shapes import symbolic_shapes
+from kernelhub._core.shapes import is_static, symbolic_shapes
 from kernelhub._grouped_matmul.contraction_scales import fits_kernels
+from kernelhub._grouped_matmul.epilogue import (
+    ACTIVATIONS, CONCATENATED, GLU_LAYOUTS, GLUS, Epilogue)
 from kernelhub._grouped_matmul.groups import NO_OFFSET
 from kernelhub._grouped_matmul.problem import require_static
 from kernelhub._grouped_matmul.names import (
@@ -132,16 +134,76 @@ def features(arguments: dict[str, Any]) -> frozenset[str]:
     """The optional features a grouped-matmul call uses."""
     operands = [arguments.get(name) for name in ("lhs", "rhs")]
     symbolic = bool(symbolic_shapes(operands))
+    used = set(Epilogue(arguments.get("bias") is not None, arguments.get("activation"),
+                        arguments.get("glu")).features())
+    if symbolic:
+        used.add(SYMBOLIC_SHAPES)
     quantized = [operand for operand in operands if isinstance(operand, QuantizedArray)]
     if not quantized:
-        return frozenset({SYMBOLIC_SHAPES}) if symbolic else frozenset()
-    used = {QUANTIZED} | ({SYMBOLIC_SHAPES} if symbolic else set())
+        return frozenset(used)
+    used.add(QUANTIZED)
     blocked = [operand for operand in quantized if operand.num_blocks > 1]
     if blocked:
         used.add(QUANTIZED_BLOCKS)
     if any(not fits_kernels(operand.block_size) for operand in blocked):
         used.add(QUANTIZED_ODD_BLOCKS)
     return frozenset(used)
+
+
+def epilogue(arguments: dict[str, Any], local_groups: int, rhs_columns: int,
+             out_dtype: np.dtype) -> tuple[Epilogue, jax.Array | None]:
+    """(the Epilogue, the bias array or None) of grouped_matmul's bias, activation, glu and
+    glu_layout (kernelhub/_grouped_matmul/epilogue.py)."""
+    activation, glu = arguments.get("activation"), arguments.get("glu")
+    layout = arguments.get("glu_layout", CONCATENATED)
+    if not isinstance(layout, str) or layout.strip().lower() not in GLU_LAYOUTS:
+        raise ValueError(f"glu_layout must be one of {', '.join(map(repr, GLU_LAYOUTS))}, got "
+                         f"{layout!r}")
+    layout = layout.strip().lower()
+    if activation is not None and glu is not None:
+        raise ValueError(f"activation and glu cannot both be given (got activation="
+                         f"{activation!r}, glu={glu!r}): glu applies its own activation to the "
+                         f"gate half")
+    activation = activation_function(activation)
+    if glu is not None:
+        if not isinstance(glu, str):
+            raise TypeError(f"glu must be a name ({', '.join(GLUS)}), got "
+                            f"{type(glu).__name__}")
+        glu = _name_among("glu", glu, GLUS)
+        if is_static(rhs_columns) and rhs_columns % 2:
+            raise ShapeError(f"glu needs rhs to hold an even number of columns (gate and up "
+                             f"halves), got {rhs_columns}")
+    bias = arguments.get("bias")
+    if bias is not None:
+        bias = as_array(bias)
+        if jnp.dtype(bias.dtype) not in FLOAT_DTYPES:
+            raise TypeError(f"bias must have dtype {_FLOAT_NAMES}, got {bias.dtype}")
+        if bias.shape != (local_groups, rhs_columns):
+            raise ShapeError(f"bias must have shape {(local_groups, rhs_columns)} ([local_groups, "
+                             f"n_rhs]: one row per group of rhs, one entry per rhs column), got "
+                             f"{bias.shape}")
+    spec = Epilogue(bias is not None, activation, glu, layout if glu is not None else CONCATENATED)
+    if not spec.is_identity and jnp.issubdtype(out_dtype, jnp.integer):
+        raise TypeError("bias, activation and glu need a float preferred_element_type (they act "
+                        "on float32 sums), got int32")
+    return spec, bias
+
+
+def activation_function(value: Any) -> str | Any:
+    """`activation` as a name of ACTIVATIONS (normalised) or a callable, or None."""
+    if isinstance(value, str):
+        return _name_among("activation", value, ACTIVATIONS)
+    if value is not None and not callable(value):
+        raise TypeError(f"activation must be a name ({', '.join(ACTIVATIONS)}) or a callable, "
+                        f"got {type(value).__name__}")
+    return value
+
+
+def _name_among(argument: str, name: str, names: Mapping[str, Any]) -> str:
+    key = name.strip().lower()
+    if key not in names:
+        raise ValueError(f"{argument} must be one of {', '.join(map(repr, names))}, got {name!r}")
+    return key
 
 
 def element_type(value: Any, lhs: Any, rhs: Any) -> np.dtype:

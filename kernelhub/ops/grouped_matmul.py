@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -46,6 +47,8 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
             f"most num_groups groups"
         )
     out_dtype = _checks.element_type(arguments["preferred_element_type"], lhs, rhs)
+    epilogue, bias = _checks.epilogue(arguments, local_groups, n, out_dtype)
+    n = epilogue.output_columns(n)
     return dict(
         lhs=lhs,
         rhs=rhs,
@@ -55,6 +58,10 @@ def _prepare(arguments: dict[str, Any]) -> dict[str, Any]:
         group_offset=_checks.group_offset(arguments["group_offset"]),
         existing_out=_checks.existing_out(arguments["existing_out"], (m, n), out_dtype),
         transpose_rhs=transpose_rhs,
+        bias=bias,
+        activation=epilogue.activation,
+        glu=epilogue.glu,
+        glu_layout=epilogue.glu_layout,
     )
 
 
@@ -74,6 +81,10 @@ def grouped_matmul(
     group_offset: int | Integer[ArrayIn, ""] | None = None,
     existing_out: Real[ArrayIn, "m _"] | None = None,
     transpose_rhs: bool = False,
+    bias: Real[ArrayIn, "local_groups n_rhs"] | None = None,
+    activation: str | Callable[[jax.Array], jax.Array] | None = None,
+    glu: str | None = None,
+    glu_layout: str = "concatenated",
 ) -> Real[jax.Array, "m n"]:
     """Multiplies each row group of `lhs` by its own matrix: the MoE expert matmul.
 
@@ -95,21 +106,37 @@ def grouped_matmul(
         or None (the tuning table in force, else the implementation's heuristic); or one of
         these per pass, as kernelhub.Tilings(forward=..., lhs_gradient=..., rhs_gradient=...)
         or a dict with those keys (kernelhub/_grouped_matmul/tilings.py). Never affects the result.
+        With `glu`, the column tile counts rhs columns (gate and up together): the output tile
+        is half of it.
       group_offset: first local group (an int or int32 scalar, may be traced, e.g. inside
         shard_map); 0 when None. Requires group_offset + local_groups <= num_groups.
       existing_out: [m, n] of preferred_element_type. Rows that no local group computes are
         copied from it instead of set to 0.
       transpose_rhs: rhs is laid out [local_groups, n, k] and used transposed.
+      bias: [local_groups, n_rhs] float32, bfloat16 or float16, n_rhs being rhs's columns (2n
+        with `glu`): bias[j] is added to the float32 sums of local group group_offset + j,
+        before any activation.
+      activation: applied to the float32 sums (bias added) before the cast: "relu", "silu",
+        "gelu" (erf), "gelu_tanh", "tanh", "sigmoid", "identity", or any elementwise,
+        differentiable callable of a float32 array (as tokamax's `activation=`).
+      glu: a gated unit: rhs has n_rhs = 2n columns holding a gate half and an up half, and the
+        output n columns, act(gate) * up in float32. "silu" (SwiGLU), "gelu", "gelu_tanh"
+        (GeGLU), or "swiglu_oai" (GPT-OSS's: gate = min(gate, 7), up = clip(up, -7, 7),
+        (up + 1) * gate * sigmoid(1.702 * gate)). Not together with `activation`.
+      glu_layout: where the halves lie in rhs's (and bias's) columns: "concatenated" (gate =
+        [:n], up = [n:]) or "interleaved" (gate = [0::2], up = [1::2], as GPT-OSS checkpoints).
 
     Returns:
-      [m, n] of preferred_element_type. A row of local group g = group_offset + j is
-      lhs[row] @ rhs[j] (or rhs[j].T). A quantized operand counts as its dequantized float32
+      [m, n] of preferred_element_type (n = n_rhs / 2 with `glu`, else n_rhs). A row of local
+      group g = group_offset + j is epilogue(lhs[row] @ rhs[j] (or rhs[j].T) + bias[j]), the
+      epilogue being the activation, the gated unit, or nothing; all in float32, cast once. A quantized operand counts as its dequantized float32
       values (QuantizedArray.dequantize()); the product is accumulated in float32 and cast
       once (docs/quantization.md). Every other row (other groups' rows, rows past
       sum(group_sizes)) is exactly 0, or exactly existing_out's row. A NaN or Inf in lhs reaches
       only the output rows it belongs to.
 
-    Gradients: exact VJPs for lhs, rhs and existing_out. A QuantizedArray made by
+    Gradients: exact VJPs for lhs, rhs, bias and existing_out (a group without rows gets a bias
+    gradient of exactly 0; a callable activation is differentiated by jax.vjp). A QuantizedArray made by
     kernelhub.quantize passes the gradient of its dequantized value straight to what was
     quantized; its values and scale get none. existing_out's cotangent is the output
     cotangent on the rows not computed and 0 on the rows computed. An integer operand takes
@@ -118,8 +145,9 @@ def grouped_matmul(
 
     Raises:
       TypeError or ValueError naming the argument for bad ranks, dtypes, contraction sizes,
-      group_sizes, tiling, existing_out, group_offset, and (when concrete) negative group sizes
-      or sizes summing past m. Under jit the sizes are checked only with
+      group_sizes, tiling, existing_out, group_offset, bias, activation, glu and glu_layout
+      (an odd n_rhs with glu, glu with activation, an epilogue on an int32 output), and (when
+      concrete) negative group sizes or sizes summing past m. Under jit the sizes are checked only with
       `kernelhub.runtime_checks()` (or KERNELHUB_RUNTIME_CHECKS=1); without it bad sizes give
       unspecified values but never out-of-bounds memory access.
     """

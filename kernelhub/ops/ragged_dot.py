@@ -11,6 +11,7 @@ kernelhub/_composite), so forcing a platform forces their kernels too.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -286,6 +287,10 @@ def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
     prefix_shape = tuple(lhs.shape[a] for a in p.prefix)
     group_sizes = _group_sizes(arguments["group_sizes"], prefix_shape)
     out_dtype = _element_type(arguments["preferred_element_type"], lhs, rhs)
+    activation = _checks.activation_function(arguments["activation"])
+    if activation is not None and _checks.accumulation_dtype(lhs, rhs) == _checks.INT32:
+        raise TypeError("activation needs float sums: two integer operands are summed exactly "
+                        "in int32; quantize one or cast it to a float dtype")
     return dict(
         lhs=_quantized("lhs", lhs, p),
         rhs=_quantized("rhs", rhs, p),
@@ -295,6 +300,7 @@ def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
         preferred_element_type=out_dtype,
         group_offset=_group_offset(arguments["group_offset"]),
         out_sharding=arguments["out_sharding"],
+        activation=activation,
     )
 
 
@@ -338,6 +344,7 @@ def ragged_dot_general(
     preferred_element_type: Any = None,
     group_offset: int | Integer[ArrayIn, ""] | Integer[ArrayIn, "1"] | None = None,
     out_sharding: Any = None,
+    activation: str | Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """Ragged matrix multiplication, as jax.lax.ragged_dot_general, on kernelhub's kernels.
 
@@ -379,6 +386,11 @@ def ragged_dot_general(
         result's entry j is group group_offset + j, and the entries past the last group are 0.
         Mode 3: the groups from group_offset on are computed.
       out_sharding: as lax's: the result is resharded to it when given.
+      activation: beyond lax: applied to the float32 sums before the cast (fused into the
+        grouped-matmul kernel in modes 1 and 3), as grouped_matmul's `activation`: a name
+        ("relu", "silu", "gelu", "gelu_tanh", "tanh", "sigmoid", "identity") or any elementwise,
+        differentiable callable (tokamax's `activation=`). Entries that belong to no local
+        group stay exactly 0. Not for two integer operands.
 
     Returns:
       lax's result shape (mode 2 with a leading g) and dtype. Rows (mode 1), products (mode 2)
@@ -427,6 +439,7 @@ def ragged_dot(
     preferred_element_type: Any = None,
     group_offset: int | Integer[ArrayIn, ""] | Integer[ArrayIn, "1"] | None = None,
     out_sharding: Any = None,
+    activation: str | Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """[m, k] x [g, k, n] -> [m, n]: each group of lhs rows times its own rhs, as
     jax.lax.ragged_dot; ragged_dot_general's mode 1 with lhs [m, k] ragged in m (see

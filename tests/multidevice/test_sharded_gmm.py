@@ -109,6 +109,44 @@ def test_gmm_transposed_rhs_with_sharded_experts(spec):
     _check_gmm(spec, transpose_rhs=True)
 
 
+@pytest.mark.parametrize("spec", cases(GMM))
+def test_gated_gmm_with_sharded_experts_and_biases(spec):
+    """A fused SwiGLU with per-expert biases, experts and their biases sharded: each device's
+    rows of other experts stay 0 (the gate is not applied to them), so the psum is the
+    single-device result; gradients for lhs, rhs and bias too."""
+    m, k, n = _sizes(spec)
+    rng = np.random.default_rng(2)
+    lhs, rhs = _normal(rng, (m, k)), _normal(rng, (EXPERTS, k, 2 * n))
+    bias = _normal(rng, (EXPERTS, 2 * n))
+    group_sizes = _group_sizes(rng, m)
+    d_out = _normal(rng, (m, n))
+    gmm = _op(GMM, spec)
+    mesh = _mesh()
+
+    def on_device(lhs, rhs, bias, group_sizes):
+        first = jax.lax.axis_index(AXIS) * rhs.shape[0]
+        local = gmm(lhs, rhs, group_sizes, group_offset=first, bias=bias, glu="silu")
+        return jax.lax.psum(local, AXIS)
+
+    sharded = jax.shard_map(on_device, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P()),
+                            out_specs=P())
+    by_expert = NamedSharding(mesh, P(AXIS))
+
+    def out_and_grads(a, b, c):
+        out, pullback = jax.vjp(lambda a, b, c: sharded(a, b, c, group_sizes), a, b, c)
+        return (out, *pullback(d_out))
+
+    got = jax.jit(out_and_grads)(lhs, jax.device_put(rhs, by_expert),
+                                 jax.device_put(bias, by_expert))
+    sizes = np.asarray(group_sizes)
+    grads = reference.gmm_epilogue_vjp(lhs, rhs, sizes, d_out, bias=bias, glu="silu")
+    want = (reference.gmm(lhs, rhs, sizes, bias=bias, glu="silu"), grads["lhs"], grads["rhs"],
+            grads["bias"])
+    for name, g, w in zip(("out", "d_lhs", "d_rhs", "d_bias"), got, want):
+        assert g.shape == w.shape, name
+        assert_close(g, w, jnp.float32, jnp.float32, contraction=max(m, k, n))
+
+
 @pytest.mark.parametrize("spec", cases(TGMM))
 def test_tgmm_with_sharded_groups_matches_one_device(spec):
     m, k, n = _sizes(spec)

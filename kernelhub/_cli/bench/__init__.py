@@ -24,6 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "against jax.lax.ragged_dot")
     parser.add_argument("--quantized", action="store_true",
                         help="grouped_matmul on int8 and fp8 operands against bfloat16")
+    parser.add_argument("--epilogue", action="store_true",
+                        help="grouped_matmul's fused epilogues (bias, activation, glu) against the "
+                             "same math unfused, forward and with gradients, time and memory, "
+                             "and the gradient's residual policies; default platform xla (with "
+                             "--quick: glu silu only, the last of --dtypes, a small layer)")
     parser.add_argument("--tuning", action="store_true",
                         help="tuned tilings (the shipped table, or --tuning-table) against the "
                              "heuristic's, forward and with gradients")
@@ -72,7 +77,7 @@ _READ_BY = {"shape": ("the CPU benchmark (no flag)", "--tuning"),
 
 def _check_options_apply(args: argparse.Namespace) -> None:
     chosen = next((flag for flag in ("gpu", "overhead", "ragged", "compile", "tuning",
-                                     "quantized") if getattr(args, flag)), None)
+                                     "quantized", "epilogue") if getattr(args, flag)), None)
     for option, readers in _READ_BY.items():
         if getattr(args, option) is None:
             continue
@@ -110,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
         from kernelhub._cli.bench import quantized
 
         return quantized.run_quantized(args)
+    if args.epilogue:
+        from kernelhub._cli.bench import epilogue
+
+        return epilogue.run_epilogue(args)
     from kernelhub._cli.bench import cpu
 
     return cpu.run_cpu(args)

@@ -3,7 +3,9 @@
 For each shape and group-size pattern (balanced, skewed: Dirichlet alpha 0.5) it times gmm
 forward, gmm backward (d lhs + d rhs through jax.vjp) and tgmm, each beside a dense floor of the
 same FLOPs (jnp.dot on the computed rows, i.e. cuBLAS) and the peer jax.lax.ragged_dot; then gmm
-forward on e4m3 and int8 operands beside dense bf16 and dense 8-bit floors (gpu_quantized.py).
+forward on e4m3 and int8 operands beside dense bf16 and dense 8-bit floors (gpu_quantized.py);
+then fused epilogues (glu="silu"; bias + glu="swiglu_oai", interleaved) beside the same math
+unfused, forward and forward + grad (epilogue.py).
 It writes gpu_bench.md (tables, targets), gpu_bench.json (raw numbers) and gpu_bench.png (plot,
 when matplotlib is installed) into the output folder. `--gpu-parts sweep` times a few block
 configs per shape instead (gpu_sweep.md), the data for tuning kernelhub/_pallas/gpu/config.py.
@@ -86,6 +88,7 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
     header = report_header(reps, warmup, dtype, smoke)
     parts = getattr(args, "gpu_parts", None) or ["bench"]
     if "bench" in parts:
+        from kernelhub._cli.bench import epilogue
         from kernelhub._cli.bench import gpu_quantized as quantized
 
         measurements = []
@@ -96,23 +99,32 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
                           flush=True)
                     measurements.append(result)
         quantized_rows = []
+        epilogue_rows = []
 
         def write_reports() -> None:
             (out / "gpu_bench.md").write_text(
                 markdown_report(measurements, header) + "\n"
-                + "\n".join(quantized.markdown_lines(quantized_rows)))
+                + "\n".join(quantized.markdown_lines(quantized_rows)
+                            + (epilogue.gpu_markdown_lines(epilogue_rows) if epilogue_rows
+                               else [])))
             (out / "gpu_bench.json").write_text(json.dumps(
                 {"header": header, "results": [as_record(m) for m in measurements],
-                 "quantized": [quantized.as_record(m) for m in quantized_rows]}, indent=1))
+                 "quantized": [quantized.as_record(m) for m in quantized_rows],
+                 "epilogue": [epilogue.gpu_record(m) for m in epilogue_rows]}, indent=1))
 
-        # Written after the main table and again after each quantized shape, so that a run cut
-        # short by a time limit still leaves what it measured.
+        # Written after the main table and again after each quantized or epilogue shape, so
+        # that a run cut short by a time limit still leaves what it measured.
         write_reports()
         plotted = plot(measurements, out / "gpu_bench.png")
         for shape in shapes:
             for result in quantized.measure_quantized(shape, reps, warmup):
                 print(quantized.one_line(result), flush=True)
                 quantized_rows.append(result)
+            write_reports()
+        for shape in shapes:
+            for result in epilogue.measure_gpu(shape, dtype, reps, warmup, platform="triton"):
+                print(epilogue.gpu_one_line(result), flush=True)
+                epilogue_rows.append(result)
             write_reports()
         print(f"wrote {out / 'gpu_bench.md'}, {out / 'gpu_bench.json'}"
               + (f", {out / 'gpu_bench.png'}" if plotted else " (no plot: matplotlib is missing)"))

@@ -11,7 +11,7 @@ import functools
 
 from kernelhub import ops  # noqa: F401  (declares the ops registered here)
 from kernelhub._core.registry import needs_device
-from kernelhub._grouped_matmul.names import QUANTIZED, QUANTIZED_BLOCKS
+from kernelhub._grouped_matmul.names import ACTIVATION, BIAS, GLU, QUANTIZED, QUANTIZED_BLOCKS
 from kernelhub._grouped_matmul.registration import register_grouped_matmuls
 from kernelhub._pallas.gpu import tuning_space
 
@@ -31,11 +31,12 @@ def _raw_tgmm(*args, **kwargs):
 def _register(backend: str, interpret: bool, **how):
     # Quantized operands: the kernels multiply the int8/fp8 values and apply scale blocks along
     # the contraction; one scale per row or column is applied around them (fold_scales).
+    # Epilogues (bias, activation, glu) run on the forward kernel's float32 tile.
     return register_grouped_matmuls(
         "triton", backend, functools.partial(_raw_gmm, interpret=interpret),
         functools.partial(_raw_tgmm, interpret=interpret),
         tuning_space.space("triton-interpret" if interpret else "triton"),
-        features=(QUANTIZED, QUANTIZED_BLOCKS), fold_scales=True, **how)
+        features=(QUANTIZED, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU), fold_scales=True, **how)
 
 
 compiled = _register("gpu", interpret=False, priority=10, requirement=needs_device("gpu"))

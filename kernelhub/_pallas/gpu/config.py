@@ -137,6 +137,15 @@ def within_all_scale_blocks(config: BlockConfig, scales: Any, output_blocks: Any
     return config
 
 
+def gated_output_tile(config: BlockConfig, n_out: int) -> BlockConfig:
+    """The config of a gated (glu) gmm from the config for its rhs: block_n counts the rhs
+    columns a program reads, gate and up tiles together, so its output tile has half of them
+    (at least MIN_BLOCK, at most what covers the n_out output columns). Its float32 sums of
+    gate and up then take the registers, and its rhs tiles the shared memory, of the same
+    tiling without a gate."""
+    return dataclasses.replace(config, block_n=_fit(max(config.block_n // 2, MIN_BLOCK), n_out))
+
+
 def _fit(block: int, dim: int) -> int:
     """Shrinks a block to the smallest power of two covering `dim` (never below MIN_BLOCK)."""
     return max(MIN_BLOCK, min(block, _next_power_of_two(dim)))

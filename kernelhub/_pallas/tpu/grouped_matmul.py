@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._core.manual_axes import shape_dtype_like
-from kernelhub._pallas.tpu import scale_blocks
+from kernelhub._pallas.tpu import epilogue_tiles, scale_blocks
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
@@ -31,6 +31,7 @@ from kernelhub._pallas.tpu.tiling import LANES
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 from kernelhub._core.shapes import is_static
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue, applied
 from kernelhub._grouped_matmul.problem import gmm_problem
 
 
@@ -38,21 +39,34 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
                    preferred_element_type: Any, tiling: Any, group_offset: jax.Array,
                    existing_out: jax.Array | None, transpose_rhs: bool,
                    scales: ContractionScales | None = None,
-                   output_blocks: OutputBlockScales | None = None, *,
+                   output_blocks: OutputBlockScales | None = None,
+                   epilogue: KernelEpilogue = NO_EPILOGUE, *,
                    interpret: Any = False) -> jax.Array:
     """The raw forward kernel: arguments as the contract hands them on, no axis empty
-    (kernelhub/_grouped_matmul/prologue.py)."""
+    (kernelhub/_grouped_matmul/prologue.py). The epilogue runs on the float32 accumulator
+    block in VMEM before the store (kernelhub/_pallas/tpu/epilogue_tiles.py)."""
     out_dtype = jnp.dtype(preferred_element_type)
     if needs_widening(lhs.dtype, rhs.dtype, out_dtype):
         out = grouped_matmul(
             lhs.astype(widened(lhs.dtype)), rhs.astype(widened(rhs.dtype)), group_sizes,
             widened(out_dtype), tiling, group_offset,
             None if existing_out is None else existing_out.astype(widened(out_dtype)),
-            transpose_rhs, scales, output_blocks, interpret=interpret)
+            transpose_rhs, scales, output_blocks, epilogue, interpret=interpret)
         return out.astype(out_dtype)
+    spec = epilogue.spec
+    if not epilogue.is_identity and jnp.issubdtype(out_dtype, jnp.integer):
+        raise ValueError("an epilogue needs a float output")
+    if spec.glu is not None and (scales is not None or output_blocks is not None):
+        # Scale blocks of a gated rhs would need the gate's and up's scale tiles too: this rare
+        # pair (blocked scales on a glu weight) runs the gate outside the kernel.
+        total = grouped_matmul(lhs, rhs, group_sizes, jnp.float32, tiling, group_offset, None,
+                               transpose_rhs, scales, output_blocks, interpret=interpret)
+        return applied(total, epilogue, group_sizes, group_offset, rhs.shape[0], existing_out,
+                       out_dtype)
     problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
                           transpose_rhs)
-    m, k, n = problem.m, problem.k, problem.n
+    m, k, n_rhs = problem.m, problem.k, problem.n
+    n = spec.output_columns(n_rhs)
     schedule_lib.check_symbolic(problem, interpret)
 
     options = call_options(problem, tiling, interpret)
@@ -61,6 +75,9 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
     options = scale_blocks.fitted_tiles(
         options, {"tm": (m, tiling_lib.row_granule(problem)), "tk": (k, LANES), "tn": (n, LANES)},
         {"tk": scales.operand_blocks, "tm": (lhs_row_block,), "tn": (rhs_column_block,)})
+    gate = epilogue_tiles.GatedColumns.of(spec, n, options.tiles.tn, transpose_rhs)
+    if gate is not None:
+        options = options.with_tile("tn", gate.tn)
     tm, tk, tn = options.tiles.as_tuple()
     k_tiles, n_tiles = -(-k // tk), -(-n // tn)
     plan = schedule_lib.gmm_schedule(group_sizes, group_offset, problem.local_groups, m, tm, k_tiles)
@@ -84,11 +101,15 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
     from jax.experimental.pallas import tpu as pltpu
 
     out_spec = pl.BlockSpec((tm, tn), out_index)
-    in_specs = [
-        pl.BlockSpec((tm, tk), lhs_index),
-        pl.BlockSpec((None, tn, tk) if transpose_rhs else (None, tk, tn), rhs_index),
-    ]
-    operands = [lhs, rhs]
+    in_specs = [pl.BlockSpec((tm, tk), lhs_index)]
+    operands = [lhs]
+    if gate is None:
+        in_specs.append(pl.BlockSpec((None, tn, tk) if transpose_rhs else (None, tk, tn),
+                                     rhs_index))
+        operands.append(rhs)
+    else:  # the rhs tiles holding the gate and up halves of the output tile's columns
+        in_specs += gate.rhs_specs(rhs_index, tk)
+        operands += gate.rhs_operands(rhs)
     lhs_scales = rhs_scales = None
     if scales.lhs is not None:
         lhs_scales = scale_blocks.TileScales(scales.lhs_block, tk, k)
@@ -130,6 +151,16 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             output_blocks.rhs, 1 if transpose_rhs else 2), 0, 1)
         operands.append(blocks_leading[:, :, None, :] if transpose_rhs
                         else blocks_leading[..., None])
+    if epilogue.row_scale is not None:  # [m, 1]: the row tile's scales as a column
+        in_specs.append(pl.BlockSpec(
+            (tm, 1), lambda ni, item, kk, table: (field(table, GmmField.LHS_TILE, item), 0)))
+        operands.append(epilogue.row_scale.astype(jnp.float32)[:, None])
+    for values in epilogue.column_vectors:  # the column scale, then the bias
+        laid_out = epilogue_tiles.column_operand(spec, values, gate, n, tn)
+        in_specs.append(pl.BlockSpec(
+            (None, 1, laid_out.shape[-1] // n_tiles),
+            lambda ni, item, kk, table: (field(table, GmmField.GROUP, item), 0, ni)))
+        operands.append(laid_out)
     aliases = {}
     if existing_out is not None:
         in_specs.append(out_spec)
@@ -141,7 +172,9 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         compute = jnp.float32
     blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)
     kernel = functools.partial(
-        _kernel, read=plan.reader, tm=tm, tk=tk, k=k, k_tiles=k_tiles,
+        _kernel, read=plan.reader, tm=tm, tk=tk, k=k, k_tiles=k_tiles, spec=spec, gate=gate,
+        plain=epilogue.is_identity, has_row_scale=epilogue.row_scale is not None,
+        has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         transpose_rhs=transpose_rhs, compute=compute, has_existing=existing_out is not None,
         lhs_block=None if lhs_scales is None else lhs_scales.block,
         rhs_block=None if rhs_scales is None else rhs_scales.block,
@@ -156,8 +189,9 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             in_specs=in_specs,
             out_specs=out_spec,
             scratch_shapes=[pltpu.VMEM(
-                (tm, tn),
-                jnp.float32 if scales.arrays else accumulator_dtype(compute, k, out_dtype))],
+                (tm, tn if gate is None else 2 * tn),
+                jnp.float32 if scales.arrays else accumulator_dtype(compute, k, out_dtype)),
+                *epilogue_tiles.scratch(gate, tm, tn)],
         ),
         input_output_aliases=aliases,
         # Items revisit an output block back to back, and contraction steps accumulate: only
@@ -167,7 +201,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             vmem_limit_bytes=options.vmem_limit_bytes),
         # A symbolic m (shape-polymorphic export) has no count to estimate with.
         cost_estimate=None if not is_static(m) else pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0,
+            flops=2 * m * k * n_rhs, transcendentals=0 if spec.is_identity else m * n_rhs,
             bytes_accessed=(lhs.size * lhs.dtype.itemsize * n_tiles
                             + rhs.size * rhs.dtype.itemsize
                             + m * n * out_dtype.itemsize * (2 if existing_out is not None else 1))),
@@ -177,16 +211,25 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
     return call(plan.table, *operands)
 
 
-def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_rhs, compute,
-            has_existing, lhs_block, rhs_block, slices, lhs_rows, rhs_columns):
+def _kernel(table, lhs_ref, *refs, read, tm, tk, k, k_tiles, spec, gate, plain, has_row_scale,
+            has_column_scale, has_bias, transpose_rhs, compute, has_existing, lhs_block, rhs_block, slices, lhs_rows,
+            rhs_columns):
     from jax.experimental import pallas as pl
 
+    rhs_count = 1 if gate is None else gate.rhs_count
+    rhs_refs, refs = refs[:rhs_count], refs[rhs_count:]
     lhs_scale_ref, rhs_scale_ref, lhs_row_ref, rhs_column_ref, refs = take_scale_refs(
         refs, lhs_block, rhs_block, lhs_rows, rhs_columns)
+    epilogue_refs = []
+    for present in (has_row_scale, has_column_scale, has_bias):
+        epilogue_refs.append(refs[0] if present else None)
+        refs = refs[1:] if present else refs
+    row_scale_ref, column_scale_ref, bias_ref = epilogue_refs
     if has_existing:
-        existing_ref, out_ref, acc_ref = refs
+        existing_ref, refs = refs[0], refs[1:]
     else:
-        existing_ref, (out_ref, acc_ref) = None, refs
+        existing_ref = None
+    out_ref, acc_ref, *transposed_ref = refs
     item, kk = pl.program_id(1), pl.program_id(2)
     field = functools.partial(read, table)
 
@@ -198,7 +241,8 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
             out_ref[...] = jnp.zeros(out_ref.shape, out_ref.dtype)
 
     def multiply(mask_past_k: bool):
-        lhs, rhs = lhs_ref[...].astype(compute), rhs_ref[...].astype(compute)
+        rhs = (rhs_refs[0][...] if gate is None else gate.rhs_tile(rhs_refs)).astype(compute)
+        lhs = lhs_ref[...].astype(compute)
         # Output-axis scale blocks (rows of lhs, columns of rhs): dequantized here, before the
         # mask, which then also clears scales read past k.
         if lhs_rows is not None:
@@ -251,4 +295,7 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, tk, k, k_tiles, transpose_
                         field(GmmField.ROW_END, item))
         kept = out_ref[...].astype(result_dtype(out_ref.dtype))
         total = acc_ref[...].astype(result_dtype(out_ref.dtype))
+        if not plain:
+            total = epilogue_tiles.finished(total, spec, gate, row_scale_ref, column_scale_ref,
+                                            bias_ref, transposed_ref)
         out_ref[...] = jnp.where(mine, total, kept).astype(out_ref.dtype)
