@@ -187,20 +187,14 @@ class KernelEpilogue(NamedTuple):
 NO_EPILOGUE = KernelEpilogue(Epilogue(), None)
 
 
-def group_bias(bias: jax.Array | None, groups: jax.Array) -> jax.Array | float:
-    """float32 bias rows for rows whose local groups are `groups` (0.0 without a bias)."""
-    if bias is None:
-        return 0.0
-    return bias.astype(jnp.float32)[groups]
-
-
 def applied(total: jax.Array, epilogue: KernelEpilogue, group_sizes: jax.Array,
             group_offset: jax.Array, local_groups: int, existing_out: jax.Array | None,
             out_dtype: Any) -> jax.Array:
     """The whole output from grouped_matmul's float32 sums `total` [m, n_rhs] (rows outside the
     local groups may hold anything): the epilogue on the computed rows, existing_out's rows (or
     0) elsewhere, in `out_dtype`. For the paths that apply the epilogue outside a kernel: scales
-    applied around it, a contraction of length 0, the saved-residual forward."""
+    around a kernel that cannot take them with a glu, a contraction of length 0, the
+    saved-residual forward."""
     m = total.shape[0]
     z = total.astype(jnp.float32)
     groups = row_groups(group_sizes, group_offset, local_groups, m)
@@ -209,7 +203,7 @@ def applied(total: jax.Array, epilogue: KernelEpilogue, group_sizes: jax.Array,
     if epilogue.column_scale is not None:
         z = z * epilogue.column_scale.astype(jnp.float32)[groups]
     if epilogue.bias is not None:
-        z = z + group_bias(epilogue.bias, groups)
+        z = z + epilogue.bias.astype(jnp.float32)[groups]
     out = epilogue.spec.apply(z).astype(out_dtype)
     computed = computed_rows(group_sizes, group_offset, local_groups, m)[:, None]
     base = jnp.zeros_like(out) if existing_out is None else existing_out
