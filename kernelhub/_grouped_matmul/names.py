@@ -11,6 +11,8 @@ TRANSPOSED_GROUPED_MATMUL = "transposed_grouped_matmul"
 QUANTIZED = "quantized"
 QUANTIZED_BLOCKS = "quantized_blocks"
 QUANTIZED_ODD_BLOCKS = "quantized_odd_blocks"
+# A quantized operand with 4-bit values (int4, float4_e2m1fn): kernelhub/quantization.py.
+QUANTIZED_4BIT = "quantized_4bit"
 # Operands with a symbolic dimension (shape-polymorphic export): the Triton kernels cannot lower
 # one (Pallas-Triton takes no symbolic size), so an unforced call exported for cuda with a
 # symbolic m runs the XLA implementation there.

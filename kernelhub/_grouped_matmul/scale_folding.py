@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul.contraction_scales import ContractionScales, OutputBlockScales
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue
 from kernelhub._grouped_matmul.groups import row_groups
-from kernelhub.quantization import QuantizedArray
+from kernelhub.quantization import EXACT_IN_8_BITS, QuantizedArray
 
 RawKernel = Any
 
@@ -96,6 +96,19 @@ def _float(operand: Any) -> jax.Array:
     return array.astype(jnp.float32)
 
 
+def _eight_bit(operand: Any) -> Any:
+    """A QuantizedArray with 4-bit values (int4, float4_e2m1fn) as the same array in the 8-bit
+    dtype that holds them exactly (int8, float8_e4m3fn), for kernels whose tiles are 8-bit.
+    This is a widened copy of the values: their kernels do not unpack 4-bit tiles yet (#27)."""
+    if not isinstance(operand, QuantizedArray):
+        return operand
+    wider = EXACT_IN_8_BITS.get(jnp.dtype(operand.values.dtype))
+    if wider is None:
+        return operand
+    return QuantizedArray._unchecked(operand.values.astype(wider), operand.scale, operand.axis,
+                                     operand.block_size, operand.source)
+
+
 def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
     """Raw kernels taking QuantizedArrays, from raw kernels taking plain arrays (int8 and fp8
     ones included) in their place, `scales=` (ContractionScales) and `output_blocks=`
@@ -104,6 +117,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
     def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
             transpose_rhs, epilogue: KernelEpilogue | None = None):
         fused = {} if epilogue is None else {"epilogue": epilogue}
+        lhs, rhs = _eight_bit(lhs), _eight_bit(rhs)
         if not _is_quantized(lhs, rhs):
             return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                            existing_out, transpose_rhs, **fused)
@@ -140,6 +154,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
 
     def tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
              num_actual_groups, existing_out):
+        lhs, rhs = _eight_bit(lhs), _eight_bit(rhs)
         if not _is_quantized(lhs, rhs):
             return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                             num_actual_groups, existing_out)

@@ -150,7 +150,9 @@ def sum_over_rows(start: jax.Array, end: jax.Array, rows: int, largest: int,
 def _bits_dtype(dtype: Any) -> Any:
     """uint8 or uint16 for 8- and 16-bit floats, which XLA:CPU slices by upcasting; else None."""
     dtype = jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize in (1, 2):
+    # Sub-byte floats (float4_e2m1fn) have no unsigned view of their width: sliced as they are.
+    if (jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize in (1, 2)
+            and jnp.finfo(dtype).bits == 8 * dtype.itemsize):
         return jnp.uint8 if dtype.itemsize == 1 else jnp.uint16
     return None
 

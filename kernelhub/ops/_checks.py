@@ -23,10 +23,10 @@ from kernelhub._grouped_matmul.epilogue import (
 from kernelhub._grouped_matmul.groups import NO_OFFSET
 from kernelhub._grouped_matmul.problem import require_static
 from kernelhub._grouped_matmul.names import (
-    QUANTIZED, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS, SYMBOLIC_SHAPES)
+    QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, QUANTIZED_ODD_BLOCKS, SYMBOLIC_SHAPES)
 from kernelhub._grouped_matmul.tables import active as active_tuning
 from kernelhub._grouped_matmul.tilings import SingleTiling, Tilings, as_tilings
-from kernelhub.quantization import QUANTIZED_DTYPES, QuantizedArray
+from kernelhub.quantization import FOUR_BIT_DTYPES, QUANTIZED_DTYPES, QuantizedArray
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _FLOAT_NAMES = "float32, bfloat16 or float16"
@@ -118,6 +118,8 @@ def operand(name: str, value: Any, rank: int, layout: str, contraction_axis: int
     if not isinstance(value, QuantizedArray):
         return float_matrix(name, value, rank, layout)
     value.check(name)  # one rebuilt from leaves skipped the constructor's checks
+    # MX (e8m0) and NVFP4 (e4m3 under a tensor scale) scales reach the kernels as float32.
+    value = value.with_float32_scale()
     if value.ndim != rank:
         raise ShapeError(f"{name} must have rank {rank} ({layout}), got a QuantizedArray of shape "
                          f"{value.shape}")
@@ -142,6 +144,8 @@ def features(arguments: dict[str, Any]) -> frozenset[str]:
     if not quantized:
         return frozenset(used)
     used.add(QUANTIZED)
+    if any(jnp.dtype(operand.values.dtype) in FOUR_BIT_DTYPES for operand in quantized):
+        used.add(QUANTIZED_4BIT)
     blocked = [operand for operand in quantized if operand.num_blocks > 1]
     if blocked:
         used.add(QUANTIZED_BLOCKS)

@@ -217,7 +217,7 @@ def _quantized(name: str, value: Any, p: Any) -> Any:
             f"{name}'s scale blocks of {value.block_size} must divide its axis {axis} "
             f"({shape[axis]}), which is merged with its axes {group[:-1]} into one contraction: "
             f"use a block size dividing {shape[axis]}, or None")
-    return value
+    return value.with_float32_scale()  # MX and NVFP4 scales reach the kernels as float32
 
 
 def _precision(value: Any) -> Any:

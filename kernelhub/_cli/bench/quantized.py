@@ -1,4 +1,5 @@
-"""`kernelhub bench --quantized`: grouped_matmul on int8 and fp8 operands against bfloat16.
+"""`kernelhub bench --quantized`: grouped_matmul on int8, fp8, 4-bit and microscaled operands
+against bfloat16.
 
 Each format's gmm, timed in turns with the bfloat16 gmm and the bfloat16 floor (a batched
 matmul of the same FLOPs) in one process, balanced groups, at the benchmark's shape.
@@ -21,21 +22,30 @@ from kernelhub._cli._group_sizes import group_sizes
 from kernelhub._cli.bench.timing import interleaved_samples
 
 M, K, N = 4096, 1024, 1024
-# name: (lhs format, rhs format); a format is None (bfloat16) or (dtype, block_size)
-FORMATS: dict[str, tuple[tuple | None, tuple | None]] = {
+# name: (lhs format, rhs format); a format is None (bfloat16), (dtype, block_size) or the name
+# of one of kernelhub.quantize's formats
+Form = tuple | str | None
+FORMATS: dict[str, tuple[Form, Form]] = {
     "bf16 x int8 weights (per column)": (None, (jnp.int8, None)),
+    "bf16 x int4 weights (per column)": (None, (jnp.int4, None)),
+    "bf16 x mxfp4 weights": (None, "mxfp4"),
     "int8 x int8 (per row / column)": ((jnp.int8, None), (jnp.int8, None)),
     "e4m3 x e4m3 (per row / column)": ((jnp.float8_e4m3fn, None), (jnp.float8_e4m3fn, None)),
     "e4m3 x e4m3 (blocks of 128 along k)": ((jnp.float8_e4m3fn, 128), (jnp.float8_e4m3fn, 128)),
+    "mxfp8 x mxfp8": ("mxfp8", "mxfp8"),
+    "mxfp4 x mxfp4": ("mxfp4", "mxfp4"),
+    "nvfp4 x nvfp4": ("nvfp4", "nvfp4"),
 }
 COLUMNS = ("format", "groups", "ms", "bf16 ms", "ms / bf16", "ms / floor")
 NOTES = ("bf16: the same gmm on bfloat16 operands; floor: a bfloat16 batched matmul of the same "
          "FLOPs. Outputs float32.")
 
 
-def _operand(x: jax.Array, form: tuple | None) -> object:
+def _operand(x: jax.Array, form: Form) -> object:
     if form is None:
         return x.astype(jnp.bfloat16)
+    if isinstance(form, str):
+        return kernelhub.quantize(x, form, axis=1)
     dtype, block_size = form
     return kernelhub.quantize(x, dtype, axis=1, block_size=block_size)
 

@@ -11,7 +11,8 @@ import functools
 
 from kernelhub import ops  # noqa: F401  (declares the ops registered here)
 from kernelhub._core.registry import needs_device
-from kernelhub._grouped_matmul.names import ACTIVATION, BIAS, GLU, QUANTIZED, QUANTIZED_BLOCKS
+from kernelhub._grouped_matmul.names import (
+    ACTIVATION, BIAS, GLU, QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS)
 from kernelhub._grouped_matmul.registration import register_grouped_matmuls
 from kernelhub._pallas.gpu import tuning_space
 
@@ -36,7 +37,8 @@ def _register(backend: str, interpret: bool, **how):
         "triton", backend, functools.partial(_raw_gmm, interpret=interpret),
         functools.partial(_raw_tgmm, interpret=interpret),
         tuning_space.space("triton-interpret" if interpret else "triton"),
-        features=(QUANTIZED, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU), fold_scales=True, **how)
+        features=(QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU),
+        fold_scales=True, **how)
 
 
 compiled = _register("gpu", interpret=False, priority=10, requirement=needs_device("gpu"))

@@ -16,7 +16,7 @@ from kernelhub import ops  # noqa: F401  (declares the ops registered here)
 from kernelhub._core.registry import needs_device
 from kernelhub._grouped_matmul.autodiff import Differentiable
 from kernelhub._grouped_matmul.names import (
-    ACTIVATION, BIAS, GLU, QUANTIZED, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES)
+    ACTIVATION, BIAS, GLU, QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES)
 from kernelhub._grouped_matmul.registration import implementations, register_grouped_matmuls
 from kernelhub._pallas.tpu import tuning_space
 from kernelhub._pallas.tpu.grouped_matmul import grouped_matmul as _raw_grouped_matmul
@@ -24,7 +24,7 @@ from kernelhub._pallas.tpu.transposed_grouped_matmul import (
     transposed_grouped_matmul as _raw_transposed_grouped_matmul)
 
 # Mosaic takes a symbolic m (kernelhub.export's dynamic-shape mode, docs/export.md).
-_FEATURES = (QUANTIZED, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES, BIAS, ACTIVATION, GLU)
+_FEATURES = (QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES, BIAS, ACTIVATION, GLU)
 
 
 def _raw(interpret: Any) -> tuple:

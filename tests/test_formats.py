@@ -1,0 +1,225 @@
+"""The 4-bit and microscaling formats (#27, first stage): int4 and float4_e2m1fn values, e8m0
+(OCP MX) and NVFP4's two-level e4m3 scales, the named formats, and the grouped matmuls on each
+of them on every implementation, against float64 references of the dequantized operands.
+
+The quantization rules are checked against numpy written here from the formats' definitions
+(OCP MX v1.0: shared exponent floor(log2(amax)) - emax of the element type; NVFP4: a float32
+tensor scale amax / (448 * 6) over e4m3 block scales of 16 elements).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernelhub
+import reference
+from conftest import assert_close, implementation_params
+from kernelhub import QuantizedArray, quantize
+from strategies import normal
+
+GMM = "grouped_matmul"
+TGMM = "transposed_grouped_matmul"
+FORMATS = ["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4", "int4", "int4-blocks"]
+E2M1_MAGNITUDES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+MANTISSA_BITS = {"float8_e4m3fn": 3, "float8_e5m2": 2, "float4_e2m1fn": 1}
+
+
+def quantized(x, form: str, axis: int) -> QuantizedArray:
+    if form == "int4":
+        return quantize(x, jnp.int4, axis=axis)
+    if form == "int4-blocks":
+        return quantize(x, jnp.int4, axis=axis, block_size=32)
+    return quantize(x, form, axis=axis)
+
+
+def dequantized(q: QuantizedArray) -> np.ndarray:
+    """float64 values * block scale (* tensor scale), each scale repeated over its block by
+    numpy, from the stored parts."""
+    values = np.asarray(jnp.asarray(q.values, jnp.float32), np.float64)
+    scale = np.asarray(jnp.asarray(q.scale, jnp.float32), np.float64)
+    size = values.shape[q.axis]
+    block = size if q.block_size is None else q.block_size
+    out = values * np.repeat(scale, block, axis=q.axis).take(np.arange(size), axis=q.axis)
+    if q.tensor_scale is not None:
+        out = out * float(q.tensor_scale)
+    return out
+
+
+def test_named_formats_have_their_parts_and_say_so():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 64)), jnp.float32)
+    expect = {"mxfp8": ("float8_e4m3fn", 32, "float8_e8m0fnu", False),
+              "mxfp8_e5m2": ("float8_e5m2", 32, "float8_e8m0fnu", False),
+              "mxfp4": ("float4_e2m1fn", 32, "float8_e8m0fnu", False),
+              "nvfp4": ("float4_e2m1fn", 16, "float8_e4m3fn", True)}
+    for name, (values, block, scale, two_levels) in expect.items():
+        q = quantize(x, name, axis=1)
+        assert (q.values.dtype.name, q.block_size, q.scale.dtype.name) == (values, block, scale)
+        assert (q.tensor_scale is not None) == two_levels
+        assert q.format == name and repr(q).startswith(f"QuantizedArray({name}:")
+    assert quantize(x, jnp.int4, axis=1).format == "int4"
+
+
+@pytest.mark.parametrize("form", ["mxfp8", "mxfp8_e5m2", "mxfp4"])
+def test_mx_scales_are_the_ocp_powers_of_two(form):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 96)).astype(np.float32) * np.logspace(-3, 3, 96, dtype=np.float32)
+    x[2, 32:64] = 0.0  # a block of zeros
+    q = quantize(jnp.asarray(x), form, axis=1)
+    scale = np.asarray(jnp.asarray(q.scale, jnp.float32), np.float64)
+    exponents = np.log2(scale)
+    np.testing.assert_array_equal(exponents, np.round(exponents))  # exact powers of two
+    amax = np.abs(x).reshape(6, 3, 32).max(axis=2)
+    emax = jnp.finfo(q.values.dtype).maxexp - 1
+    want = np.where(amax == 0, 1.0, 2.0 ** (np.floor(np.log2(np.where(amax == 0, 1, amax))) - emax))
+    np.testing.assert_array_equal(scale, want)
+
+
+def test_e2m1_values_cover_the_formats_eight_magnitudes():
+    x = jnp.asarray(np.linspace(-6.2, 6.2, 401, dtype=np.float32))[None, :]
+    q = quantize(x, jnp.float4_e2m1fn, axis=1)
+    magnitudes = np.unique(np.abs(np.asarray(jnp.asarray(q.values, jnp.float32))))
+    np.testing.assert_array_equal(magnitudes, E2M1_MAGNITUDES)
+
+
+@pytest.mark.parametrize("form", FORMATS)
+def test_quantize_then_dequantize_is_within_the_formats_rounding_bound(form):
+    """Each element rounds to its nearest representable value (half a unit in the last place
+    of its block's scaled grid), but for OCP MX's saturation at the element type's largest
+    value, which its shared-exponent rule allows, and e4m3's rounding of NVFP4 block scales."""
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((8, 80)) * np.exp(rng.uniform(-3, 3, (8, 1)))).astype(np.float32)
+    q = quantized(jnp.asarray(x), form, axis=1)
+    got = np.asarray(q.dequantize(), np.float64)
+    np.testing.assert_allclose(got, dequantized(q), rtol=1e-7)
+    values_dtype = q.values.dtype
+    # Each element's whole scale (block scale times tensor scale), from the stored parts.
+    full_scale = dequantized(QuantizedArray._unchecked(
+        jnp.ones(q.shape, jnp.float32), q.scale, q.axis, q.block_size, None, q.tensor_scale))
+    largest = float(jnp.finfo(values_dtype).max) if jnp.issubdtype(values_dtype, jnp.floating) \
+        else float(jnp.iinfo(values_dtype).max)
+    if jnp.issubdtype(values_dtype, jnp.integer):
+        bound = full_scale / 2  # round to the nearest integer multiple of the scale
+    else:
+        mantissa = MANTISSA_BITS[values_dtype.name]
+        smallest = float(jnp.finfo(values_dtype).smallest_subnormal)
+        bound = np.maximum(np.abs(x) * 2.0 ** -(mantissa + 1), full_scale * smallest / 2)
+    # What saturation at the largest value cuts off (OCP MX lets |x| / scale pass it).
+    bound = bound + np.maximum(np.abs(x) - largest * full_scale, 0.0)
+    assert np.all(np.abs(got - x) <= bound * (1 + 1e-6) + 1e-30)
+    # The error is a fraction of the data, not of the format's range.
+    assert np.abs(got - x).max() <= 0.25 * np.abs(x).max()
+
+
+def test_nvfp4_two_scale_levels_follow_the_reference_formula():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 48)) * np.array([[0.01], [1.0], [30.0], [0.0]])).astype(np.float32)
+    q = quantize(jnp.asarray(x), "nvfp4", axis=1)
+    tensor_scale = np.abs(x).max() / (448.0 * 6.0)
+    np.testing.assert_allclose(float(q.tensor_scale), tensor_scale, rtol=1e-7)
+    amax = np.abs(x).reshape(4, 3, 16).max(axis=2)
+    block = np.where(amax == 0, 1.0, amax / 6.0 / np.float32(tensor_scale))
+    want = np.asarray(jnp.asarray(jnp.asarray(block, jnp.float32).astype(jnp.float8_e4m3fn),
+                                  jnp.float32))
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(q.scale, jnp.float32)), want)
+    values = x / (np.repeat(want, 16, axis=1) * np.float32(tensor_scale))
+    want_values = np.asarray(jnp.asarray(jnp.asarray(np.clip(values, -6, 6), jnp.float32)
+                                         .astype(jnp.float4_e2m1fn), jnp.float32))
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(q.values, jnp.float32)), want_values)
+    np.testing.assert_array_equal(np.asarray(q.dequantize())[3], 0.0)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda x: quantize(x, jnp.float8_e4m3fn, axis=1, block_size=64,
+                        scale_dtype=jnp.float8_e8m0fnu), ValueError, "block_size must be 16 or 32"),
+    (lambda x: quantize(x, jnp.int8, axis=1, block_size=32, scale_dtype=jnp.float8_e8m0fnu),
+     ValueError, "needs float values"),
+    (lambda x: quantize(x, jnp.float8_e4m3fn, axis=1, block_size=16,
+                        scale_dtype=jnp.float8_e4m3fn), ValueError, "NVFP4"),
+    (lambda x: quantize(x, "mxfp4", axis=1, block_size=16), ValueError, "mxfp4 has blocks of 32"),
+    (lambda x: quantize(x, "mxfp6", axis=1), TypeError, "a format: 'mxfp8'"),
+    (lambda x: quantize(x, jnp.int4, axis=1, scale_dtype=jnp.bfloat16), TypeError,
+     "scale_dtype must"),
+])
+def test_bad_format_arguments_name_the_argument_and_the_rule(call, error, message):
+    with pytest.raises(error, match=message):
+        call(jnp.ones((2, 64), jnp.float32))
+
+
+def test_an_int4_operand_on_another_axis_than_the_contraction_names_the_axis():
+    lhs = quantize(jnp.ones((8, 64), jnp.float32), jnp.int4, axis=0)
+    with pytest.raises(ValueError, match="lhs is quantized along axis 0"):
+        kernelhub.grouped_matmul(lhs, jnp.ones((2, 64, 4)), jnp.array([4, 4], jnp.int32))
+
+
+def _gmm_case(spec):
+    m, k, n = (40, 80, 16) if spec.interpret_only else (70, 80, 24)  # k: 2.5 blocks of 32
+    return m, k, n
+
+
+def _forms(spec):
+    # The interpret kernels emulate every grid step: one 8-bit and both 4-bit kinds there.
+    return ["mxfp8", "nvfp4", "int4-blocks"] if spec.interpret_only else FORMATS
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_on_every_format_as_lhs_rhs_and_both(spec):
+    rng = np.random.default_rng(4)
+    gmm = kernelhub.get(GMM, platform=spec.platform)
+    m, k, n = _gmm_case(spec)
+    sizes = np.array([9, 0, 14, 11], np.int32)  # 34 < m rows: the rest belong to no group
+    lhs = jnp.asarray(normal(rng, (m, k), jnp.float32))
+    rhs = jnp.asarray(normal(rng, (4, k, n), jnp.float32))
+    for form in _forms(spec):
+        ql, qr = quantized(lhs, form, 1), quantized(rhs, form, 1)
+        for a, b in ((ql, rhs), (lhs, qr), (ql, qr)):
+            out = gmm(a, b, jnp.asarray(sizes))
+            want = reference.gmm(dequantized(a) if a is ql else a,
+                                 dequantized(b) if b is qr else b, sizes)
+            assert_close(out, want, jnp.float32, contraction=k)
+            np.testing.assert_array_equal(np.asarray(out)[34:], 0.0)
+
+
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_formats_with_offset_existing_out_transposed_rhs_and_gradients(spec):
+    rng = np.random.default_rng(5)
+    gmm = kernelhub.get(GMM, platform=spec.platform)
+    m, k, n = _gmm_case(spec)
+    sizes = np.array([9, 0, 14, 11, 3], np.int32)
+    lhs = jnp.asarray(normal(rng, (m, k), jnp.float32))
+    rhs_t = jnp.asarray(normal(rng, (3, n, k), jnp.float32))  # groups 1..3, [n, k] layout
+    existing = jnp.asarray(normal(rng, (m, n), jnp.float32))
+    d_out = jnp.asarray(normal(rng, (m, n), jnp.float32))
+    for form in ("mxfp4", "int4") if not spec.interpret_only else ("mxfp4",):
+
+        def f(x, w):
+            return gmm(quantized(x, form, 1), quantized(w, form, 2), jnp.asarray(sizes),
+                       group_offset=1, existing_out=existing, transpose_rhs=True)
+
+        out, pullback = jax.vjp(f, lhs, rhs_t)
+        d_lhs, d_rhs = pullback(d_out)
+        ql, qr = dequantized(quantized(lhs, form, 1)), dequantized(quantized(rhs_t, form, 2))
+        assert_close(out, reference.gmm(ql, qr, sizes, group_offset=1, existing_out=existing,
+                                        transpose_rhs=True), jnp.float32, contraction=k)
+        want_lhs, want_rhs, _ = reference.gmm_vjp(ql, qr, sizes, d_out, group_offset=1,
+                                                  transpose_rhs=True, has_existing=True)
+        # Straight-through: the gradients of the product of the dequantized operands.
+        assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
+        assert_close(d_rhs, want_rhs, jnp.float32, contraction=m)
+        np.testing.assert_array_equal(np.asarray(d_rhs)[0], 0.0)  # group 1: empty
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_on_formats_along_m(spec):
+    rng = np.random.default_rng(6)
+    k, m, n = (16, 96, 8) if spec.interpret_only else (24, 160, 16)
+    sizes = np.array([40, 0, 33, 17], np.int32)  # a partial last block of 32 along m
+    for form in ("mxfp8", "nvfp4") if spec.interpret_only else FORMATS:
+        lhs = quantized(jnp.asarray(normal(rng, (k, m), jnp.float32)), form, 1)
+        rhs = quantized(jnp.asarray(normal(rng, (m, n), jnp.float32)), form, 0)
+        out = kernelhub.get(TGMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes))
+        want = reference.tgmm(dequantized(lhs), dequantized(rhs), sizes)
+        assert_close(out, want, jnp.float32, contraction=m)
+        np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
