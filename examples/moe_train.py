@@ -4,6 +4,7 @@
     python examples/moe_train.py --steps 50
     python examples/moe_train.py --quantize fp8   # expert matmuls on fp8 (or int8) operands
     python examples/moe_train.py --quantize fp8-blocks  # fp8 with DeepSeek-style scale blocks
+    python examples/moe_train.py --quantize mxfp8  # OCP MXFP8: e4m3, power-of-two scales per 32
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/moe_train.py  # a mesh
 
 The block: a router picks top_k experts per token, the token choices are sorted by expert, each
@@ -54,13 +55,14 @@ class Config:
     learning_rate: float = 3e-3
     layout: str = "auto"  # auto, local, replicated or routed
     capacity_factor: float | None = None  # None: a capacity that never drops a token
-    quantize: str = "none"  # none, int8, fp8 or fp8-blocks: the expert matmuls' operands
+    quantize: str = "none"  # none, int8, fp8, fp8-blocks or mxfp8: the expert matmuls' operands
     seed: int = 0
 
 
-# --quantize: (dtype, scale block along k; None for one scale per row or column), or None.
+# --quantize: (dtype, scale block along k; None for one scale per row or column), a format
+# kernelhub.quantize names (mxfp8: e4m3 values, power-of-two scales per 32 along k), or None.
 QUANTIZED_FORMATS = {"none": None, "int8": (jnp.int8, None), "fp8": (jnp.float8_e4m3fn, None),
-                     "fp8-blocks": (jnp.float8_e4m3fn, 16)}
+                     "fp8-blocks": (jnp.float8_e4m3fn, 16), "mxfp8": "mxfp8"}
 
 
 def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
@@ -85,7 +87,7 @@ def swiglu_experts(rows, group_sizes, experts, group_offset, quantize="none"):
 
     def matmul(lhs, weights, **epilogue):
         if form is not None:  # along k, the axis each product sums over
-            dtype, block_size = form
+            dtype, block_size = (form, None) if isinstance(form, str) else form
             lhs = kernelhub.quantize(lhs, dtype, axis=1, block_size=block_size)
             weights = kernelhub.quantize(weights, dtype, axis=1, block_size=block_size)
         return gmm(lhs, weights, group_sizes, group_offset=group_offset, **epilogue)
@@ -246,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="routed layout: exchange capacity as a multiple of even routing "
                              "(default: a capacity that never drops)")
     parser.add_argument("--quantize", default=defaults.quantize, choices=tuple(QUANTIZED_FORMATS),
-                        help="run the expert matmuls on int8 or fp8 (e4m3) operands")
+                        help="run the expert matmuls on int8, fp8 (e4m3) or MXFP8 operands")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)
     config = Config(steps=args.steps, tokens=args.tokens, experts=args.experts, top_k=args.top_k,

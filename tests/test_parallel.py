@@ -137,7 +137,7 @@ def test_example_trains_and_loss_falls():
 
 
 @pytest.mark.standard_promotion(reason="optax's optimizers mix int32 step counts with floats")
-@pytest.mark.parametrize("quantize", ["int8", "fp8", "fp8-blocks"])
+@pytest.mark.parametrize("quantize", ["int8", "fp8", "fp8-blocks", "mxfp8"])
 def test_example_trains_with_quantized_expert_matmuls(quantize):
     """Straight-through gradients train the float weights about as well as float matmuls."""
     example = load_example()
