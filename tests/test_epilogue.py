@@ -446,3 +446,25 @@ def test_forcing_an_implementation_without_the_feature_is_an_error(arguments, fe
         _registry.unregister(GMM, "pallas", "cpu")
         if saved is not None:
             _registry.restore(saved)
+
+
+@pytest.mark.parametrize("spec", runnable_implementations(GMM),
+                         ids=lambda spec: f"{spec.platform.value}-{spec.backend.value}")
+def test_no_rows_or_no_columns(spec):
+    """m = 0: an empty output and a bias gradient of exactly 0 (no row adds to it); n = 0
+    output columns: an empty output whatever the gate."""
+    gmm = call(spec)
+    sizes = jnp.array([0, 0, 0], jnp.int32)
+    rhs = jnp.ones((3, 8, 12), jnp.float32)
+    bias = jnp.ones((3, 12), jnp.float32)
+
+    def loss(bias):
+        out = gmm(jnp.ones((0, 8), jnp.float32), rhs, sizes, bias=bias, glu="silu")
+        assert out.shape == (0, 6)
+        return jnp.sum(out)
+
+    np.testing.assert_array_equal(np.asarray(jax.grad(loss)(bias)), 0.0)
+    out = gmm(jnp.ones((5, 8), jnp.float32), jnp.ones((3, 8, 0), jnp.float32),
+              jnp.array([2, 0, 3], jnp.int32), bias=jnp.ones((3, 0), jnp.float32),
+              glu="swiglu_oai", glu_layout="interleaved")
+    assert out.shape == (5, 0)

@@ -71,7 +71,7 @@ def gmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rh
     problem = gmm_problem(lhs, rhs, group_sizes, preferred_element_type,
                           existing_out is not None, transpose_rhs)
     # Only a call with an epilogue passes one: a raw kernel without that option serves the rest.
-    options = {} if epilogue.spec.is_identity else {"epilogue": epilogue}
+    options = {} if epilogue.is_identity else {"epilogue": epilogue}
 
     def invoke(arrays: Arrays, tiling: Any) -> jax.Array:
         lhs, rhs, group_sizes, group_offset, existing_out = arrays

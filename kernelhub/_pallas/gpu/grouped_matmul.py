@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -57,15 +56,16 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     spec = epilogue.spec
     gated = spec.glu is not None
     n_out = spec.output_columns(n)
-    if gated and n % 2:
-        raise ValueError(f"a glu needs an even number of rhs columns (gate and up), got {n}")
+    if gated and output_blocks is not None:
+        # Scale blocks along an output axis come only with the gradient passes, which run no
+        # epilogue (kernelhub/_grouped_matmul/autodiff.py).
+        raise NotImplementedError("a glu with output-axis scale blocks (output_blocks=)")
     blocks = config.from_tiling(tiling, m, k, n, config.gmm_heuristic(problem))
     if gated:
         blocks = config.gated_output_tile(blocks, n_out)
     output_blocks = output_blocks or NO_OUTPUT_BLOCKS
     blocks = config.within_all_scale_blocks(
-        blocks, scales, _column_blocks_seen_by_tiles(output_blocks, spec, n_out), "block_k",
-        "block_m")
+        blocks, scales, output_blocks, "block_k", "block_m")
     product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret, out_dtype)
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
@@ -89,24 +89,6 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     return _launch.pallas_triton(
         kernel, operands, existing_out, (m, n_out), out_dtype, num_visits * n_tiles, blocks,
         interpret, "kernelhub_grouped_matmul")
-
-
-def _column_blocks_seen_by_tiles(output_blocks: OutputBlockScales, spec: Epilogue,
-                                 n_out: int) -> OutputBlockScales:
-    """`output_blocks` with rhs's block along n replaced by what an output tile of block_n
-    columns must divide for each of its rhs tiles to lie in one scale block: with a glu, the up
-    tile of the concatenated layout starts n_out columns later, and an interleaved tile spans
-    2 * block_n rhs columns."""
-    block = output_blocks.rhs_block
-    if spec.glu is None or output_blocks.rhs is None:
-        return output_blocks
-    seen = block // 2 if spec.interleaved else math.gcd(block, n_out)
-    if (spec.interleaved and block % 2) or seen & -seen < config.MIN_BLOCK:
-        raise NotImplementedError(
-            f"the Triton grouped_matmul cannot fuse glu={spec.glu!r} "
-            f"({spec.glu_layout}) with rhs scale blocks of {block} columns and {n_out} output "
-            f"columns: a tile of gate or up columns would cross a scale block")
-    return output_blocks._replace(rhs_block=seen)
 
 
 def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.Array, jax.Array]:

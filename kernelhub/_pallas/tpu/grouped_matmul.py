@@ -54,8 +54,6 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
             transpose_rhs, scales, output_blocks, epilogue, interpret=interpret)
         return out.astype(out_dtype)
     spec = epilogue.spec
-    if not epilogue.is_identity and jnp.issubdtype(out_dtype, jnp.integer):
-        raise ValueError("an epilogue needs a float output")
     if spec.glu is not None and (scales is not None or output_blocks is not None):
         # Scale blocks of a gated rhs would need the gate's and up's scale tiles too: this rare
         # pair (blocked scales on a glu weight) runs the gate outside the kernel.
