@@ -4,7 +4,10 @@
     python examples/moe_train.py --steps 50
     python examples/moe_train.py --quantize fp8   # expert matmuls on fp8 (or int8) operands
     python examples/moe_train.py --quantize fp8-blocks  # fp8 with DeepSeek-style scale blocks
-    python examples/moe_train.py --quantize mxfp8  # OCP MXFP8: e4m3, power-of-two scales per 32
+    python examples/moe_train.py --quantize mxfp8  # MXFP8 training: every pass, its own axis
+    python examples/moe_train.py --quantize mxfp8-fwd  # MXFP8 forward, unquantized backward
+    python examples/moe_train.py --quantize int4   # train in float32, serve int4 weights
+    python examples/moe_train.py --quantize nvfp4  # train in float32, serve NVFP4 operands
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/moe_train.py  # a mesh
 
 The block: a router picks top_k experts per token, the token choices are sorted by expert, each
@@ -17,7 +20,12 @@ With --quantize, each expert matmul quantizes its rows and weights first (per ro
 output column, kernelhub.quantize): float8_e4m3fn for fp8, int8 for int8; fp8-blocks gives
 each row and each column one scale per 16 elements along k (DeepSeek-V3 uses 128; this toy's
 k is 32 or 64). The gradients pass straight through the quantization to the float weights,
-which the optimizer keeps.
+which the optimizer keeps. mxfp8 and mxfp8-fwd train with kernelhub.quantized_training's
+recipes instead: the forward in OCP MXFP8 (e4m3, one power-of-two scale per 32 along k), the
+backward products re-quantized to MXFP8 along their own contraction (mxfp8) or unquantized
+(mxfp8-fwd). int4 and nvfp4 are serving formats: the block trains in float32, then the loss
+on held-out tokens is measured with its expert weights in int4 (blocks of 32 along k,
+activations left float) or with both operands in NVFP4 (e2m1, e4m3 scales per 16).
 
 With one device the block runs as is; with several, the experts are sharded over a mesh axis
 with one of kernelhub.parallel's layouts. The matmuls come from kernelhub.get, so the same file
@@ -42,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import kernelhub
 from kernelhub import parallel
+from kernelhub import quantized_training as qt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,14 +64,34 @@ class Config:
     learning_rate: float = 3e-3
     layout: str = "auto"  # auto, local, replicated or routed
     capacity_factor: float | None = None  # None: a capacity that never drops a token
-    quantize: str = "none"  # none, int8, fp8, fp8-blocks or mxfp8: the expert matmuls' operands
+    quantize: str = "none"  # a name of QUANTIZED_FORMATS or SERVING_FORMATS
     seed: int = 0
 
 
-# --quantize: (dtype, scale block along k; None for one scale per row or column), a format
-# kernelhub.quantize names (mxfp8: e4m3 values, power-of-two scales per 32 along k), or None.
+# --quantize, for training: both operands' (dtype, scale block along k; None for one scale per
+# row or column), quantized straight-through; or a quantized_training recipe; or None.
 QUANTIZED_FORMATS = {"none": None, "int8": (jnp.int8, None), "fp8": (jnp.float8_e4m3fn, None),
-                     "fp8-blocks": (jnp.float8_e4m3fn, 16), "mxfp8": "mxfp8"}
+                     "fp8-blocks": (jnp.float8_e4m3fn, 16), "mxfp8": qt.MXFP8,
+                     "mxfp8-fwd": qt.MXFP8_FORWARD}
+
+
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """A serving format: the weights' (dtype or format name, block along k), and the
+    activations' (None: left float)."""
+
+    weights: tuple[Any, int | None]
+    activations: tuple[Any, int | None] | None = None
+
+
+# --quantize, for serving a block trained in float32.
+SERVING_FORMATS = {"int4": Serving((jnp.int4, 32)),
+                   "nvfp4": Serving(("nvfp4", None), ("nvfp4", None))}
+FEATURES = {"none": (), "int8": ("quantized",), "fp8": ("quantized",),
+            "fp8-blocks": ("quantized", "quantized_blocks"),
+            "mxfp8": ("quantized", "quantized_blocks"), "mxfp8-fwd": ("quantized", "quantized_blocks"),
+            "int4": ("quantized", "quantized_blocks", "quantized_4bit"),
+            "nvfp4": ("quantized", "quantized_blocks", "quantized_4bit")}
 
 
 def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
@@ -83,13 +112,20 @@ def init_params(key: jax.Array, config: Config) -> dict[str, jax.Array]:
 def swiglu_experts(rows, group_sizes, experts, group_offset, quantize="none"):
     """A kernelhub.parallel.ExpertFn: each expert's SwiGLU feed-forward on its rows."""
     gmm = kernelhub.get("grouped_matmul")
-    form = QUANTIZED_FORMATS[quantize]
+    form = SERVING_FORMATS.get(quantize) or QUANTIZED_FORMATS[quantize]
 
     def matmul(lhs, weights, **epilogue):
-        if form is not None:  # along k, the axis each product sums over
-            dtype, block_size = (form, None) if isinstance(form, str) else form
-            lhs = kernelhub.quantize(lhs, dtype, axis=1, block_size=block_size)
-            weights = kernelhub.quantize(weights, dtype, axis=1, block_size=block_size)
+        if isinstance(form, qt.Recipe):  # each pass quantized along its own contraction
+            return qt.grouped_matmul(lhs, weights, group_sizes, recipe=form,
+                                     group_offset=group_offset, **epilogue)
+        # Along k, the axis each product sums over.
+        lhs_form, weights_form = ((form.activations, form.weights) if isinstance(form, Serving)
+                                  else (form, form))
+        if lhs_form is not None:
+            lhs = kernelhub.quantize(lhs, lhs_form[0], axis=1, block_size=lhs_form[1])
+        if weights_form is not None:
+            weights = kernelhub.quantize(weights, weights_form[0], axis=1,
+                                         block_size=weights_form[1])
         return gmm(lhs, weights, group_sizes, group_offset=group_offset, **epilogue)
 
     # silu(gate) * up inside the kernel, from one [e, d, 2f] weight: the gate and up sums are
@@ -192,6 +228,9 @@ def train(config: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
 def _train(config: Config, layout: Layout, log: Callable[[str], None]) -> dict[str, Any]:
     key = jax.random.PRNGKey(config.seed)
     init_key, teacher_key, data_key = jax.random.split(key, 3)
+    serving = layout if config.quantize in SERVING_FORMATS else None
+    if serving is not None:  # a serving format: train in float32, then serve (below)
+        layout = dataclasses.replace(layout, quantize="none")
     target = teacher(teacher_key, config.hidden)
     params = layout.place_params(init_params(init_key, config))
     optimizer = optax.adam(config.learning_rate)
@@ -208,9 +247,8 @@ def _train(config: Config, layout: Layout, log: Callable[[str], None]) -> dict[s
         return optax.apply_updates(params, updates), state, loss, dropped
 
     mesh_text = "one device" if layout.mesh is None else f"mesh {dict(layout.mesh.shape)}"
-    features = {"none": (), "fp8-blocks": ("quantized", "quantized_blocks")}.get(
-        config.quantize, ("quantized",))
-    kernel = kernelhub.resolve("grouped_matmul", features=features).platform.value
+    kernel = kernelhub.resolve("grouped_matmul",
+                               features=FEATURES[config.quantize]).platform.value
     log(f"layout={layout.name} on {mesh_text} ({jax.default_backend()}), "
         f"grouped_matmul={kernel}, expert matmuls quantized: {config.quantize}, "
         f"steps={config.steps}")
@@ -231,8 +269,22 @@ def _train(config: Config, layout: Layout, log: Callable[[str], None]) -> dict[s
     steps_per_second = timed_steps / elapsed if timed_steps else float("nan")
     log(f"final loss {losses[-1]:.5f} (first {losses[0]:.5f}), {steps_per_second:.1f} steps/s, "
         f"dropped token choices {dropped_total}")
-    return {"losses": losses, "steps_per_second": steps_per_second, "layout": layout.name,
-            "devices": 1 if layout.mesh is None else layout.mesh.size, "dropped": dropped_total}
+    result = {"losses": losses, "steps_per_second": steps_per_second, "layout": layout.name,
+              "devices": 1 if layout.mesh is None else layout.mesh.size, "dropped": dropped_total}
+    if serving is not None:
+        held_out = layout.place_tokens(
+            jax.random.normal(jax.random.fold_in(data_key, config.steps),
+                              (config.tokens, config.hidden)))
+
+        def held_out_loss(placed: Layout) -> float:
+            out, _ = jax.jit(lambda p, x: moe_block(p, x, placed))(params, held_out)
+            return float(jnp.mean((out - target(held_out)) ** 2))
+
+        result["float_loss"], result["served_loss"] = (held_out_loss(layout),
+                                                       held_out_loss(serving))
+        log(f"served with {config.quantize}: held-out loss {result['served_loss']:.5f} "
+            f"(float32 weights: {result['float_loss']:.5f})")
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -247,8 +299,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--capacity-factor", type=float, default=None,
                         help="routed layout: exchange capacity as a multiple of even routing "
                              "(default: a capacity that never drops)")
-    parser.add_argument("--quantize", default=defaults.quantize, choices=tuple(QUANTIZED_FORMATS),
-                        help="run the expert matmuls on int8, fp8 (e4m3) or MXFP8 operands")
+    parser.add_argument("--quantize", default=defaults.quantize,
+                        choices=(*QUANTIZED_FORMATS, *SERVING_FORMATS),
+                        help="train the expert matmuls on int8, fp8 (e4m3) or MXFP8 operands, "
+                             "or train in float32 and serve int4 weights or NVFP4 operands")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)
     config = Config(steps=args.steps, tokens=args.tokens, experts=args.experts, top_k=args.top_k,

@@ -55,7 +55,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
 
 
 # Submodules that `kernelhub.<name>` reaches without an import of their own, as before.
-_SUBMODULES = ("export", "ops", "parallel", "quantization", "testing", "tuning")
+_SUBMODULES = ("export", "ops", "parallel", "quantization", "quantized_training", "testing",
+               "tuning")
 
 
 def __getattr__(name: str) -> Any:

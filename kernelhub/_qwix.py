@@ -6,7 +6,8 @@ the same rank whose every dimension divides the value's (one scale per tile), an
 `zero_point`. It becomes:
 
 - a kernelhub QuantizedArray when its layout is one the kernels take as is: symmetric, a
-  qtype that int8 or float8 holds exactly (int4 and the other narrow integers widen to int8),
+  qtype kernelhub quantizes to (int8, float8, int4 and float4_e2m1fn stay as they are; the
+  other narrow integers widen to int8, which holds them exactly),
   and scale tiles along the operand's contraction axis of at least MIN_NATIVE_BLOCK elements
   (or one tile for the whole axis). Tiles along the other axes are spread to one scale per
   element there (the scale stays a fraction of the values' size);
@@ -25,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kernelhub.quantization import QUANTIZED_DTYPES, QuantizedArray
+from kernelhub.quantization import VALUE_DTYPES, QuantizedArray
 
 # Scale tiles shorter than this along the contraction axis are dequantized first: their scale
 # would be as large as the values, and no tiled kernel can apply it per block.
@@ -70,12 +71,13 @@ def converted(value: Any, contraction_axis: int) -> QuantizedArray | jax.Array:
 
 
 def _native_values(value: Any) -> jax.Array | None:
-    """The values as int8 or float8, exactly, or None when they cannot be."""
+    """The values in a QuantizedArray's value dtype, exactly (int4 stays int4), or None when
+    they cannot be."""
     try:
         qtype = jnp.dtype(value.qtype)
     except TypeError:
         return None  # a non-uniform type such as nf4: values are indices into a table
-    if qtype in QUANTIZED_DTYPES:
+    if qtype in VALUE_DTYPES:
         return value.qvalue.astype(qtype)
     if jnp.issubdtype(qtype, jnp.integer) and _fits_int8(qtype):
         return value.qvalue.astype(jnp.int8)

@@ -26,6 +26,7 @@ import pytest
 import kernelhub
 import reference
 from conftest import assert_close, call, runnable_implementations
+from kernelhub._core import dispatch as _dispatch
 from kernelhub._core import registry as _registry
 
 GMM = "grouped_matmul"
@@ -428,22 +429,24 @@ def test_forcing_an_implementation_without_the_feature_is_an_error(arguments, fe
         calls.append(lhs.shape)
         return jnp.zeros((lhs.shape[0], rhs.shape[2]), preferred_element_type)
 
-    saved = _registry.unregister(GMM, "pallas", "cpu")
-    kernelhub.register(GMM, "pallas", "cpu", features=["quantized"])(plain)
+    # The pallas platform on the backend running here (cpu here and on CI, gpu on a GPU host).
+    backend = _dispatch.running_backend().value
+    saved = _registry.unregister(GMM, "pallas", backend)
+    kernelhub.register(GMM, "pallas", backend, features=["quantized"])(plain)
     try:
         gmm = kernelhub.get(GMM, platform="pallas")
         np.testing.assert_array_equal(np.asarray(gmm(LHS, RHS, SIZES)), 0.0)
         assert calls
         calls.clear()
         with pytest.raises(kernelhub.NoImplementationError,
-                           match=f"platform=pallas.*pallas/cpu does not support {feature}"):
+                           match=f"platform=pallas.*pallas/{backend} does not support {feature}"):
             gmm(LHS, RHS, SIZES, **arguments)
         assert not calls
         # Unforced, the call goes to an implementation that has the features.
         out = kernelhub.grouped_matmul(LHS, RHS, SIZES, **arguments)
         assert out.shape == (8, 3 if "glu" in arguments else 6)
     finally:
-        _registry.unregister(GMM, "pallas", "cpu")
+        _registry.unregister(GMM, "pallas", backend)
         if saved is not None:
             _registry.restore(saved)
 

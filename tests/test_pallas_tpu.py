@@ -371,20 +371,56 @@ def test_int8_tiles_use_the_int8_mxu_only_where_there_is_one():
     assert all(hardware.chip_named(name).int8_flops > 0 for name in ("v5e", "v5p", "v6e"))
 
 
+def test_four_bit_tiles_use_the_int4_mxu_only_where_there_is_one():
+    from kernelhub._pallas.tpu import hardware, kernel_parts
+
+    assert kernel_parts.compute_dtype(jnp.int4, jnp.int4, int8_mxu=True, int4_mxu=True) == jnp.int4
+    assert kernel_parts.accumulator_dtype(jnp.int4) == jnp.int32
+    # int4 beside int8 multiplies as int8; without an int8 MXU, and beside bf16, as bf16.
+    assert kernel_parts.compute_dtype(jnp.int4, jnp.int8, int8_mxu=True) == jnp.int8
+    assert kernel_parts.compute_dtype(jnp.int4, jnp.int4, int8_mxu=True) == jnp.int8
+    assert kernel_parts.compute_dtype(jnp.int4, jnp.int4) == jnp.bfloat16
+    assert kernel_parts.compute_dtype(jnp.bfloat16, jnp.float4_e2m1fn) == jnp.bfloat16
+    assert hardware.chip_named("v4").int4_flops == 0
+    assert all(hardware.chip_named(name).int4_flops > 0 for name in ("v5e", "v5p", "v6e"))
+
+
+def test_e2m1_codes_decode_to_their_values_in_the_kernels():
+    """Mosaic has no e2m1 vectors: the kernels take e2m1 as its 4-bit codes and decode each
+    tile (kernel_parts.tile_values); every code, its sign included."""
+    from kernelhub._pallas.tpu import kernel_parts
+
+    values = jax.lax.bitcast_convert_type(jnp.arange(16, dtype=jnp.uint8).astype(jnp.uint4),
+                                          jnp.float4_e2m1fn)
+    codes = kernel_parts.kernel_operand(values)
+    assert codes.dtype == jnp.uint4
+    decoded = np.asarray(kernel_parts.tile_values(codes, jnp.float4_e2m1fn, jnp.float32))
+    expected = np.asarray(values.astype(jnp.float32))
+    np.testing.assert_array_equal(decoded, expected)
+    np.testing.assert_array_equal(np.signbit(decoded), np.signbit(expected))
+
+
 @pytest.mark.slow
 @needs_libtpu
-@pytest.mark.parametrize("generation, quantized, shape, block_size", [
-    ("v5e", jnp.int8, "qwen3-moe", None), ("v5p", jnp.int8, "deepseek-v3", None),
-    ("v4", jnp.int8, "odd", None), ("v6e", jnp.float8_e4m3fn, "qwen3-moe", None),
-    ("v4", jnp.float8_e5m2, "odd", None), ("v5p", jnp.int8, "deepseek-v3", 128),
-    ("v6e", jnp.float8_e4m3fn, "qwen3-moe", 128), ("v5e", jnp.int8, "odd", 128)])
-def test_quantized_operands_compile_for_tpu(generation, quantized, shape, block_size):
-    """int8 and fp8 tiles in the Mosaic kernels, forward and VJP: int8 x int8 on the int8 MXU
+@pytest.mark.parametrize("generation, quantized, shape, block_size, quantized_lhs", [
+    ("v5e", jnp.int8, "qwen3-moe", None, True), ("v5p", jnp.int8, "deepseek-v3", None, True),
+    ("v4", jnp.int8, "odd", None, True), ("v6e", jnp.float8_e4m3fn, "qwen3-moe", None, True),
+    ("v4", jnp.float8_e5m2, "odd", None, True), ("v5p", jnp.int8, "deepseek-v3", 128, True),
+    ("v6e", jnp.float8_e4m3fn, "qwen3-moe", 128, True), ("v5e", jnp.int8, "odd", 128, True),
+    # 4-bit and MX formats: int4 x int4 on v5e's int4 MXU; e2m1 decoded from its codes per
+    # tile; MX scale blocks of 32 and NVFP4's of 16 along k inside the forward kernel.
+    ("v5e", jnp.int4, "qwen3-moe", None, True), ("v6e", "nvfp4", "qwen3-moe", None, True),
+    ("v5p", "mxfp4", "deepseek-v3", None, False)])
+def test_quantized_operands_compile_for_tpu(generation, quantized, shape, block_size,
+                                            quantized_lhs):
+    """Quantized tiles in the Mosaic kernels, forward and VJP: int8 x int8 on the int8 MXU
     of v5e, v5p and v6e, widened to bf16 on v4, which has none (Mosaic rejects an int8 matmul
     there). One scale per row and column is applied around the kernels; 1x128 blocks along k
-    inside the forward kernel (the odd shape's k=520 ends in a partial block)."""
+    inside the forward kernel (the odd shape's k=520 ends in a partial block). A 4-bit operand
+    is read packed (64-row tiles) and widened per tile in VMEM where the MXU does not take it."""
     _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape],
-                                               quantized=quantized, block_size=block_size))
+                                               quantized=quantized, block_size=block_size,
+                                               quantized_lhs=quantized_lhs))
 
 
 @pytest.mark.slow

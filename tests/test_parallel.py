@@ -137,12 +137,25 @@ def test_example_trains_and_loss_falls():
 
 
 @pytest.mark.standard_promotion(reason="optax's optimizers mix int32 step counts with floats")
-@pytest.mark.parametrize("quantize", ["int8", "fp8", "fp8-blocks", "mxfp8"])
+@pytest.mark.parametrize("quantize", ["int8", "fp8", "fp8-blocks", "mxfp8", "mxfp8-fwd"])
 def test_example_trains_with_quantized_expert_matmuls(quantize):
-    """Straight-through gradients train the float weights about as well as float matmuls."""
+    """Straight-through gradients (and the MXFP8 recipes' per-pass formats) train the float
+    weights about as well as float matmuls."""
     example = load_example()
     quantized = example.main(["--steps", "40", "--layout", "local", "--quantize", quantize])
     plain = example.main(["--steps", "40", "--layout", "local"])
     losses = quantized["losses"]
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
     assert abs(np.mean(losses[-5:]) - np.mean(plain["losses"][-5:])) < 0.1 * np.mean(losses[-5:])
+
+
+@pytest.mark.standard_promotion(reason="optax's optimizers mix int32 step counts with floats")
+@pytest.mark.parametrize("serve", ["int4", "nvfp4"])
+def test_example_serves_a_float_trained_block_in_four_bits(serve):
+    """--quantize int4 / nvfp4 train in float32 (the same losses as float) and report the
+    held-out loss served in 4 bits, close to the float weights' own."""
+    example = load_example()
+    served = example.main(["--steps", "40", "--layout", "local", "--quantize", serve])
+    plain = example.main(["--steps", "40", "--layout", "local"])
+    np.testing.assert_array_equal(served["losses"], plain["losses"])
+    assert abs(served["served_loss"] - served["float_loss"]) < 0.25 * served["float_loss"], served

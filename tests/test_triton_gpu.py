@@ -560,6 +560,7 @@ def _quantized_kernels(op, lhs_dtype, rhs_dtype, transpose_rhs=False, block_size
 
 
 EIGHT_BIT_WGMMA = (".e4m3", ".e5m2", ".s8")
+INT4, E2M1 = jnp.int4, jnp.float4_e2m1fn
 
 
 @pytest.mark.parametrize("transpose_rhs", [False, True])
@@ -569,6 +570,11 @@ EIGHT_BIT_WGMMA = (".e4m3", ".e5m2", ".s8")
     (E4M3, E5M2, "f32.e4m3.e5m2"),
     (INT8, INT8, "s32.s8.s8"),
     (None, INT8, "f32.bf16.bf16"),  # weight-only: the int8 tiles widen to bf16 in registers
+    # 4-bit operands are read packed and unpacked per tile (kernelhub/_pallas/gpu/_four_bit.py):
+    # int4 to int8 and e2m1 to e4m3, multiplied on the 8-bit wgmma; beside bf16, widened.
+    (INT4, INT4, "s32.s8.s8"),  # N-major (not transposed): bf16, asserted below
+    (E2M1, E2M1, "f32.e4m3.e4m3"),
+    (None, INT4, "f32.bf16.bf16"),
 ])
 def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmma,
                                               transpose_rhs):
@@ -582,6 +588,8 @@ def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmm
     for report in (forward, *backward):
         assert report.shared_bytes <= ptx_check.HOPPER_SHARED_BYTES, report
         assert report.wgmma > 0, report
+    if rhs_dtype == INT4 and lhs_dtype == INT4 and not transpose_rhs:
+        forward_wgmma = "f32.bf16.bf16"  # test_quantized_tgmm_compiles_to_hopper_ptx says why
     assert forward.wgmma_types == {forward_wgmma}, forward
     # ptxas keeps the wgmma pipeline: fp8's promotion adds come once per k block, after the
     # block's wgmmas (adds between them would serialize every wgmma of the kernel).
@@ -590,10 +598,12 @@ def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmm
         # fp8 partial sums are promoted: float32 adds into the accumulator (the kernel has none
         # other; without maxNumImpreciseAcc <= block_k there are none at all).
         assert "add.f32" in forward.ptx
-    if transpose_rhs and lhs_dtype is not None:  # both tiles K-major: memory to tensor cores
+    four_bit = jnp.dtype(rhs_dtype) in (jnp.dtype(INT4), jnp.dtype(E2M1))
+    if transpose_rhs and lhs_dtype is not None and not four_bit:
+        # Both tiles K-major: memory to tensor cores (4-bit tiles pass through registers).
         assert forward.shared_byte_stores == 0 and forward.async_copies_16b > 0, forward
         assert forward.scalar_loads == 0, forward
-    if not transpose_rhs and lhs_dtype is not None:
+    if not transpose_rhs and lhs_dtype is not None and forward_wgmma != "f32.bf16.bf16":
         # An N-major 8-bit tile is transposed through registers (8-bit wgmma reads K-major).
         assert forward.shared_byte_stores > 0, forward
     # The backward products pair a float cotangent (scales folded in) with a quantized operand:
@@ -603,7 +613,11 @@ def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmm
         assert report.wgmma_serialized is not True, report
 
 
-@pytest.mark.parametrize("dtype, forward_wgmma", [(E4M3, "f32.e4m3.e4m3"), (INT8, "s32.s8.s8")])
+@pytest.mark.parametrize("dtype, forward_wgmma", [
+    (E4M3, "f32.e4m3.e4m3"), (INT8, "s32.s8.s8"), (E2M1, "f32.e4m3.e4m3"),
+    # An N-major int8 tile unpacked in registers is one Triton cannot lay out for the int8
+    # wgmma ("Illegal shared layout"): int4 rhs tiles along n widen to bf16 (_four_bit.py).
+    (INT4, "f32.bf16.bf16")])
 def test_quantized_tgmm_compiles_to_hopper_ptx(dtype, forward_wgmma):
     """tgmm of two operands quantized along m (scales per k and per n, outside the kernel): the
     forward kernel sums the rows on 8-bit wgmma too. (With fp8, its 128-row k tiles on one
@@ -711,3 +725,69 @@ def test_glu_compiles_to_hopper_ptx_and_stores_only_the_output():
         stores = _global_stores(gated.ptx)
         assert len(set(stores)) == 1, (where, stores)  # the bf16 output, nothing else
         assert len(stores) <= len(plain_stores), (where, len(stores), len(plain_stores))
+
+
+# ---------------------------------------------------------------- 4-bit operands
+
+
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.float4_e2m1fn])
+def test_four_bit_tiles_unpack_to_the_exact_eight_bit_values(dtype):
+    """Every 4-bit value, packed two to a byte as the kernels take it and unpacked as their
+    tiles are, is the 8-bit value (int8, e4m3) equal to it, in its place."""
+    from kernelhub._pallas.gpu import _four_bit
+
+    codes = np.arange(16, dtype=np.uint8)
+    values = jax.lax.bitcast_convert_type(jnp.asarray(codes).astype(jnp.uint4), dtype)
+    tile = jnp.stack([values, values[::-1]])  # [2, 16]: each value at an even and an odd place
+    packed, packing = _four_bit.packed(tile)
+    assert packed.dtype == jnp.uint8 and packed.shape == (2, 8)
+    unpacked = packing.unpacked(packed)
+    assert unpacked.dtype == _four_bit.tile_dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(unpacked.astype(jnp.float32)),
+                                  np.asarray(tile.astype(jnp.float32)))
+    if dtype == jnp.float4_e2m1fn:  # the sign of -0 too
+        np.testing.assert_array_equal(np.signbit(np.asarray(unpacked.astype(jnp.float32))),
+                                      np.signbit(np.asarray(tile.astype(jnp.float32))))
+
+
+@pytest.mark.parametrize("n, glu_layout", [(48, "concatenated"), (42, "concatenated"),
+                                           (48, "interleaved"), (40, None)])
+@pytest.mark.parametrize("form", ["int4", "nvfp4"])
+def test_packed_four_bit_weights_meet_the_reference_at_their_edges(form, n, glu_layout):
+    """4-bit weights read packed by the Triton kernel (interpret mode here; the GPU runs it in
+    scripts/gpu_bench.sh): ragged k and n tiles, both glu layouts (a concatenated gate half of
+    odd width, 21 columns of 42, cannot be split into bytes along n, so it is widened first),
+    against float64 of the dequantized operands."""
+    rng = np.random.default_rng(11)
+    m, k, groups = 40, 96, 3
+    sizes = np.array([13, 0, 20], np.int32)
+    lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((groups, k, n)), jnp.float32)
+    if form == "int4":
+        weights = kernelhub.quantize(rhs, jnp.int4, axis=1, block_size=32)
+    else:
+        weights = kernelhub.quantize(rhs, form, axis=1)
+    gmm = kernelhub.get(GMM, platform="triton")
+    glu = {} if glu_layout is None else dict(glu="silu", glu_layout=glu_layout)
+    out = gmm(lhs, weights, jnp.asarray(sizes), **glu)
+    z = reference.gmm(np.asarray(lhs, np.float64), np.asarray(weights.dequantize(), np.float64),
+                      sizes)
+    want = z if glu_layout is None else reference.epilogue(z, glu="silu", glu_layout=glu_layout)
+    assert_close(out, want, jnp.float32, contraction=k)
+
+
+@pytest.mark.parametrize("m", [96, 95])
+def test_packed_four_bit_tgmm_rows_meet_the_reference(m):
+    """tgmm of e2m1 lhs and int4 rhs, both quantized along m, read packed along m (lhs) and n
+    (rhs); an odd m cannot be split into bytes and is widened first."""
+    rng = np.random.default_rng(12)
+    k, n = 24, 16
+    sizes = np.array([30, 0, m - 30], np.int32)
+    lhs = kernelhub.quantize(jnp.asarray(rng.standard_normal((k, m)), jnp.float32), "nvfp4",
+                             axis=1)
+    rhs = kernelhub.quantize(jnp.asarray(rng.standard_normal((m, n)), jnp.float32), jnp.int4,
+                             axis=0, block_size=32)
+    out = kernelhub.get(TGMM, platform="triton")(lhs, rhs, jnp.asarray(sizes))
+    want = reference.tgmm(np.asarray(lhs.dequantize(), np.float64),
+                          np.asarray(rhs.dequantize(), np.float64), sizes)
+    assert_close(out, want, jnp.float32, contraction=m)

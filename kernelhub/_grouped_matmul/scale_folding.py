@@ -98,8 +98,8 @@ def _float(operand: Any) -> jax.Array:
 
 def _eight_bit(operand: Any) -> Any:
     """A QuantizedArray with 4-bit values (int4, float4_e2m1fn) as the same array in the 8-bit
-    dtype that holds them exactly (int8, float8_e4m3fn), for kernels whose tiles are 8-bit.
-    This is a widened copy of the values: their kernels do not unpack 4-bit tiles yet (#27)."""
+    dtype that holds them exactly (int8, float8_e4m3fn), for kernels whose tiles are 8-bit:
+    a widened copy of the values, for kernels that take no 4-bit operand."""
     if not isinstance(operand, QuantizedArray):
         return operand
     wider = EXACT_IN_8_BITS.get(jnp.dtype(operand.values.dtype))
@@ -109,15 +109,17 @@ def _eight_bit(operand: Any) -> Any:
                                      operand.block_size, operand.source)
 
 
-def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
+def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel, four_bit: bool = False) -> Folded:
     """Raw kernels taking QuantizedArrays, from raw kernels taking plain arrays (int8 and fp8
-    ones included) in their place, `scales=` (ContractionScales) and `output_blocks=`
+    ones included, and int4 and float4_e2m1fn ones with `four_bit`; else those are widened
+    first) in their place, `scales=` (ContractionScales) and `output_blocks=`
     (OutputBlockScales)."""
+    widened = (lambda operand: operand) if four_bit else _eight_bit
 
     def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
             transpose_rhs, epilogue: KernelEpilogue | None = None):
         fused = {} if epilogue is None else {"epilogue": epilogue}
-        lhs, rhs = _eight_bit(lhs), _eight_bit(rhs)
+        lhs, rhs = widened(lhs), widened(rhs)
         if not _is_quantized(lhs, rhs):
             return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                            existing_out, transpose_rhs, **fused)
@@ -154,7 +156,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
 
     def tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
              num_actual_groups, existing_out):
-        lhs, rhs = _eight_bit(lhs), _eight_bit(rhs)
+        lhs, rhs = widened(lhs), widened(rhs)
         if not _is_quantized(lhs, rhs):
             return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                             num_actual_groups, existing_out)

@@ -118,7 +118,8 @@ def vmem_estimates(result: "CompileResult") -> dict[str, int]:
 
 
 def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = None,
-                  block_size: int | None = None, epilogue: dict[str, Any] | None = None):
+                  block_size: int | None = None, epilogue: dict[str, Any] | None = None,
+                  quantized_lhs: bool = True):
     """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels; a
     nonlinear epilogue adds the forward kernel's recomputation of its pre-activation)."""
     from kernelhub import _loader
@@ -133,7 +134,8 @@ def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = 
 
     def forward(lhs, rhs, group_sizes, group_offset, bias=None):
         if quantized is not None:  # scales per row of lhs and column of each expert, per block
-            lhs = quantize(lhs, quantized, axis=1, block_size=block_size)
+            if quantized_lhs:
+                lhs = quantize(lhs, quantized, axis=1, block_size=block_size)
             rhs = quantize(rhs, quantized, axis=1, block_size=block_size)
         return gmm(lhs, rhs, group_sizes, preferred_element_type=dtype, group_offset=group_offset,
                    bias=bias, **options)
@@ -172,10 +174,12 @@ def argument_specs(shape: MoeShape, dtype: Any, backward: bool, device: Any,
 def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
                 backward: bool = True, quantized: Any = None,
                 block_size: int | None = None,
-                epilogue: dict[str, Any] | None = None) -> CompileResult:
+                epilogue: dict[str, Any] | None = None,
+                quantized_lhs: bool = True) -> CompileResult:
     """Compiles the step for one chip of `generation` with the default tiling; with
-    `quantized` (int8 or an fp8 dtype), on both operands quantized to it per row and column,
-    with `block_size` scale blocks along k; with `epilogue`, grouped_matmul's epilogue arguments
+    `quantized` (a value dtype or a named format: kernelhub.quantize's), on both operands
+    (only rhs without `quantized_lhs`) quantized to it per row and column, with `block_size`
+    scale blocks along k; with `epilogue`, grouped_matmul's epilogue arguments
     (bias=True for a float32 bias; with a glu, shape.n is the output's columns and rhs has
     twice as many)."""
     from jax.experimental import topologies
@@ -193,7 +197,7 @@ def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
         # The kernels read the target chip from the default device while tracing (hardware.py).
         with jax.default_device(device):
             lowered = step_function(shape, dtype, backward, quantized, block_size,
-                                    epilogue).lower(
+                                    epilogue, quantized_lhs).lower(
                 *argument_specs(shape, dtype, backward, device, epilogue))
         compiled = lowered.compile()
         result.compiled = True

@@ -3,14 +3,16 @@
 For each shape and group-size pattern (balanced, skewed: Dirichlet alpha 0.5) it times gmm
 forward, gmm backward (d lhs + d rhs through jax.vjp) and tgmm, each beside a dense floor of the
 same FLOPs (jnp.dot on the computed rows, i.e. cuBLAS) and the peer jax.lax.ragged_dot; then gmm
-forward on e4m3 and int8 operands beside dense bf16 and dense 8-bit floors (gpu_quantized.py);
+forward on e4m3, int8, MXFP8 and 4-bit-weight operands beside dense bf16 and dense 8-bit floors
+(gpu_quantized.py);
 then fused epilogues (glu="silu"; bias + glu="swiglu_oai", interleaved) beside the same math
 unfused, forward and forward + grad (epilogue.py).
 It writes gpu_bench.md (tables, targets), gpu_bench.json (raw numbers) and gpu_bench.png (plot,
 when matplotlib is installed) into the output folder. `--gpu-parts sweep` times a few block
 configs per shape instead (gpu_sweep.md), the data for tuning kernelhub/_pallas/gpu/config.py.
 
-Also runnable without the rest of the CLI: `python -m kernelhub._cli.bench.gpu --gpu-out DIR`.
+Also runnable without the rest of the CLI: `python -m kernelhub._cli.bench.gpu --gpu-out DIR`;
+`--gpu-tables quantized epilogue` (say) measures only those tables, for a short GPU lease.
 
 Without a GPU it refuses, unless `--gpu-smoke` asks for the tiny pipeline check (interpret mode).
 """
@@ -39,6 +41,7 @@ from kernelhub._cli.bench.timing import median_seconds
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
 PASSES = ("gmm forward", "gmm backward", "tgmm")
+TABLES = ("main", "quantized", "epilogue")
 
 
 # ---------------------------------------------------------------- command line
@@ -54,6 +57,9 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu-parts", nargs="+", choices=("bench", "sweep"), default=["bench"],
                        help="bench: the table against dense and ragged_dot (default); sweep: a few "
                             "block configs per shape (gpu_sweep.md)")
+    group.add_argument("--gpu-tables", nargs="+", choices=TABLES, default=list(TABLES),
+                       help="which of the bench part's tables to measure (default: all); a short "
+                            "GPU lease can take the new rows alone")
     group.add_argument("--gpu-smoke", action="store_true",
                        help="tiny shapes, allowed without a GPU (interpret mode): checks the pipeline")
 
@@ -91,8 +97,9 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
         from kernelhub._cli.bench import epilogue
         from kernelhub._cli.bench import gpu_quantized as quantized
 
+        tables = getattr(args, "gpu_tables", None) or TABLES
         measurements = []
-        for shape in shapes:
+        for shape in shapes if "main" in tables else ():
             for pattern in PATTERNS:
                 for result in measure_shape(shape, pattern, dtype, reps, warmup):
                     print(result.one_line(f"{result.pattern:8s} {result.pass_name:13s}"),
@@ -104,7 +111,7 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
         def write_reports() -> None:
             (out / "gpu_bench.md").write_text(
                 markdown_report(measurements, header) + "\n"
-                + "\n".join(quantized.markdown_lines(quantized_rows)
+                + "\n".join((quantized.markdown_lines(quantized_rows) if quantized_rows else [])
                             + (epilogue.gpu_markdown_lines(epilogue_rows) if epilogue_rows
                                else [])))
             (out / "gpu_bench.json").write_text(json.dumps(
@@ -115,13 +122,13 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
         # Written after the main table and again after each quantized or epilogue shape, so
         # that a run cut short by a time limit still leaves what it measured.
         write_reports()
-        plotted = plot(measurements, out / "gpu_bench.png")
-        for shape in shapes:
+        plotted = bool(measurements) and plot(measurements, out / "gpu_bench.png")
+        for shape in shapes if "quantized" in tables else ():
             for result in quantized.measure_quantized(shape, reps, warmup):
                 print(quantized.one_line(result), flush=True)
                 quantized_rows.append(result)
             write_reports()
-        for shape in shapes:
+        for shape in shapes if "epilogue" in tables else ():
             for result in epilogue.measure_gpu(shape, dtype, reps, warmup, platform="triton"):
                 print(epilogue.gpu_one_line(result), flush=True)
                 epilogue_rows.append(result)
@@ -329,9 +336,11 @@ def markdown_report(measurements: list[Measurement], header: dict[str, str]) -> 
     lines = ["# kernelhub GPU benchmark (Triton kernels)", ""]
     lines += [f"- {key}: {value}" for key, value in header.items()]
     lines += ["", "Shapes (m x k x n, experts; local experts when sharded with group_offset):", ""]
-    for shape in dict.fromkeys(m.shape for m in measurements):
+    for shape in dict.fromkeys(m.shape for m in measurements) or SHAPES:
         local = f", {shape.local} local (group_offset {shape.offset})" if shape.local < shape.experts else ""
         lines.append(f"- {shape.name}: {shape.m} x {shape.k} x {shape.n}, {shape.experts} experts{local}")
+    if not measurements:  # --gpu-tables without main: the other tables follow
+        return "\n".join(lines + [""])
     lines += ["", "TFLOP/s count only the computed rows' FLOPs (backward: d lhs + d rhs = 2x). "
               "dense: jnp.dot on the same rows (cuBLAS); ratios: kernelhub's speed over theirs.", ""]
     lines.append("| shape | groups | pass | kernelhub | dense | ragged_dot | vs dense | vs ragged_dot "

@@ -1,4 +1,4 @@
-"""The quantized rows of `kernelhub bench --gpu`: gmm forward on 8-bit operands.
+"""The quantized rows of `kernelhub bench --gpu`: gmm forward on 8-bit, MX and 4-bit operands.
 
 At each benchmark shape (balanced group sizes), the Triton gmm on e4m3 x e4m3 and int8 x int8
 operands with one scale per row of lhs and per column of each expert's weights, which Hopper
@@ -11,7 +11,10 @@ Each format runs twice: weights [G, k, n] (N-major; Hopper's 8-bit wgmma reads o
 only, so their tiles are transposed through registers) and [G, n, k] with transpose_rhs
 (K-major: straight from memory to the tensor cores). The e4m3 format runs a third time with
 DeepSeek-style scale blocks of 128 along k, scaled inside the kernel; its dense 8-bit floor is
-the per-channel one (cuBLAS has no block-scaled matmul here). Quantization itself is not timed.
+the per-channel one (cuBLAS has no block-scaled matmul here). Then MXFP8 x MXFP8 (e8m0 scales
+per 32 along k) beside the same per-channel fp8 floor, and 4-bit weights under bf16 activations
+(w4a16: int4 in blocks of 128, and MXFP4) beside dense bf16 only. Quantization itself is not
+timed.
 """
 
 from __future__ import annotations
@@ -35,9 +38,16 @@ PATTERN = "balanced"  # group skew is the main table's subject; this one compare
 @dataclasses.dataclass(frozen=True)
 class Format:
     name: str
-    dtype: Any
+    dtype: Any  # the weights' values: a dtype, or a named format ("mxfp8", "mxfp4", ...)
     transpose_rhs: bool  # weights [G, n, k]: K-major, as 8-bit wgmma reads them
     block_size: int | None = None  # scale blocks along k (None: one scale per row / column)
+    quantized_lhs: bool = True  # False: bf16 activations against quantized weights (w4a16)
+    # The dense 8-bit floor's values, one scale per row and column (None: no such floor).
+    floor_dtype: Any = "same"
+
+    @property
+    def dense_8bit_dtype(self) -> Any:
+        return self.dtype if self.floor_dtype == "same" else self.floor_dtype
 
 
 FORMATS = (
@@ -46,6 +56,13 @@ FORMATS = (
     Format("int8 x int8", jnp.int8, False),
     Format("int8 x int8, K-major weights", jnp.int8, True),
     Format("e4m3 x e4m3, 128-blocks, K-major weights", jnp.float8_e4m3fn, True, 128),
+    # OCP MXFP8 (e8m0 scales over blocks of 32 along k) against per-channel fp8.
+    Format("mxfp8 x mxfp8, K-major weights", "mxfp8", True, floor_dtype=jnp.float8_e4m3fn),
+    # 4-bit weights for serving (w4a16): against the bf16 gmm's floor only.
+    Format("bf16 x int4 (blocks of 128), K-major weights", jnp.int4, True, 128,
+           quantized_lhs=False, floor_dtype=None),
+    Format("bf16 x mxfp4, K-major weights", "mxfp4", True, quantized_lhs=False,
+           floor_dtype=None),
 )
 
 
@@ -74,18 +91,21 @@ def measure_quantized(shape: Shape, reps: int, warmup: int) -> list[QuantizedMea
     for form in FORMATS:
         weights = jnp.swapaxes(w, 1, 2) if form.transpose_rhs else w
         rhs_axis = 2 if form.transpose_rhs else 1
-        x8 = kernelhub.quantize(x, form.dtype, axis=1, block_size=form.block_size)
+        x8 = (kernelhub.quantize(x, form.dtype, axis=1, block_size=form.block_size)
+              if form.quantized_lhs else x)
         w8 = kernelhub.quantize(weights, form.dtype, axis=rhs_axis, block_size=form.block_size)
         ours = _gmm(kernelhub.get("grouped_matmul", platform="triton"), shape, form)
-        # The dense 8-bit product's operands (per channel): the computed rows, the first expert.
-        x_floor = kernelhub.quantize(x, form.dtype, axis=1)
-        w_floor = kernelhub.quantize(weights, form.dtype, axis=rhs_axis)
-        dense_args = (x_floor.values[rows], w_floor.values[0], x_floor.scale[rows, 0],
-                      jnp.squeeze(w_floor.scale[0], 1 if form.transpose_rhs else 0),
-                      form.transpose_rhs)
         fns = {"kernelhub": lambda f=ours, x8=x8, w8=w8: f(x8, w8, sizes),
-               "dense bf16": lambda: dense_bf16(x_rows, w_first),
-               "dense 8-bit": lambda args=dense_args: dense_8bit(*args)}
+               "dense bf16": lambda: dense_bf16(x_rows, w_first)}
+        if form.dense_8bit_dtype is not None:
+            # The dense 8-bit product's operands (per channel): the computed rows, the first
+            # expert.
+            x_floor = kernelhub.quantize(x, form.dense_8bit_dtype, axis=1)
+            w_floor = kernelhub.quantize(weights, form.dense_8bit_dtype, axis=rhs_axis)
+            dense_args = (x_floor.values[rows], w_floor.values[0], x_floor.scale[rows, 0],
+                          jnp.squeeze(w_floor.scale[0], 1 if form.transpose_rhs else 0),
+                          form.transpose_rhs)
+            fns["dense 8-bit"] = lambda args=dense_args: dense_8bit(*args)
         seconds = median_seconds(fns, reps, warmup)
         error = None
         if seconds["kernelhub"] is not None:

@@ -30,15 +30,16 @@ def _raw_tgmm(*args, **kwargs):
 
 
 def _register(backend: str, interpret: bool, **how):
-    # Quantized operands: the kernels multiply the int8/fp8 values and apply scale blocks along
-    # the contraction; one scale per row or column is applied around them (fold_scales).
+    # Quantized operands: the kernels multiply the int8/fp8 values (int4/e2m1 ones read packed
+    # and widened per tile, _four_bit.py) and apply scale blocks along the contraction; one
+    # scale per row or column is applied around them (fold_scales).
     # Epilogues (bias, activation, glu) run on the forward kernel's float32 tile.
     return register_grouped_matmuls(
         "triton", backend, functools.partial(_raw_gmm, interpret=interpret),
         functools.partial(_raw_tgmm, interpret=interpret),
         tuning_space.space("triton-interpret" if interpret else "triton"),
         features=(QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU),
-        fold_scales=True, **how)
+        fold_scales=True, four_bit=True, **how)
 
 
 compiled = _register("gpu", interpret=False, priority=10, requirement=needs_device("gpu"))

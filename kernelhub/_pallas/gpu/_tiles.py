@@ -149,7 +149,8 @@ FLOAT32_TILES = TileProduct(jnp.dtype(jnp.float32), jnp.dtype(jnp.float32))
 
 
 def tile_product(lhs_dtype, rhs_dtype, contraction_block: int, contraction: int,
-                 interpret: bool, out_dtype=jnp.float32) -> TileProduct:
+                 interpret: bool, out_dtype=jnp.float32, narrow_allowed: bool = True
+                 ) -> TileProduct:
     """int8 x int8 and fp8 x fp8 tiles are multiplied as stored (int8 and fp8 wgmma on Hopper)
     where Triton allows it: contraction blocks of at least 32, and a jax whose Pallas lowering
     kernelhub can extend (interpret mode needs none). Everything else is widened
@@ -160,7 +161,8 @@ def tile_product(lhs_dtype, rhs_dtype, contraction_block: int, contraction: int,
     narrow = _narrow_dot.accumulator_dtype(lhs_dtype, rhs_dtype)
     total = (jnp.dtype(jnp.int32) if jnp.issubdtype(out_dtype, jnp.integer)
              else jnp.dtype(jnp.float32))
-    if (narrow is None or contraction_block < _narrow_dot.MIN_CONTRACTION_BLOCK
+    if (narrow is None or not narrow_allowed
+            or contraction_block < _narrow_dot.MIN_CONTRACTION_BLOCK
             or not (interpret or _narrow_dot.triton_lowering_missing() is None)):
         return TileProduct(compute_dtype(lhs_dtype, rhs_dtype), total)
     if total == jnp.int32:

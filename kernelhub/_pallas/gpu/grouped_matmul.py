@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._pallas.gpu import _launch, _tiles, config, visits
+from kernelhub._pallas.gpu import _four_bit, _launch, _tiles, config, visits
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
@@ -66,7 +67,14 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     output_blocks = output_blocks or NO_OUTPUT_BLOCKS
     blocks = config.within_all_scale_blocks(
         blocks, scales, output_blocks, "block_k", "block_m")
-    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_k, k, interpret, out_dtype)
+    product = _tiles.tile_product(_four_bit.tile_dtype(lhs.dtype), _four_bit.tile_dtype(rhs.dtype),
+                                  blocks.block_k, k, interpret, out_dtype,
+                                  _four_bit.narrow_allowed(rhs.dtype, transpose_rhs))
+    lhs, lhs_packing = _four_bit.packed(lhs)
+    if gated and not spec.interleaved and not transpose_rhs and n_out % 2:
+        # Packed along n, an odd gate half would put the up half's first column mid-byte.
+        rhs = rhs.astype(_four_bit.tile_dtype(rhs.dtype))
+    rhs, rhs_packing = _four_bit.packed(rhs)
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
     fill = existing_out is None
@@ -78,7 +86,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     lhs_row_block, rhs_column_block = output_blocks.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n_out=n_out, num_visits=num_visits, n_tiles=n_tiles,
-        transpose_rhs=transpose_rhs, product=product, fill=fill,
+        transpose_rhs=transpose_rhs, product=product, fill=fill, lhs_packing=lhs_packing,
+        rhs_packing=rhs_packing,
         lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
         rhs_column_block=rhs_column_block, spec=spec, plain=epilogue.is_identity,
         has_row_scale=epilogue.row_scale is not None,
@@ -104,11 +113,14 @@ def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.
 @dataclasses.dataclass(frozen=True)
 class _RhsColumns:
     """The rhs columns one accumulator sums for an output tile: `columns` (a pl.ds of rhs's n
-    axis) starting at `first`, and which of them lie inside rhs (None: all)."""
+    axis) starting at `first` (a multiple of `alignment`), and which of them lie inside rhs
+    (None: all), those before `limit`."""
 
     columns: object
     first: jax.Array
     inside: jax.Array | None
+    limit: int
+    alignment: int
 
 
 def _rhs_columns(first_col: jax.Array, bn: int, n_out: int, inside: jax.Array | None,
@@ -120,19 +132,20 @@ def _rhs_columns(first_col: jax.Array, bn: int, n_out: int, inside: jax.Array | 
     from jax.experimental import pallas as pl
 
     if spec.glu is None:
-        return [_RhsColumns(pl.ds(first_col, bn), first_col, inside)]
+        return [_RhsColumns(pl.ds(first_col, bn), first_col, inside, n_out, bn)]
     if spec.interleaved:
         first = pl.multiple_of(2 * first_col, 2 * bn)
         pairs = _tiles.within(_tiles.span(first, 2 * bn), 2 * n_out, 2 * bn)
-        return [_RhsColumns(pl.ds(first, 2 * bn), first, pairs)]
+        return [_RhsColumns(pl.ds(first, 2 * bn), first, pairs, 2 * n_out, 2 * bn)]
     up = n_out + first_col
-    return [_RhsColumns(pl.ds(first_col, bn), first_col, inside),
-            _RhsColumns(pl.ds(up, bn), up, inside)]
+    return [_RhsColumns(pl.ds(first_col, bn), first_col, inside, n_out, bn),
+            _RhsColumns(pl.ds(up, bn), up, inside, 2 * n_out, math.gcd(n_out, bn))]
 
 
 def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n_out: int, num_visits: int, n_tiles: int, transpose_rhs: bool,
-            product: _tiles.TileProduct, fill: bool, lhs_block: int | None,
+            product: _tiles.TileProduct, fill: bool, lhs_packing: _four_bit.Packing | None,
+            rhs_packing: _four_bit.Packing | None, lhs_block: int | None,
             rhs_block: int | None, lhs_row_block: int | None,
             rhs_column_block: int | None, spec: Epilogue, plain: bool, has_row_scale: bool,
             column_vectors: int, has_bias: bool) -> None:
@@ -169,8 +182,8 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
         def step(i, totals):
             first_k = pl.multiple_of(i * bk, bk)
             k_inside = _tiles.within(_tiles.span(first_k, bk), k, bk)
-            left = _tiles.masked_load(lhs_ref.at[pl.ds(first_row, bm), pl.ds(first_k, bk)],
-                                      row_inside, k_inside)
+            left = _four_bit.load(lhs_ref, (pl.ds(first_row, bm),), row_inside,
+                                  pl.ds(first_k, bk), k_inside, k, lhs_packing, bk)
             # Output-axis scale blocks: the row tile (lhs) or column tile (rhs) lies in one block,
             # whose scales vary along k.
             left = _tiles.scaled_by(left, _tiles.block_scales(
@@ -183,11 +196,12 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
             for total, source in zip(totals, sources):  # one accumulator, or gate and up
                 columns, inside = source.columns, source.inside
                 if transpose_rhs:
-                    right = _tiles.masked_load(rhs_ref.at[group, columns, pl.ds(first_k, bk)],
-                                               inside, k_inside)
+                    right = _four_bit.load(rhs_ref, (group, columns), inside, pl.ds(first_k, bk),
+                                           k_inside, k, rhs_packing, bk)
                 else:
-                    right = _tiles.masked_load(rhs_ref.at[group, pl.ds(first_k, bk), columns],
-                                               k_inside, inside)
+                    right = _four_bit.load(rhs_ref, (group, pl.ds(first_k, bk)), k_inside,
+                                           columns, inside, source.limit, rhs_packing,
+                                           source.alignment)
                 right = _tiles.scaled_by(right, _tiles.block_scales(
                     rhs_column_ref, rhs_column_block, source.first,
                     lambda b: ((group, b, pl.ds(first_k, bk)) if transpose_rhs

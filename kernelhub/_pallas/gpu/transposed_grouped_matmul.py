@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._pallas.gpu import _launch, _tiles, config
+from kernelhub._pallas.gpu import _four_bit, _launch, _tiles, config
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 from kernelhub._grouped_matmul.groups import local_bounds
@@ -44,7 +44,11 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     blocks = config.from_tiling(tiling, m, k, n, config.tgmm_heuristic(problem))
     output_blocks = output_blocks or NO_OUTPUT_BLOCKS
     blocks = config.within_all_scale_blocks(blocks, scales, output_blocks, "block_m", "block_k")
-    product = _tiles.tile_product(lhs.dtype, rhs.dtype, blocks.block_m, m, interpret, out_dtype)
+    product = _tiles.tile_product(_four_bit.tile_dtype(lhs.dtype), _four_bit.tile_dtype(rhs.dtype),
+                                  blocks.block_m, m, interpret, out_dtype,
+                                  _four_bit.narrow_allowed(rhs.dtype, rhs_k_major=False))
+    lhs, lhs_packing = _four_bit.packed(lhs)
+    rhs, rhs_packing = _four_bit.packed(rhs)
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
@@ -55,7 +59,8 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     lhs_row_block, rhs_column_block = output_blocks.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, k_tiles=k_tiles, n_tiles=n_tiles,
-        product=product, has_existing=existing_out is not None,
+        product=product, has_existing=existing_out is not None, lhs_packing=lhs_packing,
+        rhs_packing=rhs_packing,
         lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
         rhs_column_block=rhs_column_block)
     return _launch.pallas_triton(kernel, (bounds, lhs, rhs, *scales.arrays,
@@ -66,7 +71,8 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
 
 def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n: int, k_tiles: int, n_tiles: int, product: _tiles.TileProduct,
-            has_existing: bool, lhs_block: int | None, rhs_block: int | None,
+            has_existing: bool, lhs_packing: _four_bit.Packing | None,
+            rhs_packing: _four_bit.Packing | None, lhs_block: int | None, rhs_block: int | None,
             lhs_row_block: int | None, rhs_column_block: int | None) -> None:
     from jax.experimental import pallas as pl
 
@@ -92,10 +98,10 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
         # Loads are masked only by static bounds (the array's end), which keeps them vectorised
         # along m; an edge chunk then zeroes the other groups' rows with a select, in registers.
         in_array = _tiles.within(rows, m, bm) if edge else None
-        left = _tiles.masked_load(lhs_ref.at[pl.ds(first_k, bk), pl.ds(first_row, bm)],
-                                  k_inside, in_array)
-        right = _tiles.masked_load(rhs_ref.at[pl.ds(first_row, bm), pl.ds(first_col, bn)],
-                                   in_array, col_inside)
+        left = _four_bit.load(lhs_ref, (pl.ds(first_k, bk),), k_inside, pl.ds(first_row, bm),
+                              in_array, m, lhs_packing, bm)
+        right = _four_bit.load(rhs_ref, (pl.ds(first_row, bm),), in_array, pl.ds(first_col, bn),
+                               col_inside, n, rhs_packing, bn)
         # Output-axis scale blocks: the k tile (lhs) or n tile (rhs) lies in one block, whose
         # scales vary along m.
         left = _tiles.scaled_by(left, _tiles.block_scales(

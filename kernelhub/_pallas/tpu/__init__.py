@@ -28,9 +28,10 @@ _FEATURES = (QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES, BIAS,
 
 
 def _raw(interpret: Any) -> tuple:
-    # Quantized operands: the kernels multiply the int8/fp8 values (int8 on the MXU where it has
-    # int8, else widened to bf16 per tile) and apply scale blocks along the contraction; one
-    # scale per row or column is applied around them (fold_scales).
+    # Quantized operands: the kernels multiply the int8/fp8/int4/e2m1 values (int8 and int4 on
+    # the MXU where it has them, else widened per tile in VMEM: kernel_parts.compute_dtype) and
+    # apply scale blocks along the contraction; one scale per row or column is applied around
+    # them (fold_scales).
     return (functools.partial(_raw_grouped_matmul, interpret=interpret),
             functools.partial(_raw_transposed_grouped_matmul, interpret=interpret))
 
@@ -43,12 +44,13 @@ def interpreted(params: Any = True) -> Differentiable:
     They take the arguments as the dispatcher hands them to implementations (validated and
     normalised: see kernelhub/ops/*.py), so call them with well-formed ones.
     """
-    return implementations(*_raw(params), tuning_space.INTERPRET, fold_scales=True)
+    return implementations(*_raw(params), tuning_space.INTERPRET, fold_scales=True,
+                           four_bit=True)
 
 
 compiled = register_grouped_matmuls(
     "pallas", "tpu", *_raw(False), tuning_space.CHIP, features=_FEATURES, fold_scales=True,
-    priority=10, requirement=needs_device("tpu"))
+    four_bit=True, priority=10, requirement=needs_device("tpu"))
 emulated = register_grouped_matmuls(
     "pallas", "cpu", *_raw(True), tuning_space.INTERPRET, features=_FEATURES, fold_scales=True,
-    interpret_only=True)
+    four_bit=True, interpret_only=True)

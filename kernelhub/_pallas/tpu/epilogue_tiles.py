@@ -87,12 +87,14 @@ class GatedColumns:
         return [pl.BlockSpec(block, rhs_index),
                 pl.BlockSpec(block, lambda ni, *rest: rhs_index(ni + offset, *rest))]
 
-    def rhs_tile(self, refs: Sequence[Any]) -> jax.Array:
-        """The [tk, 2 tn] (or [2 tn, tk]) rhs tile: gate and up columns side by side, or
-        interleaved as stored."""
+    def rhs_tile(self, refs: Sequence[Any], values: Callable[[jax.Array], jax.Array]
+                 ) -> jax.Array:
+        """The [tk, 2 tn] (or [2 tn, tk]) rhs tile, each loaded tile through `values` (to the
+        compute dtype): gate and up columns side by side, or interleaved as stored."""
         if self.layout == INTERLEAVED:
-            return refs[0][...]
-        return jnp.concatenate([refs[0][...], refs[1][...]], axis=0 if self.transpose_rhs else 1)
+            return values(refs[0][...])
+        return jnp.concatenate([values(refs[0][...]), values(refs[1][...])],
+                               axis=0 if self.transpose_rhs else 1)
 
 
 def column_operand(spec: Epilogue, values: jax.Array, gate: GatedColumns | None, n: int,

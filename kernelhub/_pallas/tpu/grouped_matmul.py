@@ -25,7 +25,7 @@ from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, keep_first, kernel_name,
-    needs_widening, result_dtype, row_mask, tile_product, widened)
+    kernel_operand, needs_widening, result_dtype, row_mask, tile_product, tile_values, widened)
 from kernelhub._pallas.tpu.schedule import GmmField
 from kernelhub._pallas.tpu.tiling import LANES
 from kernelhub._grouped_matmul.contraction_scales import (
@@ -100,14 +100,14 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
 
     out_spec = pl.BlockSpec((tm, tn), out_index)
     in_specs = [pl.BlockSpec((tm, tk), lhs_index)]
-    operands = [lhs]
+    operands = [kernel_operand(lhs)]
     if gate is None:
         in_specs.append(pl.BlockSpec((None, tn, tk) if transpose_rhs else (None, tk, tn),
                                      rhs_index))
-        operands.append(rhs)
+        operands.append(kernel_operand(rhs))
     else:  # the rhs tiles holding the gate and up halves of the output tile's columns
         in_specs += gate.rhs_specs(rhs_index, tk)
-        operands += gate.rhs_operands(rhs)
+        operands += gate.rhs_operands(kernel_operand(rhs))
     lhs_scales = rhs_scales = None
     if scales.lhs is not None:
         lhs_scales = scale_blocks.TileScales(scales.lhs_block, tk, k)
@@ -165,7 +165,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         operands.append(existing_out)
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
-    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)
+    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu)
     if output_blocks.arrays:  # tiles dequantized in VMEM
         compute = jnp.float32
     blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)
@@ -173,7 +173,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         _kernel, read=plan.reader, tm=tm, tk=tk, k=k, k_tiles=k_tiles, spec=spec, gate=gate,
         plain=epilogue.is_identity, has_row_scale=epilogue.row_scale is not None,
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
-        transpose_rhs=transpose_rhs, compute=compute, has_existing=existing_out is not None,
+        transpose_rhs=transpose_rhs, compute=compute, lhs_dtype=lhs.dtype, rhs_dtype=rhs.dtype,
+        has_existing=existing_out is not None,
         lhs_block=None if lhs_scales is None else lhs_scales.block,
         rhs_block=None if rhs_scales is None else rhs_scales.block,
         slices=scale_blocks.sub_slices(tk, k, blocks) if blocks else None,
@@ -210,7 +211,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
 
 
 def _kernel(table, lhs_ref, *refs, read, tm, tk, k, k_tiles, spec, gate, plain, has_row_scale,
-            has_column_scale, has_bias, transpose_rhs, compute, has_existing, lhs_block, rhs_block, slices, lhs_rows,
+            has_column_scale, has_bias, transpose_rhs, compute, lhs_dtype, rhs_dtype,
+            has_existing, lhs_block, rhs_block, slices, lhs_rows,
             rhs_columns):
     from jax.experimental import pallas as pl
 
@@ -239,8 +241,9 @@ def _kernel(table, lhs_ref, *refs, read, tm, tk, k, k_tiles, spec, gate, plain, 
             out_ref[...] = jnp.zeros(out_ref.shape, out_ref.dtype)
 
     def multiply(mask_past_k: bool):
-        rhs = (rhs_refs[0][...] if gate is None else gate.rhs_tile(rhs_refs)).astype(compute)
-        lhs = lhs_ref[...].astype(compute)
+        rhs_values = functools.partial(tile_values, dtype=rhs_dtype, compute=compute)
+        rhs = rhs_values(rhs_refs[0][...]) if gate is None else gate.rhs_tile(rhs_refs, rhs_values)
+        lhs = tile_values(lhs_ref[...], lhs_dtype, compute)
         # Output-axis scale blocks (rows of lhs, columns of rhs): dequantized here, before the
         # mask, which then also clears scales read past k.
         if lhs_rows is not None:

@@ -26,6 +26,7 @@ class Chip:
     mxu: int  # the MXU's side: tiles in multiples of it keep it full
     cores: int = 1  # TensorCores sharing one kernel (megacore v4/v5p split its parallel axes)
     int8_flops: float = 0.0  # 0: no int8 MXU (v4), so int8 tiles are widened to bf16
+    int4_flops: float = 0.0  # 0: no int4 MXU, so int4 tiles are widened to int8 or bf16
 
     @property
     def tile_budget_bytes(self) -> int:
@@ -52,6 +53,7 @@ def chip_from_tpu_info(info) -> Chip:
         mxu=int(info.mxu_column_size),
         cores=int(info.num_cores),
         int8_flops=float(getattr(info, "int8_ops_per_second", 0) or 0),
+        int4_flops=float(getattr(info, "int4_ops_per_second", 0) or 0),
     )
 
 

@@ -21,6 +21,7 @@ class CallOptions:
     vmem_limit_bytes: int | None
     interpret: Any
     int8_mxu: bool  # int8 x int8 tiles multiply as int8 with int32 sums
+    int4_mxu: bool = False  # int4 x int4 tiles multiply as int4 with int32 sums
 
     def with_tile(self, name: str, size: int) -> CallOptions:
         """These options with one tile (`name`: "tm", "tk" or "tn") set to `size`."""
@@ -44,10 +45,13 @@ def call_options(problem: Problem, tiling: Any, interpret: Any) -> CallOptions:
     """
     if interpret is not False:
         tiles = tiling_lib.resolve(tiling, problem, tiling_lib.default_for_interpret)
-        return CallOptions(tiles, None, interpret, int8_mxu=True)
+        # XLA:CPU has no int4 dot ("custom element sizes"): interpret mode multiplies int4
+        # tiles as int8, which ahead-of-time compiles for TPUs do not (test_pallas_tpu.py).
+        return CallOptions(tiles, None, interpret, int8_mxu=True, int4_mxu=False)
     chip = hardware.target_chip()
     tiles = tiling_lib.resolve(tiling, problem, lambda p: tiling_lib.default_for_chip(p, chip))
-    return CallOptions(tiles, chip.vmem_limit_bytes, False, int8_mxu=chip.int8_flops > 0)
+    return CallOptions(tiles, chip.vmem_limit_bytes, False, int8_mxu=chip.int8_flops > 0,
+                       int4_mxu=chip.int4_flops > 0)
 
 
 KERNEL_NAME_PATTERN = r"kernelhub_(gmm|gmm_t|tgmm)_(\d+)x(\d+)x(\d+)"
@@ -70,15 +74,47 @@ def needs_widening(*dtypes: Any) -> bool:
     return any(jnp.dtype(d) == jnp.dtype(jnp.float16) for d in dtypes)
 
 
-def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False) -> Any:
-    """The MXU takes bf16 x bf16 as is, and int8 x int8 too where it has int8 (v5e, v5p, v6e;
-    int32 sums); other int8 or fp8 tiles are widened to bf16 exactly; any other pair is
-    multiplied in float32."""
-    if int8_mxu and jnp.dtype(lhs_dtype) == jnp.dtype(rhs_dtype) == jnp.dtype(jnp.int8):
+_INT4, _INT8, _E2M1 = jnp.dtype(jnp.int4), jnp.dtype(jnp.int8), jnp.dtype(jnp.float4_e2m1fn)
+_INTEGER_MXU = (_INT8, _INT4)
+_EXACT_IN_BFLOAT16 = (*EXACT_IN_BFLOAT16, _INT4, _E2M1)
+
+
+def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False,
+                  int4_mxu: bool = False) -> Any:
+    """The MXU takes bf16 x bf16 as is, int4 x int4 where it has int4 (v5e, v5p, v6e), and
+    int8 x int8 where it has int8 (the same three), int4 tiles beside int8 ones widened to int8
+    (int32 sums in both); other int8, fp8 or 4-bit tiles are widened to bf16 exactly; any other
+    pair is multiplied in float32."""
+    lhs_dtype, rhs_dtype = jnp.dtype(lhs_dtype), jnp.dtype(rhs_dtype)
+    if int4_mxu and lhs_dtype == rhs_dtype == _INT4:
+        return jnp.int4
+    if int8_mxu and lhs_dtype in _INTEGER_MXU and rhs_dtype in _INTEGER_MXU:
         return jnp.int8
-    if jnp.dtype(lhs_dtype) in EXACT_IN_BFLOAT16 and jnp.dtype(rhs_dtype) in EXACT_IN_BFLOAT16:
+    if lhs_dtype in _EXACT_IN_BFLOAT16 and rhs_dtype in _EXACT_IN_BFLOAT16:
         return jnp.bfloat16
     return jnp.float32
+
+
+def kernel_operand(array: jax.Array) -> jax.Array:
+    """An operand as its kernel takes it: float4_e2m1fn as its 4-bit codes (uint4, a bitcast),
+    since Mosaic has no e2m1 vectors (`tile_values` decodes them); every other as it is."""
+    if jnp.dtype(array.dtype) == _E2M1:
+        return lax.bitcast_convert_type(array, jnp.uint4)
+    return array
+
+
+def tile_values(tile: jax.Array, dtype: Any, compute: Any) -> jax.Array:
+    """A loaded tile of an operand of `dtype` in the `compute` dtype. e2m1 codes (uint4,
+    `kernel_operand`) are decoded in float32 first: magnitude codes 0-7 are 0, 0.5, 1, 1.5
+    (code / 2), 2, 3 (code - 2), 4, 6 (2 code - 8); code + 8 is the negative."""
+    if jnp.dtype(dtype) != _E2M1:
+        return tile.astype(compute)
+    code = tile.astype(jnp.float32)
+    negative = code >= 8.0
+    magnitude = jnp.where(negative, code - 8.0, code)
+    value = jnp.where(magnitude < 4.0, magnitude * 0.5,
+                      jnp.where(magnitude < 6.0, magnitude - 2.0, 2.0 * magnitude - 8.0))
+    return jnp.where(negative, -value, value).astype(compute)
 
 
 def accumulator_dtype(compute: Any, contraction: int = 0, out_dtype: Any = None) -> Any:
@@ -89,8 +125,8 @@ def accumulator_dtype(compute: Any, contraction: int = 0, out_dtype: Any = None)
     int8 MXU, through `tile_product`'s exact float32 runs)."""
     if out_dtype is not None and jnp.issubdtype(out_dtype, jnp.integer):
         return jnp.int32
-    int8 = jnp.dtype(compute) == jnp.dtype(jnp.int8)
-    return jnp.int32 if int8 and contraction <= quantization.MAX_EXACT_INT32_TERMS else jnp.float32
+    integer = jnp.dtype(compute) in _INTEGER_MXU
+    return jnp.int32 if integer and contraction <= quantization.MAX_EXACT_INT32_TERMS else jnp.float32
 
 
 # int8 x int8 products are at most 2**14 in magnitude, so float32 (24-bit significand) sums
@@ -104,7 +140,7 @@ def tile_product(dot: Any, lhs: jax.Array, rhs: jax.Array, lhs_axis: int, rhs_ax
     values carried in bf16 (a chip without an int8 MXU) is summed in float32 over runs of at
     most EXACT_FLOAT32_INT8_TERMS along the contraction, each exact, and the runs in int32: the
     tile's own float32 sum could round past 2**24."""
-    if jnp.dtype(total_dtype) != jnp.int32 or jnp.dtype(compute) == jnp.int8:
+    if jnp.dtype(total_dtype) != jnp.int32 or jnp.dtype(compute) in _INTEGER_MXU:
         return dot(lhs, rhs, accumulator_dtype(compute)).astype(total_dtype)
     size = lhs.shape[lhs_axis]
     total = None

@@ -25,7 +25,7 @@ from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
     accumulator_dtype, call_options, compute_dtype, contraction_precision, kernel_name,
-    needs_widening, result_dtype, row_mask, tile_product, widened)
+    kernel_operand, needs_widening, result_dtype, row_mask, tile_product, tile_values, widened)
 from kernelhub._pallas.tpu.schedule import TgmmField
 from kernelhub._pallas.tpu.tiling import LANES
 from kernelhub._grouped_matmul.contraction_scales import (
@@ -81,7 +81,7 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
 
     out_spec = pl.BlockSpec((None, tk, tn), out_index)
     in_specs = [pl.BlockSpec((tk, tm), lhs_index), pl.BlockSpec((tm, tn), rhs_index)]
-    operands = [lhs, rhs]
+    operands = [kernel_operand(lhs), kernel_operand(rhs)]
     lhs_scales = rhs_scales = None
     if scales.lhs is not None:  # [k, blocks]
         lhs_scales = scale_blocks.TileScales(scales.lhs_block, tm, m)
@@ -119,11 +119,12 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
         operands.append(existing_out)
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
-    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu)
+    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu)
     if output_blocks.arrays:  # tiles dequantized in VMEM
         compute = jnp.float32
     kernel = functools.partial(
-        _kernel, read=plan.reader, tm=tm, compute=compute, has_existing=existing_out is not None,
+        _kernel, read=plan.reader, tm=tm, compute=compute, lhs_dtype=lhs.dtype,
+        rhs_dtype=rhs.dtype, has_existing=existing_out is not None,
         lhs_block=None if lhs_scales is None else lhs_scales.block,
         rhs_block=None if rhs_scales is None else rhs_scales.block,
         slices=scale_blocks.sub_slices(tm, m, blocks) if blocks else None,
@@ -158,7 +159,8 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
     return call(plan.table, *operands)
 
 
-def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs_block,
+def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, lhs_dtype, rhs_dtype,
+            has_existing, lhs_block,
             rhs_block, slices, lhs_rows, rhs_columns):
     from jax.experimental import pallas as pl
 
@@ -179,7 +181,8 @@ def _kernel(table, lhs_ref, rhs_ref, *refs, read, tm, compute, has_existing, lhs
     def _accumulate():
         first_row = field(TgmmField.TILE, item) * tm
         start, end = field(TgmmField.ROW_START, item), field(TgmmField.ROW_END, item)
-        lhs, rhs = lhs_ref[...].astype(compute), rhs_ref[...].astype(compute)
+        lhs = tile_values(lhs_ref[...], lhs_dtype, compute)
+        rhs = tile_values(rhs_ref[...], rhs_dtype, compute)
         # Output-axis scale blocks (k rows of lhs, n columns of rhs): dequantized here, before
         # the row masks, which then also clear scales of rows outside the group.
         if lhs_rows is not None:
