@@ -10,6 +10,9 @@ With scale blocks along k (`scales`, kernelhub/_grouped_matmul/contraction_scale
 inside one block: its product is multiplied by the step's row scales (lhs) and column scales
 (the group's rhs) before it joins the float32 total.
 
+A 4-bit operand (int4, e2m1) is read as bytes and unpacked per tile in registers
+(`_four_bit.py`); its tiles then multiply as 8-bit ones.
+
 A fused epilogue (kernelhub/_grouped_matmul/epilogue.py) runs on the float32 total in registers
 before the one store: scaled by the row and column scales of quantized operands (the kit folds
 them out of the sum), the group's bias row tile added, then the activation. With a gated unit

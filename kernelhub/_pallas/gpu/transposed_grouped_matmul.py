@@ -9,6 +9,8 @@ through shared memory), and at most two edge chunks pass through registers, wher
 the rows outside the group to exact zeros. An empty group runs no chunk and stores 0 (or
 existing_out, read and written in place through an alias).
 
+A 4-bit operand is read as bytes and unpacked per tile in registers (`_four_bit.py`).
+
 With scale blocks along m (`scales`, kernelhub/_grouped_matmul/contraction_scales.py) a chunk lies inside
 one block: its product is multiplied by the block's scales of lhs's rows (k) and rhs's columns
 (n) before it joins the float32 total.
