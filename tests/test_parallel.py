@@ -127,9 +127,19 @@ def test_capacities():
         parallel.raise_on_overflow(jnp.int32(3))
 
 
+_FLOAT_RUN: dict = {}
+
+
+def float_run() -> dict:
+    """The example's 40 float32 steps, run once per test process (its tests compare with it)."""
+    if not _FLOAT_RUN:
+        _FLOAT_RUN.update(load_example().main(["--steps", "40", "--layout", "local"]))
+    return _FLOAT_RUN
+
+
 @pytest.mark.standard_promotion(reason="optax's optimizers mix int32 step counts with floats")
 def test_example_trains_and_loss_falls():
-    result = load_example().main(["--steps", "40", "--layout", "local"])
+    result = float_run()
     losses = result["losses"]
     assert result["layout"] == "local" and len(losses) == 40
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
@@ -143,7 +153,7 @@ def test_example_trains_with_quantized_expert_matmuls(quantize):
     weights about as well as float matmuls."""
     example = load_example()
     quantized = example.main(["--steps", "40", "--layout", "local", "--quantize", quantize])
-    plain = example.main(["--steps", "40", "--layout", "local"])
+    plain = float_run()
     losses = quantized["losses"]
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
     assert abs(np.mean(losses[-5:]) - np.mean(plain["losses"][-5:])) < 0.1 * np.mean(losses[-5:])
@@ -156,6 +166,6 @@ def test_example_serves_a_float_trained_block_in_four_bits(serve):
     held-out loss served in 4 bits, close to the float weights' own."""
     example = load_example()
     served = example.main(["--steps", "40", "--layout", "local", "--quantize", serve])
-    plain = example.main(["--steps", "40", "--layout", "local"])
+    plain = float_run()
     np.testing.assert_array_equal(served["losses"], plain["losses"])
     assert abs(served["served_loss"] - served["float_loss"]) < 0.25 * served["float_loss"], served

@@ -7,8 +7,8 @@ and unpacks each in registers to the 8-bit dtype that holds its values exactly: 
 (kernelhub/_pallas/gpu/_tiles.py): as stored into the 8-bit tensor cores when the other tile is
 8-bit too, else widened to bf16.
 
-An operand whose last axis is odd cannot be split into whole bytes; it is widened to its 8-bit
-dtype before the kernel (a copy, for such shapes only).
+An operand whose last axis is odd gets one zero value appended first (a 4-bit copy, for such
+shapes only), which the kernels' masks keep out of every product and store.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def packed(array: jax.Array) -> tuple[jax.Array, Packing | None]:
         return array, None
     *leading, last = array.shape
     if last % 2:
-        return array.astype(EXACT_IN_8_BITS[dtype]), None
+        array = jnp.pad(array, [(0, 0)] * len(leading) + [(0, 1)])
+        last += 1
     pairs = array.reshape(*leading, last // 2, 2)
     return lax.bitcast_convert_type(pairs, jnp.uint8), Packing(dtype)
 
@@ -97,7 +98,8 @@ def load(ref, index: tuple, rows: jax.Array | None, columns, inside: jax.Array |
     rows[:, None] & inside[None, :], in the tile dtype. For a packed operand `columns` counts
     values: the tile reads the bytes holding them (`columns.start` a multiple of `alignment`,
     even, as the kernels' tiles are), and `inside` (None: every column) becomes the bytes
-    holding values before `limit` (even)."""
+    holding values before `limit`; with an odd `limit`, the last byte's second value is the
+    appended zero."""
     from jax.experimental import pallas as pl
 
     if packing is None:
