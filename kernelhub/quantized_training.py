@@ -36,6 +36,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kernelhub import _loader
+from kernelhub._core.dispatch import get
 from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.groups import group_sums
 from kernelhub.quantization import FORMATS, VALUE_DTYPES, quantize
@@ -108,8 +110,7 @@ def _quantized(x: jax.Array, form: Any, axis: int) -> Any:
 @functools.lru_cache(maxsize=None)
 def _differentiable(recipe: Recipe, out_dtype: Any, transpose_rhs: bool, epilogue: Epilogue,
                     platform: str | None):
-    from kernelhub import get
-
+    _loader.load()
     gmm = get("grouped_matmul", platform=platform)
     tgmm = get("transposed_grouped_matmul", platform=platform)
     rhs_k_axis, rhs_n_axis = (2, 1) if transpose_rhs else (1, 2)

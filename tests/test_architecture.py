@@ -24,7 +24,7 @@ LAYERS = (
                   "kernelhub._composite")),
     ("loader", ("kernelhub._loader",)),
     ("library", ("kernelhub.tuning", "kernelhub.parallel", "kernelhub.export",
-                 "kernelhub.testing", "kernelhub._verify")),
+                 "kernelhub.testing", "kernelhub._verify", "kernelhub.quantized_training")),
     ("facade", ("kernelhub", "kernelhub._public")),
     ("command line", ("kernelhub._cli", "kernelhub.cli")),
 )
