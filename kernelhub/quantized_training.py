@@ -78,7 +78,7 @@ MXFP8_FORWARD = Recipe("mxfp8", None)
 
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
-                   recipe: Recipe = MXFP8, preferred_element_type: Any = None,
+                   recipe: Recipe = MXFP8, preferred_element_type: Any = jnp.float32,
                    group_offset: jax.Array | None = None, transpose_rhs: bool = False,
                    bias: jax.Array | None = None, activation: Any = None, glu: str | None = None,
                    glu_layout: str = "concatenated", platform: str | None = None) -> jax.Array:
@@ -93,7 +93,7 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
         if not jnp.issubdtype(jnp.result_type(operand), jnp.floating):
             raise TypeError(f"{name} must be a float array (the recipe quantizes it); got "
                             f"{jnp.result_type(operand)}")
-    out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
+    out_dtype = jnp.dtype(preferred_element_type)
     offset = jnp.zeros((), jnp.int32) if group_offset is None else jnp.asarray(group_offset,
                                                                                jnp.int32)
     epilogue = Epilogue(bias is not None, activation, glu, glu_layout)
