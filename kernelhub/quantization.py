@@ -43,8 +43,8 @@ QUANTIZED_DTYPES = tuple(_LARGEST)
 FOUR_BIT_DTYPES = (jnp.dtype(jnp.int4), jnp.dtype(jnp.float4_e2m1fn))
 _LARGEST.update({jnp.dtype(jnp.int4): 7.0, jnp.dtype(jnp.float4_e2m1fn): 6.0})
 VALUE_DTYPES = tuple(_LARGEST)
-# The 8-bit dtype that holds every value of a 4-bit one exactly: what kernels without 4-bit
-# tiles are given (kernelhub/_grouped_matmul/scale_folding.py).
+# The 8-bit dtype that holds every value of a 4-bit one exactly: what the Triton kernels unpack
+# 4-bit tiles to (kernelhub/_pallas/gpu/_four_bit.py).
 EXACT_IN_8_BITS = {jnp.dtype(jnp.int4): jnp.dtype(jnp.int8),
                    jnp.dtype(jnp.float4_e2m1fn): jnp.dtype(jnp.float8_e4m3fn)}
 # Every value of these dtypes is a bfloat16 exactly, so kernels may widen quantized tiles to

@@ -9,6 +9,8 @@ tensor scale amax / (448 * 6) over e4m3 block scales of 16 elements).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -223,3 +225,29 @@ def test_tgmm_on_formats_along_m(spec):
         want = reference.tgmm(dequantized(lhs), dequantized(rhs), sizes)
         assert_close(out, want, jnp.float32, contraction=m)
         np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
+
+
+@pytest.mark.parametrize("platform", ["triton", "pallas"])
+@pytest.mark.parametrize("form", ["int4", "mxfp4"])
+def test_four_bit_weights_reach_the_kernels_unwidened(platform, form):
+    """Forward and both gradients with 4-bit weights, as lowered (interpret mode: the kernel
+    bodies included): no op converts the whole 4-bit weight to a wider type. The kernels take
+    it packed and widen one tile at a time (Triton: kernelhub/_pallas/gpu/_four_bit.py;
+    Pallas: kernelhub/_pallas/tpu/kernel_parts.py)."""
+    rng = np.random.default_rng(13)
+    lhs = jnp.asarray(rng.standard_normal((64, 128)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.standard_normal((4, 128, 64)), jnp.bfloat16)
+    sizes = jnp.array([16, 16, 16, 16], jnp.int32)
+    gmm = kernelhub.get(GMM, platform=platform)
+    weights = (quantize(rhs, jnp.int4, axis=1, block_size=32) if form == "int4"
+               else quantize(rhs, form, axis=1))
+
+    def step(x, d_out):
+        out, pullback = jax.vjp(lambda x: gmm(x, weights, sizes), x)
+        return out, pullback(d_out)
+
+    text = jax.jit(step).lower(lhs, jnp.ones((64, 64), jnp.float32)).as_text()
+    whole = r"tensor<4x128x64x(?:i4|ui4|f4E2M1FN)>"
+    assert re.search(whole, text)  # the weights do reach the program as 4-bit values
+    widened = re.findall(r"stablehlo\.convert [^\n]*\(" + whole + r"\)", text)
+    assert not widened, widened

@@ -48,3 +48,25 @@ def test_no_cumsum_primitive():
     log-depth scans of plain adds instead."""
     jaxpr = str(jax.make_jaxpr(lambda s: group_bounds(s, 100))(jnp.ones((8,), jnp.int32)))
     assert "cumsum" not in jaxpr and "while" not in jaxpr
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_group_sums_keep_a_nan_or_an_infinity_in_its_own_group(jit):
+    """The bias gradient's per-group sums (a one-hot product for finite values): a NaN or an
+    infinity in one group's row reaches only that group's sum; rows of other shards' groups,
+    NaN or not, reach none."""
+    from kernelhub._grouped_matmul.groups import group_sums
+
+    values = np.arange(24, dtype=np.float32).reshape(8, 3)
+    values[0, 0] = np.nan  # group 0: not local (offset 1)
+    values[3, 1] = np.nan  # group 1 (rows 2-4)
+    values[6, 2] = np.inf  # group 2 (rows 5-7)
+    sizes, offset = jnp.array([2, 3, 3], jnp.int32), jnp.int32(1)
+    sums = (jax.jit(group_sums, static_argnums=3) if jit else group_sums)(
+        jnp.asarray(values), sizes, offset, 2)
+    want = np.stack([values[2:5].sum(0), values[5:8].sum(0)])
+    np.testing.assert_array_equal(np.asarray(sums), want)  # NaN and inf where they belong
+    finite = np.nan_to_num(values, nan=0.0, posinf=0.0)
+    sums = group_sums(jnp.asarray(finite), sizes, offset, 2)
+    np.testing.assert_array_equal(np.asarray(sums), np.stack([finite[2:5].sum(0),
+                                                              finite[5:8].sum(0)]))

@@ -36,29 +36,36 @@ def operands(seed=0):
 
 @pytest.mark.parametrize("platform", ["xla", "pallas", "triton"])
 def test_every_pass_is_quantized_along_its_own_contraction(platform):
-    """MXFP8 forward and backward, against float64 of each pass's own quantized operands."""
+    """MXFP8 forward and backward, against float64 of each pass's own quantized operands, with
+    group_offset: local groups 1 (empty) and 2; group 0's rows and those past the sizes' sum
+    are no local group's."""
     lhs, rhs, d_out = operands()
+    rhs = rhs[1:]
     sizes = jnp.asarray(SIZES)
 
     def f(x, w):
-        return qt.grouped_matmul(x, w, sizes, recipe=qt.MXFP8, platform=platform)
+        return qt.grouped_matmul(x, w, sizes, recipe=qt.MXFP8, group_offset=jnp.int32(1),
+                                 platform=platform)
 
     out, pullback = jax.vjp(f, lhs, rhs)
     d_lhs, d_rhs = pullback(d_out)
-    want = reference.gmm(dequantized(lhs, "mxfp8", 1), dequantized(rhs, "mxfp8", 1), SIZES)
+    want = reference.gmm(dequantized(lhs, "mxfp8", 1), dequantized(rhs, "mxfp8", 1), SIZES,
+                         group_offset=1)
     assert_close(out, want, jnp.float32, contraction=K)
     # d x = Q(d out) along n @ Q(w) along n, transposed
     want_lhs = reference.gmm(dequantized(d_out, "mxfp8", 1),
-                             np.swapaxes(dequantized(rhs, "mxfp8", 2), 1, 2), SIZES)
+                             np.swapaxes(dequantized(rhs, "mxfp8", 2), 1, 2), SIZES,
+                             group_offset=1)
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=N)
     # d w = Q(x^T) along m @ Q(d out) along m, per group
     want_rhs = reference.tgmm(dequantized(lhs.T, "mxfp8", 1), dequantized(d_out, "mxfp8", 0),
-                              SIZES)
+                              SIZES, group_offset=1, num_actual_groups=2)
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=M)
-    np.testing.assert_array_equal(np.asarray(d_rhs)[1], 0.0)  # the empty group
-    # Rows no group owns: 0 in the output and in d x.
-    np.testing.assert_array_equal(np.asarray(out)[57:], 0.0)
-    np.testing.assert_array_equal(np.asarray(d_lhs)[57:], 0.0)
+    np.testing.assert_array_equal(np.asarray(d_rhs)[0], 0.0)  # the empty group
+    # Rows no local group owns: 0 in the output and in d x.
+    for rows in (slice(0, 20), slice(57, None)):
+        np.testing.assert_array_equal(np.asarray(out)[rows], 0.0)
+        np.testing.assert_array_equal(np.asarray(d_lhs)[rows], 0.0)
 
 
 def test_an_unquantized_backward_is_the_float_gradient_of_the_quantized_forward():

@@ -791,26 +791,3 @@ def test_packed_four_bit_tgmm_rows_meet_the_reference(m):
     want = reference.tgmm(np.asarray(lhs.dequantize(), np.float64),
                           np.asarray(rhs.dequantize(), np.float64), sizes)
     assert_close(out, want, jnp.float32, contraction=m)
-
-
-@pytest.mark.parametrize("form", ["int4", "mxfp4"])
-def test_four_bit_weights_reach_the_kernels_unwidened(form):
-    """Forward and both gradients with 4-bit weights, as lowered (the kernel bodies in interpret
-    mode included): no op converts 4-bit values to a wider type. The kernels take their bytes
-    and unpack tiles with shifts."""
-    rng = np.random.default_rng(13)
-    lhs = jnp.asarray(rng.standard_normal((64, 128)), jnp.bfloat16)
-    rhs = jnp.asarray(rng.standard_normal((4, 128, 64)), jnp.bfloat16)
-    sizes = jnp.array([16, 16, 16, 16], jnp.int32)
-    gmm = kernelhub.get(GMM, platform="triton")
-    weights = (kernelhub.quantize(rhs, jnp.int4, axis=1, block_size=32) if form == "int4"
-               else kernelhub.quantize(rhs, form, axis=1))
-
-    def step(x, d_out):
-        out, pullback = jax.vjp(lambda x: gmm(x, weights, sizes), x)
-        return out, pullback(d_out)
-
-    text = jax.jit(step).lower(lhs, jnp.ones((64, 64), jnp.float32)).as_text()
-    assert "xi8>" in text or "xui8>" in text  # the packed bytes
-    widened = re.findall(r"stablehlo\.convert [^\n]*\(tensor<[^>]*x(?:i4|f4E2M1FN)>\)", text)
-    assert not widened, widened

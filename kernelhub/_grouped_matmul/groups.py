@@ -99,13 +99,23 @@ def group_sums(values: jax.Array, group_sizes: Int[Array, "G"], group_offset: In
     computed = computed_rows(group_sizes, group_offset, local_groups, rows)
     mask = computed.reshape((rows,) + (1,) * (values.ndim - 1))
     kept = jnp.where(mask, values.astype(jnp.float32), jnp.zeros((), jnp.float32))
+    groups = row_groups(group_sizes, group_offset, local_groups, rows)
     # Rows outside the local groups are zeros in `kept`, whatever group row_groups clamps them to.
-    # A one-hot [local_groups, rows] product, not a segment sum: XLA:GPU lowers segment_sum to
-    # an atomic scatter-add, and with few groups each output element takes a thousand or more
-    # contended adds (Mixtral's bias gradient ran 600x slower than its matmuls on an H200). The
-    # product costs 2 * local_groups FLOPs per element, well under the matmul's 2 * k, and
-    # HIGHEST keeps float32 sums float32 (no TF32 or one-pass bf16).
-    membership = (row_groups(group_sizes, group_offset, local_groups, rows)[None, :]
-                  == jnp.arange(local_groups, dtype=jnp.int32)[:, None])
-    return jnp.tensordot(membership.astype(jnp.float32), kept, axes=(1, 0),
-                         precision=lax.Precision.HIGHEST)
+    # Finite values: a one-hot [local_groups, rows] product, not a segment sum. XLA:GPU lowers
+    # segment_sum to an atomic scatter-add, and with few groups each output element takes a
+    # thousand or more contended adds (Mixtral's bias gradient ran 600x slower than its
+    # matmuls on an H200). The product costs 2 * local_groups FLOPs per element, well under the
+    # matmul's 2 * k, and HIGHEST keeps float32 sums float32 (no TF32 or one-pass bf16). A NaN or
+    # an infinity would reach every group through the product's zeros (0 * NaN), so then, and
+    # only then (a device-side branch, no host sync), the segment sum keeps it in its own group.
+
+    def product(kept):
+        membership = groups[None, :] == jnp.arange(local_groups, dtype=jnp.int32)[:, None]
+        return jnp.tensordot(membership.astype(jnp.float32), kept, axes=(1, 0),
+                             precision=lax.Precision.HIGHEST)
+
+    def segments(kept):
+        return jax.ops.segment_sum(kept, groups, num_segments=local_groups,
+                                   indices_are_sorted=True)
+
+    return lax.cond(jnp.all(jnp.isfinite(kept)), product, segments, kept)

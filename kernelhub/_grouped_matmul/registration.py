@@ -6,8 +6,8 @@ their own) and its tuning space; `register_grouped_matmuls` adds, once for all b
 1. the empty-shape results (kernelhub/_grouped_matmul/prologue.py), so kernels see no empty axis;
 2. with `fold_scales`, quantized operands' per-row and per-column scales applied around the
    kernels (kernelhub/_grouped_matmul/scale_folding.py), for kernels that take int8 and fp8
-   arrays with `scales=`/`output_blocks=` (int4 and float4_e2m1fn ones too with `four_bit`,
-   else those are widened to 8 bits first); without it the kernels take QuantizedArrays;
+   arrays with `scales=`/`output_blocks=` (int4 and float4_e2m1fn ones too, for a backend
+   with the quantized_4bit feature); without it the kernels take QuantizedArrays;
 3. exact gradients built from the same kernels, each pass with its own tiling
    (kernelhub/_grouped_matmul/autodiff.py);
 4. jax.jit with the contracts' static arguments, and registration of both ops.
@@ -32,11 +32,11 @@ TGMM_STATIC = ("preferred_element_type", "tiling", "num_actual_groups")
 
 
 def implementations(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace, *,
-                    fold_scales: bool, four_bit: bool = False) -> Differentiable:
+                    fold_scales: bool) -> Differentiable:
     """Both ops, jitted and differentiable, from a backend's raw kernels (steps 1-4 but the
     registration): also for variants a backend offers beside its registered ones."""
     if fold_scales:
-        raw_gmm, raw_tgmm = folded(raw_gmm, raw_tgmm, four_bit)
+        raw_gmm, raw_tgmm = folded(raw_gmm, raw_tgmm)
     ops = differentiable(*guarded(raw_gmm, raw_tgmm), space)
     return Differentiable(
         jax.jit(ops.grouped_matmul, static_argnames=GMM_STATIC),
@@ -45,13 +45,12 @@ def implementations(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace,
 
 def register_grouped_matmuls(platform: Platform | str, backend: Backend | str,
                              raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace, *,
-                             features: Iterable[str], fold_scales: bool, four_bit: bool = False,
-                             priority: int = 0,
+                             features: Iterable[str], fold_scales: bool, priority: int = 0,
                              requirement: Callable[[], str | None] | None = None,
                              interpret_only: bool = False) -> Differentiable:
     """Registers grouped_matmul and transposed_grouped_matmul for (platform, backend) and
     returns them. The ops must be declared (importing kernelhub.ops does)."""
-    ops = implementations(raw_gmm, raw_tgmm, space, fold_scales=fold_scales, four_bit=four_bit)
+    ops = implementations(raw_gmm, raw_tgmm, space, fold_scales=fold_scales)
     how = dict(features=tuple(features), interpret_only=interpret_only)
     if requirement is not None:
         how["requirement"] = requirement

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul.contraction_scales import ContractionScales, OutputBlockScales
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue
 from kernelhub._grouped_matmul.groups import row_groups
-from kernelhub.quantization import EXACT_IN_8_BITS, QuantizedArray
+from kernelhub.quantization import QuantizedArray
 
 RawKernel = Any
 
@@ -96,30 +96,15 @@ def _float(operand: Any) -> jax.Array:
     return array.astype(jnp.float32)
 
 
-def _eight_bit(operand: Any) -> Any:
-    """A QuantizedArray with 4-bit values (int4, float4_e2m1fn) as the same array in the 8-bit
-    dtype that holds them exactly (int8, float8_e4m3fn), for kernels whose tiles are 8-bit:
-    a widened copy of the values, for kernels that take no 4-bit operand."""
-    if not isinstance(operand, QuantizedArray):
-        return operand
-    wider = EXACT_IN_8_BITS.get(jnp.dtype(operand.values.dtype))
-    if wider is None:
-        return operand
-    return QuantizedArray._unchecked(operand.values.astype(wider), operand.scale, operand.axis,
-                                     operand.block_size, operand.source)
-
-
-def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel, four_bit: bool = False) -> Folded:
-    """Raw kernels taking QuantizedArrays, from raw kernels taking plain arrays (int8 and fp8
-    ones included, and int4 and float4_e2m1fn ones with `four_bit`; else those are widened
-    first) in their place, `scales=` (ContractionScales) and `output_blocks=`
-    (OutputBlockScales)."""
-    widened = (lambda operand: operand) if four_bit else _eight_bit
+def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
+    """Raw kernels taking QuantizedArrays, from raw kernels taking plain arrays (int8, fp8,
+    int4 and float4_e2m1fn ones included: a backend whose kernels take no 4-bit values leaves
+    out the quantized_4bit feature) in their place, `scales=` (ContractionScales) and
+    `output_blocks=` (OutputBlockScales)."""
 
     def gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset, existing_out,
             transpose_rhs, epilogue: KernelEpilogue | None = None):
         fused = {} if epilogue is None else {"epilogue": epilogue}
-        lhs, rhs = widened(lhs), widened(rhs)
         if not _is_quantized(lhs, rhs):
             return raw_gmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                            existing_out, transpose_rhs, **fused)
@@ -156,7 +141,6 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel, four_bit: bool = False) -> F
 
     def tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
              num_actual_groups, existing_out):
-        lhs, rhs = widened(lhs), widened(rhs)
         if not _is_quantized(lhs, rhs):
             return raw_tgmm(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                             num_actual_groups, existing_out)

@@ -39,7 +39,7 @@ def _register(backend: str, interpret: bool, **how):
         functools.partial(_raw_tgmm, interpret=interpret),
         tuning_space.space("triton-interpret" if interpret else "triton"),
         features=(QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU),
-        fold_scales=True, four_bit=True, **how)
+        fold_scales=True, **how)
 
 
 compiled = _register("gpu", interpret=False, priority=10, requirement=needs_device("gpu"))

@@ -44,13 +44,12 @@ def interpreted(params: Any = True) -> Differentiable:
     They take the arguments as the dispatcher hands them to implementations (validated and
     normalised: see kernelhub/ops/*.py), so call them with well-formed ones.
     """
-    return implementations(*_raw(params), tuning_space.INTERPRET, fold_scales=True,
-                           four_bit=True)
+    return implementations(*_raw(params), tuning_space.INTERPRET, fold_scales=True)
 
 
 compiled = register_grouped_matmuls(
     "pallas", "tpu", *_raw(False), tuning_space.CHIP, features=_FEATURES, fold_scales=True,
-    four_bit=True, priority=10, requirement=needs_device("tpu"))
+    priority=10, requirement=needs_device("tpu"))
 emulated = register_grouped_matmuls(
     "pallas", "cpu", *_raw(True), tuning_space.INTERPRET, features=_FEATURES, fold_scales=True,
-    four_bit=True, interpret_only=True)
+    interpret_only=True)

@@ -76,7 +76,6 @@ def needs_widening(*dtypes: Any) -> bool:
 
 _INT4, _INT8, _E2M1 = jnp.dtype(jnp.int4), jnp.dtype(jnp.int8), jnp.dtype(jnp.float4_e2m1fn)
 _INTEGER_MXU = (_INT8, _INT4)
-_EXACT_IN_BFLOAT16 = (*EXACT_IN_BFLOAT16, _INT4, _E2M1)
 
 
 def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False,
@@ -90,7 +89,7 @@ def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False,
         return jnp.int4
     if int8_mxu and lhs_dtype in _INTEGER_MXU and rhs_dtype in _INTEGER_MXU:
         return jnp.int8
-    if lhs_dtype in _EXACT_IN_BFLOAT16 and rhs_dtype in _EXACT_IN_BFLOAT16:
+    if lhs_dtype in EXACT_IN_BFLOAT16 and rhs_dtype in EXACT_IN_BFLOAT16:
         return jnp.bfloat16
     return jnp.float32
 
