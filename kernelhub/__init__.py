@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from kernelhub import _loader  # the loader imports nothing until asked
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -60,13 +62,16 @@ _SUBMODULES = ("export", "ops", "parallel", "quantization", "quantized_training"
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        value = getattr(importlib.import_module("kernelhub._public"), name)
-        globals()[name] = value  # later lookups find it without coming here
-        return value
+    if name not in __all__ and name not in _SUBMODULES:
+        raise AttributeError(f"module 'kernelhub' has no attribute {name!r}")
+    # Before the module holding the name: jax and kernelhub's ops, once, under the loader's lock,
+    # whichever name and thread come first (kernelhub/_loader.py says why).
+    _loader.load()
     if name in _SUBMODULES:
         return importlib.import_module(f"kernelhub.{name}")
-    raise AttributeError(f"module 'kernelhub' has no attribute {name!r}")
+    value = getattr(importlib.import_module("kernelhub._public"), name)
+    globals()[name] = value  # later lookups find it without coming here
+    return value
 
 
 def __dir__() -> list[str]:

@@ -10,9 +10,9 @@ import sys
 import textwrap
 
 
-def _run(code: str) -> str:
+def _run(code: str, env: dict[str, str] | None = None) -> str:
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -39,6 +39,45 @@ def test_submodules_alone_still_see_the_built_in_ops():
         print(len(testing.runnable_implementations("ragged_dot")))
     """)
     assert int(out.strip().splitlines()[-1]) >= 1
+
+
+def test_threads_that_touch_kernelhub_first_at_once_all_get_their_names():
+    """Several threads' first use of kernelhub, before the program imported jax, each by another
+    name: jax must be imported once, by one of them, while the others wait (a thread entering
+    jax at one of its submodules while another runs `import jax` got a half-initialised jax)."""
+    out = _run("""
+        import sys, threading
+        import kernelhub
+        assert "jax" not in sys.modules
+        firsts = {
+            "tuning": lambda: kernelhub.tuning.heuristic,
+            "export": lambda: kernelhub.export.export,
+            "parallel": lambda: kernelhub.parallel.route,
+            "grouped_matmul": lambda: kernelhub.grouped_matmul,
+            "testing": lambda: kernelhub.testing.check_implementations,
+            "ragged_dot": lambda: kernelhub.ragged_dot,
+            "quantization": lambda: kernelhub.quantization.QuantizedArray,
+            "from-import": lambda: __import__("kernelhub", fromlist=["quantized_training"]),
+        }
+        barrier = threading.Barrier(len(firsts))
+        errors = []
+
+        def first_use(name, touch):
+            barrier.wait()
+            try:
+                touch()
+            except Exception as error:
+                errors.append(f"{name}: {type(error).__name__}: {error}")
+
+        threads = [threading.Thread(target=first_use, args=item) for item in firsts.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads), "a first use hung"
+        print(errors)
+    """, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.strip().splitlines()[-1] == "[]", out
 
 
 def test_the_command_answers_help_without_loading_jax():
