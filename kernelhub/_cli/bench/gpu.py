@@ -54,9 +54,23 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu-shapes", nargs="+", choices=[s.name for s in SHAPES],
                        help="only these shapes")
     group.add_argument("--gpu-warmup", type=int, default=2, help="untimed calls after compiling")
-    group.add_argument("--gpu-parts", nargs="+", choices=("bench", "sweep"), default=["bench"],
+    group.add_argument("--gpu-parts", nargs="+", choices=("bench", "sweep", "roofline"),
+                       default=["bench"],
                        help="bench: the table against dense and ragged_dot (default); sweep: a few "
-                            "block configs per shape (gpu_sweep.md)")
+                            "block configs per shape (gpu_sweep.md); roofline: the scoreboard, "
+                            "every pass of every implementation and peer against the chip's "
+                            "roofline (roofline.json/.md/.png, gpu_scoreboard.py)")
+    group.add_argument("--gpu-dtypes", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"],
+                       help="roofline: operand formats (default both; fp8 is e4m3 with one "
+                            "scale per row and column)")
+    group.add_argument("--gpu-budget", type=float, metavar="SECONDS",
+                       help="roofline: stop starting passes after this many seconds; the rest "
+                            "get rows that say so (a GPU lease has a time limit)")
+    group.add_argument("--gpu-kernelhub-only", action="store_true",
+                       help="roofline: kernelhub's implementations only, no peers (e.g. again "
+                            "under KERNELHUB_TUNING, to compare a tuning table)")
+    group.add_argument("--gpu-compile-threads", type=int, default=4, metavar="N",
+                       help="roofline: executables compiled at once (default 4; 1: one at a time)")
     group.add_argument("--gpu-tables", nargs="+", choices=TABLES, default=list(TABLES),
                        help="which of the bench part's tables to measure (default: all); a short "
                             "GPU lease can take the new rows alone")
@@ -83,7 +97,8 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
         print(f"kernelhub bench --gpu needs an NVIDIA GPU: {missing}. Run it on a GPU machine "
               f"(scripts/gpu_bench.sh), or add --gpu-smoke for a tiny check of the pipeline here.")
         return 2
-    out = Path(getattr(args, "gpu_out", None) or os.environ.get("OUT") or "benchmarks/gpu")
+    chosen_out = getattr(args, "gpu_out", None) or os.environ.get("OUT")
+    out = Path(chosen_out or "benchmarks/gpu")
     out.mkdir(parents=True, exist_ok=True)
     shapes = SMOKE_SHAPES if smoke else tuple(
         s for s in SHAPES if not getattr(args, "gpu_shapes", None) or s.name in args.gpu_shapes)
@@ -135,6 +150,18 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
             write_reports()
         print(f"wrote {out / 'gpu_bench.md'}, {out / 'gpu_bench.json'}"
               + (f", {out / 'gpu_bench.png'}" if plotted else " (no plot: matplotlib is missing)"))
+    if "roofline" in parts:
+        from kernelhub._cli.bench import gpu_scoreboard
+
+        # Without a folder named, a run files itself as benchmarks/gpu/<date>-<gpu>/.
+        folder = out if chosen_out else out / gpu_scoreboard.folder_name(
+            jax.devices()[0].device_kind)
+        gpu_scoreboard.run_scoreboard(
+            folder, shapes, tuple(getattr(args, "gpu_dtypes", None) or gpu_scoreboard.DTYPES),
+            reps, warmup, smoke, budget=getattr(args, "gpu_budget", None),
+            peers=not getattr(args, "gpu_kernelhub_only", False),
+            compile_threads=getattr(args, "gpu_compile_threads", 4))
+        print(f"wrote {folder / 'roofline.json'}, roofline.md, roofline.png")
     if "sweep" in parts:
         sweep = [row for shape in shapes for row in sweep_shape(shape, dtype, reps, warmup)]
         (out / "gpu_sweep.md").write_text(sweep_report(sweep, header))

@@ -30,6 +30,7 @@ SHAPES = (
     Shape("mixtral", 8192, 4096, 14336, 8, 8),
     Shape("deepseek-v3", 16384, 7168, 2048, 256, 32),
     Shape("qwen3-moe", 8192, 2048, 768, 128, 128),
+    Shape("gpt-oss", 8192, 2880, 5760, 128, 128),  # GPT-OSS-120B's gate-up projection
     Shape("odd", 1000, 520, 200, 7, 7),
 )
 SMOKE_SHAPES = (Shape("smoke", 96, 32, 48, 4, 4), Shape("smoke-shard", 96, 32, 48, 8, 2))

@@ -1,0 +1,221 @@
+"""`kernelhub bench --gpu --gpu-parts roofline`: the GPU scoreboard, every pass of every
+implementation against the chip's roofline (gpu_roofline.py).
+
+For each format (bf16, then fp8), shape, group-size pattern and pass, it makes one kernel call
+per implementation (gpu_scoreboard_calls.py: kernelhub's platforms, cuBLAS dense, lax.ragged_dot,
+tokamax's kernels), compiles them (several at once: compiling dominates the run), checks each
+grouped result against a reference on the same operands, and times them in turns (timing.py).
+Each row gets seconds, TFLOP/s, TB/s and its roofline fraction, or the reason it has none.
+
+roofline.json, roofline.md and roofline.png are rewritten after every pass, so a run cut short
+keeps what it measured; with a time budget the passes left get rows that say so.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernelhub._cli._group_sizes import PATTERNS, group_sizes
+from kernelhub._cli.bench import gpu_roofline, gpu_scoreboard_calls, gpu_scoreboard_report, gpu_tokamax
+from kernelhub._cli.bench.gpu_measurement import Shape
+from kernelhub._cli.bench.gpu_roofline import PASSES, PassProblem
+from kernelhub._cli.bench.timing import median_seconds
+
+DTYPES = ("bf16", "fp8")
+# A grouped result further than this from the reference's (max |difference| over max |value|)
+# is named in its row's note: bf16 results of the same numbers differ by rounding only.
+TOLERANCE = 5e-2
+# The reference a pass's grouped results are compared with: the first of these that ran.
+REFERENCES = ("kernelhub:xla", "lax.ragged_dot")
+
+
+def folder_name(device_kind: str, date: datetime.date | None = None) -> str:
+    """<date>-<gpu>, e.g. 2026-11-27-h100: where benchmarks/gpu keeps a run's files."""
+    model = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", device_kind.upper())
+    gpu = model.group(1).lower() if model else (
+        re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-") or "device")
+    return f"{(date or datetime.date.today()).isoformat()}-{gpu}"
+
+
+def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...], reps: int,
+                   warmup: int, smoke: bool, budget: float | None = None, peers: bool = True,
+                   compile_threads: int = 4) -> dict[str, Any]:
+    """Measures every row, writing the files into `out` as it goes; returns the document."""
+    started = time.monotonic()
+    device_kind = jax.devices()[0].device_kind
+    peak = gpu_roofline.peak_for(device_kind)
+    peak_named = None if peak is None else f"{peak.name} (spec sheet)"
+    if peak is None:
+        # Smoke mode on a CPU, or a GPU without a spec line: the fractions need some peak, and
+        # the report says which one stood in.
+        peak = gpu_roofline.PEAKS[0]
+        peak_named = f"{peak.name} (stand-in: no spec peak for {device_kind!r})"
+    tokamax_names = gpu_tokamax.IMPLEMENTATIONS + ((gpu_tokamax.SMOKE_STAND_IN,) if smoke else ())
+    tokamax, tokamax_missing = gpu_tokamax.load() if peers else (None, None)
+    document = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "gpu": device_kind,
+        "jax": jax.__version__,
+        "peak": {**peak.record(), "named": peak_named},
+        "tokamax": gpu_tokamax.version(tokamax) if tokamax else tokamax_missing,
+        "timing": (f"median of up to {reps} turns after compile + {warmup} warm-up calls, "
+                   "implementations timed in turns in one process"),
+        "mode": "smoke (interpret mode, tiny shapes: not a measurement)" if smoke else "full",
+        "rows": [],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    compiled: dict[Any, Any] = {}
+    for dtype in dtypes:
+        for shape in shapes:
+            for pattern in PATTERNS:
+                operands = None
+                for pass_name in PASSES:
+                    problem = _problem(shape, pattern, pass_name, dtype)
+                    spent = time.monotonic() - started
+                    if budget is not None and spent > budget:
+                        note = f"not measured: the run's time budget of {budget:.0f} s was spent"
+                        document["rows"] += [
+                            gpu_roofline.row(shape.name, pattern, problem, name, default, peak,
+                                             None, note)
+                            for name, default in gpu_scoreboard_calls.implementation_names(
+                                pass_name, dtype, tokamax_names, peers)]
+                        continue
+                    operands = operands or gpu_scoreboard_calls.make_operands(shape, pattern)
+                    calls = gpu_scoreboard_calls.calls(operands, pass_name, dtype,
+                                                       tokamax_names, peers)
+                    for call, seconds, note in measure(calls, reps, warmup, compiled,
+                                                       (shape.name, pass_name, dtype),
+                                                       compile_threads):
+                        record = gpu_roofline.row(shape.name, pattern, problem,
+                                                  call.implementation, call.default, peak,
+                                                  seconds, note)
+                        document["rows"].append(record)
+                        print(gpu_scoreboard_report.one_line(record), flush=True)
+                    write(out, document)
+            operands = None
+    write(out, document, plot=True)
+    return document
+
+
+def _problem(shape: Shape, pattern: str, pass_name: str, dtype: str) -> PassProblem:
+    sizes = group_sizes(shape.m, shape.experts, pattern)
+    rows = int(sizes[shape.offset: shape.offset + shape.local].sum())
+    return PassProblem(pass_name, shape.m, shape.k, shape.n, rows, shape.local, dtype)
+
+
+def write(out: Path, document: dict[str, Any], plot: bool = False) -> None:
+    (out / "roofline.json").write_text(json.dumps(document, indent=1) + "\n")
+    (out / "roofline.md").write_text(gpu_scoreboard_report.markdown(document))
+    if plot:
+        gpu_scoreboard_report.plot(document, out / "roofline.png")
+
+
+# ---------------------------------------------------------------- one pass's calls
+
+
+def measure(calls: list[gpu_scoreboard_calls.Call], reps: int, warmup: int,
+            compiled: dict[Any, Any], key: tuple, threads: int
+            ) -> list[tuple[gpu_scoreboard_calls.Call, float | None, str | None]]:
+    """Each call's median seconds and note (why it has no time; what its checks found)."""
+    notes: dict[str, list[str]] = {call.implementation: [call.note] if call.note else []
+                                   for call in calls}
+    runnable = _compiled(calls, compiled, key, threads, notes)
+    thunks: dict[str, Any] = {}
+    reference = next((c for name in REFERENCES for c in calls
+                      if c.implementation == name and c.implementation in runnable), None)
+    expected = None
+    ordered = ([reference] if reference else []) + [c for c in calls if c is not reference]
+    for call in ordered:
+        if call.implementation not in runnable:
+            continue
+        executable = runnable[call.implementation]
+        try:
+            result = jax.block_until_ready(executable(*call.args))
+        except Exception as error:  # noqa: BLE001 - out of memory, say: the row says why
+            notes[call.implementation].append(f"failed to run: {_reason(error)}")
+            continue
+        if call.cut is not None:
+            if call is reference:
+                expected = call.cut(result)
+            elif expected is not None:
+                error = relative_error(call.cut(result), expected)
+                verdict = "agrees with" if error <= TOLERANCE else "DIFFERS from"
+                notes[call.implementation].append(
+                    f"{verdict} {reference.implementation} ({error:.1e})")
+        del result
+        if call.check is not None:
+            notes[call.implementation].append(call.check())
+        thunks[call.implementation] = (lambda e=executable, a=call.args: e(*a))
+    expected = None
+    seconds = median_seconds(thunks, reps, warmup) if thunks else {}
+    for name in thunks:
+        if seconds.get(name) is None:
+            notes[name].append("failed while timed (its error is in the log)")
+    return [(call, seconds.get(call.implementation),
+             "; ".join(n for n in notes[call.implementation] if n) or None) for call in calls]
+
+
+def _compiled(calls, compiled: dict[Any, Any], key: tuple, threads: int,
+              notes: dict[str, list[str]]) -> dict[str, Any]:
+    """Each call's executable, compiled once per implementation, pass and argument types (the
+    group sizes are data, so both patterns of a shape share one), several at a time."""
+    runnable: dict[str, Any] = {}
+    lowered = {}
+    for call in calls:
+        if call.fn is None:
+            continue
+        cache_key = (call.implementation, *key, _types(call.args))
+        if cache_key in compiled:
+            runnable[call.implementation] = compiled[cache_key]
+            continue
+        try:  # tracing and lowering stay on this thread; XLA's compiling runs in parallel
+            lowered[call.implementation] = (cache_key, call.fn.lower(*call.args))
+        except Exception as error:  # noqa: BLE001 - the row says why
+            notes[call.implementation].append(f"failed to lower: {_reason(error)}")
+
+    def compile_one(item):
+        return item[0], item[1].compile()
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        futures = {pool.submit(compile_one, item): name for name, item in lowered.items()}
+        for future, name in futures.items():
+            try:
+                cache_key, executable = future.result()
+            except Exception as error:  # noqa: BLE001 - the row says why
+                notes[name].append(f"failed to compile: {_reason(error)}")
+                continue
+            compiled[cache_key] = runnable[name] = executable
+    return runnable
+
+
+def _types(args: tuple) -> str:
+    leaves, tree = jax.tree.flatten(args)
+    return str(tree) + str([(tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves])
+
+
+@jax.jit
+def _error(actual: jax.Array, expected: jax.Array) -> jax.Array:
+    # Fused reductions: no float32 copy of a large result is made.
+    difference = jnp.max(jnp.abs(actual.astype(jnp.float32) - expected.astype(jnp.float32)))
+    return difference / jnp.maximum(jnp.max(jnp.abs(expected.astype(jnp.float32))), 1e-30)
+
+
+def relative_error(actual: jax.Array, expected: jax.Array) -> float:
+    """max |actual - expected| / max |expected|."""
+    if actual.shape != expected.shape:
+        return float("inf")
+    return float(_error(actual, expected))
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300] if text else ''}"

@@ -1,0 +1,148 @@
+"""The GPU scoreboard's bookkeeping, checked on the CPU before a GPU is at hand: the roofline
+arithmetic by hand, the result file's fields, the rows a run out of time still writes, and the
+tuning table a GPU's device kind picks up. No kernel runs here (scripts/gpu_bench.sh's smoke
+mode runs them: docs/gpu.md)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from kernelhub._cli.bench import gpu_roofline, gpu_scoreboard, gpu_scoreboard_report
+from kernelhub._cli.bench.gpu_measurement import SMOKE_SHAPES, Shape
+from kernelhub._cli.bench.gpu_roofline import PassProblem
+
+H100 = gpu_roofline.peak_for("NVIDIA H100 80GB HBM3")
+
+
+def test_compulsory_bytes_and_flops_by_hand_with_a_group_offset_and_skewed_groups():
+    # 10 rows, k=4, n=6; experts 2 and 3 of 4 are local (group_offset 2) with 5 and 2 rows:
+    # R = 7 computed rows. bf16 values are 2 bytes, fp8 1 with a 4-byte scale per row/column.
+    def problem(pass_name, dtype="bf16"):
+        return PassProblem(pass_name, m=10, k=4, n=6, rows=7, local=2, dtype=dtype)
+
+    assert {p: problem(p).flops for p in gpu_roofline.PASSES} == dict.fromkeys(
+        gpu_roofline.PASSES, 2 * 7 * 4 * 6)
+    # forward: x rows 7x4, weights 2x4x6 read; all 10x6 output rows written.
+    assert problem("forward").compulsory_bytes == 2 * 28 + 2 * 48 + 2 * 60
+    # lhs_gradient: dy rows 7x6, weights read; d x 10x4 written.
+    assert problem("lhs_gradient").compulsory_bytes == 2 * 42 + 2 * 48 + 2 * 40
+    # rhs_gradient: x rows 7x4 and dy rows 7x6 read; d w 2x4x6 written.
+    assert problem("rhs_gradient").compulsory_bytes == 2 * 28 + 2 * 42 + 2 * 48
+    # fp8: values 1 byte, plus a scale per computed row (7) and per expert and column (2x6).
+    assert problem("forward", "fp8").compulsory_bytes == 28 + 4 * 7 + 48 + 4 * 12 + 2 * 60
+    assert problem("lhs_gradient", "fp8").compulsory_bytes == 42 + 4 * 7 + 48 + 4 * 8 + 2 * 40
+    # rhs_gradient's operands are quantized along the rows: a scale per k and per n.
+    assert problem("rhs_gradient", "fp8").compulsory_bytes == 28 + 42 + 4 * (4 + 6) + 2 * 48
+
+    # The scoreboard takes R from the pattern's sizes of the local experts only.
+    shard = Shape("tiny", 10, 4, 6, 4, 2)
+    sizes = gpu_scoreboard.group_sizes(10, 4, "skewed")
+    assert gpu_scoreboard._problem(shard, "skewed", "forward", "bf16").rows == sizes[2:4].sum()
+
+
+def test_roofline_fraction_and_rates_of_a_memory_bound_and_a_compute_bound_pass():
+    # DeepSeek-V3's forward, 32 local experts of 64 rows: the weights dominate.
+    small = PassProblem("forward", 16384, 7168, 2048, rows=2048, local=32, dtype="bf16")
+    assert small.bound(H100) == "memory"
+    floor = small.compulsory_bytes / 3.35e12
+    assert small.roofline_seconds(H100) == pytest.approx(floor)
+    figures = gpu_roofline.figures(small, H100, 2 * floor)
+    assert figures["roofline_fraction"] == pytest.approx(0.5)
+    assert figures["tbps"] == pytest.approx(3.35 / 2)
+    assert figures["tflops"] == pytest.approx(small.flops / (2 * floor) / 1e12)
+    # A square problem with many rows per expert is compute-bound; fp8 doubles the peak.
+    big = PassProblem("forward", 65536, 8192, 8192, rows=65536, local=1, dtype="fp8")
+    assert big.bound(H100) == "compute"
+    assert big.roofline_seconds(H100) == pytest.approx(big.flops / 1979e12)
+    assert gpu_roofline.figures(big, H100, None) == dict.fromkeys(
+        ("seconds", "tflops", "tbps", "roofline_fraction"))
+
+
+def test_peaks_come_from_one_table_by_device_kind():
+    assert H100.name == "H100 SXM" and H100.tbps == 3.35 and H100.tflops == {"bf16": 989.0,
+                                                                            "fp8": 1979.0}
+    assert gpu_roofline.peak_for("NVIDIA H200").tbps == 4.8
+    assert gpu_roofline.peak_for("NVIDIA H100 PCIe") is None  # not the SXM part
+    assert gpu_roofline.peak_for("cpu") is None
+    day = datetime.date(2026, 11, 27)
+    assert gpu_scoreboard.folder_name("NVIDIA H100 80GB HBM3", day) == "2026-11-27-h100"
+    assert gpu_scoreboard.folder_name("NVIDIA H200", day) == "2026-11-27-h200"
+
+
+def test_a_run_out_of_time_writes_every_row_with_its_reason(tmp_path):
+    # A budget of 0 s: no pass is measured (nothing compiles), yet every row is in the file.
+    document = gpu_scoreboard.run_scoreboard(tmp_path, SMOKE_SHAPES, ("bf16", "fp8"), reps=1,
+                                             warmup=0, smoke=True, budget=0.0, compile_threads=1)
+    written = json.loads((tmp_path / "roofline.json").read_text())
+    assert written == json.loads(json.dumps(document))
+    assert {"date", "gpu", "jax", "rows"} <= set(written)
+    rows = written["rows"]
+    assert all(tuple(row) == gpu_roofline.ROW_FIELDS for row in rows)
+    names = {row["implementation"] for row in rows}
+    assert {"kernelhub:xla", "kernelhub:triton", "cublas_dense", "lax.ragged_dot",
+            "tokamax:triton", "tokamax:mosaic"} <= names
+    keys = {(r["dtype"], r["shape"], r["groups"], r["pass"]) for r in rows}
+    assert len(keys) == 2 * len(SMOKE_SHAPES) * 2 * 3
+    assert len(rows) == len(keys) * len(names)
+    assert all(row["seconds"] is None and "time budget" in row["note"] for row in rows)
+    # Exactly one kernelhub row per pass is the plain call's choice.
+    for key in keys:
+        assert sum(r["default"] for r in rows
+                   if (r["dtype"], r["shape"], r["groups"], r["pass"]) == key) == 1
+    table = (tmp_path / "roofline.md").read_text()
+    assert "| bf16 | smoke-shard | skewed | rhs_gradient |" in table and "peak: H100 SXM" in table
+
+
+def test_the_table_shows_fractions_beside_the_peers():
+    problem = PassProblem("forward", 10, 4, 6, rows=7, local=2, dtype="bf16")
+    slow = 4 * problem.roofline_seconds(H100)
+    rows = [gpu_roofline.row("tiny", "skewed", problem, "kernelhub:triton", True, H100, slow),
+            gpu_roofline.row("tiny", "skewed", problem, "tokamax:mosaic", False, H100, None,
+                             "NotImplementedError: Not supported on cpu.")]
+    document = {"date": "d", "gpu": "g", "jax": "j", "tokamax": "t", "timing": "t", "mode": "m",
+                "peak": {**H100.record(), "named": "H100 SXM (spec sheet)"}, "rows": rows}
+    table = gpu_scoreboard_report.markdown(document)
+    line = next(line for line in table.splitlines() if line.startswith("| bf16 | tiny"))
+    assert line.endswith("| 0.25* | - |") and "| memory | kernelhub:triton |" in line
+    assert "- tokamax:mosaic: NotImplementedError: Not supported on cpu." in table
+
+
+def test_a_tuning_table_named_for_a_gpu_device_kind_is_picked_on_that_gpu(monkeypatch, tmp_path):
+    import importlib.resources
+
+    import jax
+    import jax.numpy as jnp
+
+    import kernelhub
+    from kernelhub._grouped_matmul import active_table, tables
+    from kernelhub.tuning import _autotune
+
+    kind = "NVIDIA H100 80GB HBM3"
+    assert tables._file_name(kind) == "nvidia-h100-80gb-hbm3.json"
+    assert tables._file_name("NVIDIA H200") == "nvidia-h200.json"
+    # Trace a call as if on that GPU (the xla implementation stands in for Triton's kernels).
+    monkeypatch.setattr(tables, "device_kind", lambda: kind)
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    recorder = _autotune.Recorder()
+    with active_table.activated(recorder):
+        jax.eval_shape(lambda x, w, s: gmm(x, w, s), jax.ShapeDtypeStruct((64, 32), jnp.bfloat16),
+                       jax.ShapeDtypeStruct((4, 32, 16), jnp.bfloat16),
+                       jax.ShapeDtypeStruct((4,), jnp.int32))
+    (key, call), = recorder.calls.items()
+    assert key.device_kind == kind
+    tiling = tuple(call.space.default(call.problem))
+    folder = tmp_path / "tuning" / "defaults"
+    folder.mkdir(parents=True)
+    tables.Tuning({key: tables.Entry(tiling, tiling, 1.0, 1.0, "balanced")}).save(
+        folder / tables._file_name(kind))
+    monkeypatch.setattr(importlib.resources, "files", lambda package: tmp_path)
+    tables.shipped.cache_clear()
+    try:
+        assert tables.shipped_tiling(call) == tiling
+        monkeypatch.setattr(tables, "device_kind", lambda: "NVIDIA H200")  # no file: heuristic
+        assert tables.shipped_tiling(call) is None
+    finally:
+        tables.shipped.cache_clear()
