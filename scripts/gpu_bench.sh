@@ -1,40 +1,74 @@
 #!/usr/bin/env bash
-# The whole GPU check in one command, on a machine with an NVIDIA GPU and jax[cuda] installed
-# (no network needed; kernelhub is used from this checkout through PYTHONPATH, nothing installed):
+# The GPU run in one command, on a machine with an NVIDIA GPU and jax[cuda] installed (no
+# network needed; kernelhub is used from this checkout through PYTHONPATH):
 #
-#   scripts/gpu_bench.sh                 # tests, bench, sweep and tune
-#   scripts/gpu_bench.sh tests           # or any of: tests bench sweep tune
+#   scripts/gpu_bench.sh                 # tests, then the roofline scoreboard (under 8 minutes)
+#   scripts/gpu_bench.sh tune            # or any of: tests roofline bench sweep tune
 #
-# tests: tests/test_contract.py and tests/test_triton_gpu.py with the GPU as jax's default backend
-#        (extra pytest arguments in $KERNELHUB_GPU_PYTEST_ARGS, e.g. "-k triton -x")
-# bench: TFLOP/s of gmm forward/backward and tgmm against cuBLAS dense and ragged_dot
-# sweep: a few block configs per shape, to tune kernelhub/_pallas/gpu/config.py
-# tune:  kernelhub tune at the benchmark's MoE shapes (forward and both gradients, skewed and
-#        balanced group sizes): tuning.json is the table to ship as
-#        kernelhub/tuning/defaults/<device kind>.json (docs/tuning.md), tuning.md its figures
+# tests:    tests/test_contract.py, tests/test_triton_gpu.py (and tests/test_mosaic_gpu.py when
+#           present) with the real kernels, the GPU as jax's default backend (extra pytest
+#           arguments in $KERNELHUB_GPU_PYTEST_ARGS, e.g. "-k triton -x")
+# roofline: the scoreboard: every pass of kernelhub's implementations, cuBLAS dense,
+#           lax.ragged_dot and tokamax against the chip's roofline (roofline.json/.md/.png)
+# bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
+# sweep:    a few block configs per shape (gpu_sweep.md)
+# tune:     kernelhub tune at the scoreboard's shapes (every pass, balanced and skewed sizes):
+#           tuning.json, the table to ship as kernelhub/tuning/defaults/<device kind>.json;
+#           then the scoreboard's kernelhub:triton rows again under it (roofline-tuned.*) and,
+#           time left, kernelhub bench --tuning (tuning-bench.md)
 #
-# KERNELHUB_GPU_SMOKE=1 runs the same stages without a GPU (interpret mode, tiny benchmark
-# shapes): a check of this script, not a measurement.
+# Time: the whole command keeps within $KERNELHUB_GPU_BUDGET seconds (default 480): each stage
+# gets a share of what is left, and is stopped when it runs over (what it wrote stays: the
+# scoreboard rewrites its files after every pass, and the rows it had no time for say so).
 #
-# Results go to $OUT when set, else benchmarks/gpu/: environment.txt, tests.log, bench.log,
-# gpu_bench.md/.json/.png, gpu_sweep.md and summary.txt (each stage's status and duration).
+# tokamax and beartype are not on the GPU image: the wheels in .gpu-wheels/ (scripts/
+# gpu_wheels.sh fetches them here; carry the folder) are installed when either is missing.
+#
+# KERNELHUB_GPU_SMOKE=1 runs the same stages without a GPU (interpret mode, tiny shapes): a
+# check of this script, not a measurement; results then go to /tmp/kernelhub-gpu-smoke.
+#
+# Results go to $OUT when set, else benchmarks/gpu/<date>-<gpu>/. Under $OUT (whose files come
+# back from the device machine, at most 8) the logs are packed into results.tar.gz beside
+# summary.txt, roofline.json/.md/.png and the tuning files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-RESULTS=${OUT:-benchmarks/gpu}
-mkdir -p "$RESULTS"
+BUDGET=${KERNELHUB_GPU_BUDGET:-480}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# The benchmark holds big inputs for the peers; let XLA take what it needs instead of 75%.
+# The scoreboard holds big inputs for the peers; let XLA take what it needs instead of 75%.
 export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
+export PYTHONUNBUFFERED=1
+
+smoke=()
+if [ "${KERNELHUB_GPU_SMOKE:-0}" = 1 ]; then
+  smoke=(--gpu-smoke)
+  export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
+fi
+
+if ! "$PYTHON" -c "import tokamax, beartype" 2>/dev/null && ls .gpu-wheels/*.whl >/dev/null 2>&1; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/kernelhub-wheels .gpu-wheels/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/kernelhub-wheels"
+fi
+
+if [ -n "${OUT:-}" ]; then
+  RESULTS=$OUT
+elif [ ${#smoke[@]} -gt 0 ]; then
+  RESULTS=/tmp/kernelhub-gpu-smoke
+else
+  RESULTS=benchmarks/gpu/$("$PYTHON" -c "import jax; from kernelhub._cli.bench.gpu_scoreboard import folder_name; print(folder_name(jax.devices()[0].device_kind))" 2>/dev/null || echo run)
+fi
+mkdir -p "$RESULTS"
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests bench sweep tune)
+[ ${#stages[@]} -eq 0 ] && stages=(tests roofline)
 summary="$RESULTS/summary.txt"
 : >"$summary"
 failed=0
 
 note() { echo "$*" | tee -a "$summary"; }
+left() { echo $((BUDGET - SECONDS)); }
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
@@ -44,77 +78,142 @@ note() { echo "$*" | tee -a "$summary"; }
 import importlib
 import jax
 print("jax", jax.__version__, "backend", jax.default_backend(), jax.devices())
-for name in ("jaxlib", "jaxtyping", "beartype", "numpy", "pytest", "hypothesis", "matplotlib", "triton"):
+for name in ("jaxlib", "jaxtyping", "beartype", "numpy", "pytest", "xdist", "hypothesis",
+             "matplotlib", "triton", "tokamax", "qwix"):
     try:
         print(name, getattr(importlib.import_module(name), "__version__", "?"))
-    except ImportError:
-        print(name, "MISSING")
+    except Exception as error:
+        print(name, "MISSING", type(error).__name__, str(error)[:200])
 EOF
 } >"$RESULTS/environment.txt" 2>&1
 cat "$RESULTS/environment.txt"
 
-smoke=()
-if [ "${KERNELHUB_GPU_SMOKE:-0}" = 1 ]; then
-  smoke=(--gpu-smoke)
+if [ ${#smoke[@]} -gt 0 ]; then
   note "smoke mode: no GPU needed, nothing here is a measurement"
 elif ! "$PYTHON" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
   note "no GPU is jax's default backend here: this script is for the GPU machine (see docs/gpu.md)"
   exit 2
 fi
 
+# run_stage NAME SECONDS COMMAND...: runs COMMAND for at most SECONDS, its output in NAME.log.
 run_stage() {
-  local name=$1
-  shift
+  local name=$1 limit=$2
+  shift 2
   local started=$SECONDS
-  "$@" 2>&1 | tee "$RESULTS/$name.log"
+  if [ "$limit" -lt 10 ]; then
+    note "$name: skipped, the budget of ${BUDGET}s is spent"
+    failed=1
+    return
+  fi
+  timeout --kill-after=15 "$limit" "$@" 2>&1 | tee "$RESULTS/$name.log"
   local status=${PIPESTATUS[0]}
+  [ "$status" -eq 124 ] && note "$name: stopped at its limit of ${limit}s"
   note "$name: exit $status after $((SECONDS - started))s"
   [ "$status" -eq 0 ] || failed=1
+}
+
+# A share of what is left, in seconds: share PERCENT.
+share() { echo $(($(left) * $1 / 100)); }
+
+roofline() {  # roofline NAME SECONDS [extra arguments]
+  local name=$1 limit=$2
+  shift 2
+  # The scoreboard stops starting passes 60s before the hard stop: a pass in flight (compiling
+  # a shape's implementations) ends and the files are written.
+  run_stage "$name" "$limit" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-parts roofline \
+    --gpu-out "$RESULTS/$name" --gpu-budget $((limit > 90 ? limit - 60 : limit / 2)) "${smoke[@]}" "$@"
+  for file in roofline.json roofline.md roofline.png; do
+    [ -f "$RESULTS/$name/$file" ] && mv "$RESULTS/$name/$file" "$RESULTS/${name}${file#roofline}"
+  done
+  rmdir "$RESULTS/$name" 2>/dev/null
 }
 
 for stage in "${stages[@]}"; do
   case $stage in
     tests)
       if "$PYTHON" -c "import pytest, hypothesis" 2>/dev/null; then
+        files=(tests/test_contract.py tests/test_triton_gpu.py tests/test_gpu_scoreboard.py)
+        [ -f tests/test_mosaic_gpu.py ] && files+=(tests/test_mosaic_gpu.py)
+        workers=()
+        "$PYTHON" -c "import xdist" 2>/dev/null && [ ${#smoke[@]} -eq 0 ] && workers=(-n 8)
+        # At most 40% of the budget: the scoreboard after it is what this run is for.
         # shellcheck disable=SC2086  # the extra arguments are meant to split
-        run_stage tests "$PYTHON" -m pytest -q -p no:cacheprovider \
-          tests/test_contract.py tests/test_triton_gpu.py --durations=15 \
-          --junitxml="$RESULTS/tests.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
+        run_stage tests "$(share 40)" "$PYTHON" -m pytest -q -p no:cacheprovider "${workers[@]}" \
+          "${files[@]}" --durations=15 --junitxml="$RESULTS/tests.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
       else
         note "tests: skipped, pytest or hypothesis is not installed here"
         failed=1
       fi
       ;;
+    roofline)
+      roofline roofline "$(($(left) - 15))"
+      ;;
     bench)
-      run_stage bench "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench "${smoke[@]}"
+      run_stage bench "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench "${smoke[@]}"
       ;;
     sweep)
-      run_stage sweep "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts sweep "${smoke[@]}"
+      run_stage sweep "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts sweep "${smoke[@]}"
       ;;
     tune)
-      # name:shape:groups:local groups, as the GPU benchmark's SHAPES (deepseek-v3 sharded 8 ways)
+      # name:shape:groups:local groups, as the scoreboard's shapes (deepseek-v3: 32 of 256
+      # experts), the fine-grained (memory-bound) ones first
       if [ ${#smoke[@]} -gt 0 ]; then
         tune_shapes=("smoke:96x32x48:4:4")
         tune_flags=(--platform triton --repeats 1 --draws 1)
       else
-        tune_shapes=("mixtral:8192x4096x14336:8:8" "deepseek-v3:16384x7168x2048:256:32"
-                     "qwen3-moe:8192x2048x768:128:128")
-        tune_flags=()
+        tune_shapes=("deepseek-v3:16384x7168x2048:256:32" "qwen3-moe:8192x2048x768:128:128"
+                     "gpt-oss:8192x2880x5760:128:128" "mixtral:8192x4096x14336:8:8"
+                     "odd:1000x520x200:7:7")
+        tune_flags=(--platform triton --repeats 5 --draws 1)
       fi
       rm -f "$RESULTS/tuning.json"
+      tune_started=$SECONDS
+      tune_budget=$(share 60)
       for entry in "${tune_shapes[@]}"; do
         IFS=: read -r tune_name tune_shape tune_groups tune_local <<<"$entry"
-        run_stage "tune-$tune_name" "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" \
+        run_stage "tune-$tune_name" "$((tune_budget - (SECONDS - tune_started)))" \
+          "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" \
           --groups "$tune_groups" --local-groups "$tune_local" --ops gmm tgmm --dtypes bf16 \
           --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
           --markdown "$RESULTS/tuning-$tune_name.md"
       done
       "$PYTHON" -c "import jax; from kernelhub._grouped_matmul import tables; print('ship tuning.json as kernelhub/tuning/defaults/' + tables._file_name(jax.devices()[0].device_kind))" | tee -a "$summary"
+      if [ -f "$RESULTS/tuning.json" ]; then
+        # The same kernels under the table: the roofline fractions after tuning (bf16).
+        export KERNELHUB_TUNING="$RESULTS/tuning.json"
+        roofline roofline-tuned "$(share 70)" --gpu-dtypes bf16 --gpu-implementations kernelhub:triton
+        unset KERNELHUB_TUNING
+        : >"$RESULTS/tuning-bench.md"
+        for entry in "${tune_shapes[@]}"; do
+          IFS=: read -r tune_name tune_shape tune_groups tune_local <<<"$entry"
+          # bench --tuning takes no group_offset: the sharded shape's rows are in roofline-tuned.
+          [ "$tune_groups" = "$tune_local" ] || continue
+          run_stage "tuning-bench-$tune_name" "$(($(left) - 15))" "$PYTHON" -m kernelhub.cli \
+            bench --tuning --tuning-table "$RESULTS/tuning.json" --shape "$tune_shape" \
+            --groups "$tune_groups" --dtypes bf16 --out-dtype bf16 --ops gmm tgmm \
+            --platform triton --reps 5 --draws 1 --out "$RESULTS/tuning-bench-$tune_name.md"
+          cat "$RESULTS/tuning-bench-$tune_name.md" >>"$RESULTS/tuning-bench.md" 2>/dev/null
+        done
+      fi
       ;;
     *)
-      note "unknown stage $stage (expected tests, bench, sweep or tune)"
+      note "unknown stage $stage (expected tests, roofline, bench, sweep or tune)"
       failed=1
       ;;
   esac
 done
+
+# The scoreboard's table last: the device call's reply carries the end of the output.
+for table in "$RESULTS/roofline.md" "$RESULTS/roofline-tuned.md"; do
+  [ -f "$table" ] && echo && sed -n '/^| dtype/,$p' "$table"
+done
+echo
+cat "$summary"
+
+if [ -n "${OUT:-}" ]; then
+  # At most 8 files come back from $OUT: the results stay, the logs go into one archive.
+  (cd "$RESULTS" && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'roofline*.json' \
+      ! -name 'roofline*.md' ! -name roofline.png ! -name tuning.json ! -name tuning-bench.md \
+      ! -name results.tar.gz -printf '%f\n' | tar -czf results.tar.gz -T - --remove-files)
+fi
 exit $failed

@@ -66,11 +66,12 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu-budget", type=float, metavar="SECONDS",
                        help="roofline: stop starting passes after this many seconds; the rest "
                             "get rows that say so (a GPU lease has a time limit)")
-    group.add_argument("--gpu-kernelhub-only", action="store_true",
-                       help="roofline: kernelhub's implementations only, no peers (e.g. again "
-                            "under KERNELHUB_TUNING, to compare a tuning table)")
-    group.add_argument("--gpu-compile-threads", type=int, default=4, metavar="N",
-                       help="roofline: executables compiled at once (default 4; 1: one at a time)")
+    group.add_argument("--gpu-implementations", nargs="+", metavar="NAME",
+                       help="roofline: only these rows' implementations, e.g. kernelhub:triton "
+                            "(again under KERNELHUB_TUNING, to compare a tuning table); default "
+                            "all")
+    group.add_argument("--gpu-compile-threads", type=int, default=8, metavar="N",
+                       help="roofline: executables compiled at once (default 8; 1: one at a time)")
     group.add_argument("--gpu-tables", nargs="+", choices=TABLES, default=list(TABLES),
                        help="which of the bench part's tables to measure (default: all); a short "
                             "GPU lease can take the new rows alone")
@@ -159,9 +160,10 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
         gpu_scoreboard.run_scoreboard(
             folder, shapes, tuple(getattr(args, "gpu_dtypes", None) or gpu_scoreboard.DTYPES),
             reps, warmup, smoke, budget=getattr(args, "gpu_budget", None),
-            peers=not getattr(args, "gpu_kernelhub_only", False),
-            compile_threads=getattr(args, "gpu_compile_threads", 4))
-        print(f"wrote {folder / 'roofline.json'}, roofline.md, roofline.png")
+            only=tuple(args.gpu_implementations) if getattr(args, "gpu_implementations", None)
+            else None,
+            compile_threads=getattr(args, "gpu_compile_threads", 8))
+        print(f"wrote {folder / 'roofline.json'} and roofline.md")
     if "sweep" in parts:
         sweep = [row for shape in shapes for row in sweep_shape(shape, dtype, reps, warmup)]
         (out / "gpu_sweep.md").write_text(sweep_report(sweep, header))

@@ -47,8 +47,8 @@ def folder_name(device_kind: str, date: datetime.date | None = None) -> str:
 
 
 def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...], reps: int,
-                   warmup: int, smoke: bool, budget: float | None = None, peers: bool = True,
-                   compile_threads: int = 4) -> dict[str, Any]:
+                   warmup: int, smoke: bool, budget: float | None = None,
+                   only: tuple[str, ...] | None = None, compile_threads: int = 4) -> dict[str, Any]:
     """Measures every row, writing the files into `out` as it goes; returns the document."""
     started = time.monotonic()
     device_kind = jax.devices()[0].device_kind
@@ -60,7 +60,7 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
         peak = gpu_roofline.PEAKS[0]
         peak_named = f"{peak.name} (stand-in: no spec peak for {device_kind!r})"
     tokamax_names = gpu_tokamax.IMPLEMENTATIONS + ((gpu_tokamax.SMOKE_STAND_IN,) if smoke else ())
-    tokamax, tokamax_missing = gpu_tokamax.load() if peers else (None, None)
+    tokamax, tokamax_missing = gpu_tokamax.load()
     document = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "gpu": device_kind,
@@ -70,6 +70,7 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
         "timing": (f"median of up to {reps} turns after compile + {warmup} warm-up calls, "
                    "implementations timed in turns in one process"),
         "mode": "smoke (interpret mode, tiny shapes: not a measurement)" if smoke else "full",
+        "implementations": "all" if only is None else list(only),
         "rows": [],
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -87,11 +88,11 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                             gpu_roofline.row(shape.name, pattern, problem, name, default, peak,
                                              None, note)
                             for name, default in gpu_scoreboard_calls.implementation_names(
-                                pass_name, dtype, tokamax_names, peers)]
+                                pass_name, dtype, tokamax_names, only)]
                         continue
                     operands = operands or gpu_scoreboard_calls.make_operands(shape, pattern)
                     calls = gpu_scoreboard_calls.calls(operands, pass_name, dtype,
-                                                       tokamax_names, peers)
+                                                       tokamax_names, only)
                     for call, seconds, note in measure(calls, reps, warmup, compiled,
                                                        (shape.name, pass_name, dtype),
                                                        compile_threads):
@@ -115,8 +116,8 @@ def _problem(shape: Shape, pattern: str, pass_name: str, dtype: str) -> PassProb
 def write(out: Path, document: dict[str, Any], plot: bool = False) -> None:
     (out / "roofline.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / "roofline.md").write_text(gpu_scoreboard_report.markdown(document))
-    if plot:
-        gpu_scoreboard_report.plot(document, out / "roofline.png")
+    if plot and not gpu_scoreboard_report.plot(document, out / "roofline.png"):
+        print("no roofline.png: matplotlib (the plot extra) is not installed")
 
 
 # ---------------------------------------------------------------- one pass's calls

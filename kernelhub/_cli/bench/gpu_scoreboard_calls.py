@@ -277,29 +277,33 @@ def tokamax_calls(ops: Operands, pass_name: str, dtype: str, operands: PassOpera
 
 
 def implementation_names(pass_name: str, dtype: str, tokamax_names: tuple[str, ...],
-                         peers: bool = True) -> list[tuple[str, bool]]:
+                         only: tuple[str, ...] | None = None) -> list[tuple[str, bool]]:
     """(implementation, default) of every row of a pass, without making its calls: the rows a
-    run out of time still writes, each with its reason."""
+    run out of time still writes, each with its reason. `only` keeps the names it lists."""
     op = PASS_OP[pass_name]
     default = default_platform(op, dtype)
     ours = sorted(((f"kernelhub:{p}", p == default) for p in kernelhub_platforms(op)),
                   key=lambda item: not item[1])
-    if not peers:
-        return ours
-    return [*ours, ("cublas_dense", False), ("lax.ragged_dot", False),
-            *((f"tokamax:{name}", False) for name in tokamax_names)]
+    names = [*ours, ("cublas_dense", False), ("lax.ragged_dot", False),
+             *((f"tokamax:{name}", False) for name in tokamax_names)]
+    return [item for item in names if only is None or item[0] in only]
 
 
 def calls(ops: Operands, pass_name: str, dtype: str, tokamax_names: tuple[str, ...],
-          peers: bool = True) -> list[Call]:
-    """Every implementation of one pass: kernelhub's (the default first), then the peers."""
+          only: tuple[str, ...] | None = None) -> list[Call]:
+    """Every implementation of one pass: kernelhub's (the default first), then the peers;
+    `only` keeps the implementations it names (no call is made for the others)."""
     operands = pass_operands(ops, pass_name, dtype)
-    ours = sorted(kernelhub_calls(ops, pass_name, dtype, operands), key=lambda c: not c.default)
-    if not peers:
-        return ours
-    return [*ours, dense_call(ops, pass_name, dtype, operands),
-            lax_call(ops, pass_name, dtype, operands),
-            *tokamax_calls(ops, pass_name, dtype, operands, tokamax_names)]
+    wanted = (lambda name: only is None or name in only)
+    made = sorted(kernelhub_calls(ops, pass_name, dtype, operands), key=lambda c: not c.default)
+    if wanted("cublas_dense"):
+        made.append(dense_call(ops, pass_name, dtype, operands))
+    if wanted("lax.ragged_dot"):
+        made.append(lax_call(ops, pass_name, dtype, operands))
+    names = tuple(name for name in tokamax_names if wanted(f"tokamax:{name}"))
+    if names:
+        made += tokamax_calls(ops, pass_name, dtype, operands, names)
+    return [call for call in made if wanted(call.implementation)]
 
 
 def _reason(error: BaseException) -> str:

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Fetches, here (with network), the wheels scripts/gpu_bench.sh installs on the GPU machine,
+# which has no network and lacks them: kernelhub's beartype, and tokamax (the scoreboard's peer)
+# with the dependencies its image does not have. They go to .gpu-wheels/ (ignored by git), which
+# the device call carries: run(command="scripts/gpu_bench.sh", carry=[".gpu-wheels"]).
+#
+# Pinned: the versions the CPU test environment holds (tokamax 0.0.12 needs qwix and pydantic;
+# the GPU image has absl-py, flax, numpy, protobuf, tqdm, jaxtyping and typing-extensions).
+# Python 3.12 x86-64 wheels, as the GPU image's python3 takes them. About 5 MB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELS=(tokamax==0.0.12 qwix==0.1.8 pydantic==2.14.4 pydantic-core==2.50.5
+        annotated-types==0.8.0 typing-inspection==0.4.5 einshape==1.0 immutabledict==4.3.1
+        tensorboardX==2.6.5 typeguard==2.13.3 beartype==0.23.1)
+
+mkdir -p .gpu-wheels
+"${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux1_x86_64 -d .gpu-wheels "${WHEELS[@]}"
+ls -l .gpu-wheels
