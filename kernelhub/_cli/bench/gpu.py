@@ -10,6 +10,8 @@ unfused, forward and forward + grad (epilogue.py).
 It writes gpu_bench.md (tables, targets), gpu_bench.json (raw numbers) and gpu_bench.png (plot,
 when matplotlib is installed) into the output folder. `--gpu-parts sweep` times a few block
 configs per shape instead (gpu_sweep.md), the data for tuning kernelhub/_pallas/gpu/config.py.
+`--gpu-parts roofline` runs the scoreboard (gpu_scoreboard.py): every pass of every kernelhub
+implementation and peer against the chip's roofline, into roofline.json/.md/.png.
 
 Also runnable without the rest of the CLI: `python -m kernelhub._cli.bench.gpu --gpu-out DIR`;
 `--gpu-tables quantized epilogue` (say) measures only those tables, for a short GPU lease.
