@@ -57,6 +57,7 @@ def _load() -> None:
     import kernelhub._xla  # noqa: F401
     import kernelhub._pallas.tpu  # noqa: F401
     import kernelhub._pallas.gpu  # noqa: F401
+    import kernelhub._pallas.mosaic_gpu  # noqa: F401
     import kernelhub._collectives  # noqa: F401
     from kernelhub import _composite
 

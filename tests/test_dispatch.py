@@ -43,7 +43,7 @@ def test_a_variable_changed_after_kernelhub_read_it_is_an_error_not_stale(monkey
 
 def test_bad_environment_value_names_the_variable(platform_variable):
     platform_variable("cuda")
-    with pytest.raises(ValueError, match=r"KERNELHUB_PLATFORM='cuda' is not one of: pallas, triton, xla"):
+    with pytest.raises(ValueError, match=r"KERNELHUB_PLATFORM='cuda' is not one of: pallas, triton, mosaic, xla"):
         kernelhub.grouped_matmul(LHS, RHS, SIZES)
 
 

@@ -24,8 +24,9 @@ import jax
 class Platform(enum.StrEnum):
     """The kernel language an implementation is written in."""
 
-    PALLAS = "pallas"
-    TRITON = "triton"
+    PALLAS = "pallas"  # Pallas lowered through Mosaic for TPU
+    TRITON = "triton"  # Pallas lowered through Triton for GPUs
+    MOSAIC = "mosaic"  # Pallas lowered through Mosaic GPU (Hopper)
     XLA = "xla"
 
 

@@ -1,0 +1,69 @@
+"""Pallas Mosaic GPU kernels for Hopper (sm_90), and the same kernels in interpret mode on CPU.
+
+Registered as (mosaic, gpu), usable on a Hopper GPU (wgmma is Hopper's; other GPUs keep the
+Triton kernels) at a priority below the Triton kernels' until a GPU run has measured which is
+faster for which call, and as (mosaic, cpu), run only when forced (`platform="mosaic"` or
+KERNELHUB_PLATFORM=mosaic) to test the kernels without a GPU. Quantized operands with one
+scale per row and column run here (fp8 on fp8 wgmma); scale blocks and 4-bit values are not
+features of these kernels, so the registry sends such calls to the Triton kernels, and forcing
+this platform on one is a NoImplementationError naming the feature. Pallas itself is imported
+when a kernel is first traced, not here. Design: docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from kernelhub import ops  # noqa: F401  (declares the ops registered here)
+from kernelhub._core.registry import needs_device
+from kernelhub._grouped_matmul.names import ACTIVATION, BIAS, GLU, QUANTIZED
+from kernelhub._grouped_matmul.registration import register_grouped_matmuls
+from kernelhub._pallas.mosaic_gpu import tuning_space
+
+# Below the Triton kernels' 10: the default on Hopper stays Triton until measured.
+PRIORITY = 5
+HOPPER = "9.0"
+
+
+def _raw_gmm(*args, **kwargs):
+    from kernelhub._pallas.mosaic_gpu.grouped_matmul import raw_grouped_matmul
+
+    return raw_grouped_matmul(*args, **kwargs)
+
+
+def _raw_tgmm(*args, **kwargs):
+    from kernelhub._pallas.mosaic_gpu.transposed_grouped_matmul import (
+        raw_transposed_grouped_matmul)
+
+    return raw_transposed_grouped_matmul(*args, **kwargs)
+
+
+def needs_hopper() -> str | None:
+    """None on a host whose GPUs are Hopper (compute capability 9.0), else why not. Without a
+    GPU the reason is needs_device's, which a forced backend="gpu" passes (lowering ahead of
+    time needs no device)."""
+    reason = needs_device("gpu")()
+    if reason is not None:
+        return reason
+    found = sorted({str(getattr(d, "compute_capability", "?")) for d in jax.devices()})
+    if HOPPER not in found:
+        return (f"needs a Hopper GPU (compute capability {HOPPER}, for wgmma); this host's GPUs "
+                f"have {', '.join(found)}")
+    return None
+
+
+def _register(backend: str, interpret: bool, **how):
+    # Quantized operands: int8 and fp8 values reach the kernels with their one scale per row
+    # or column folded around them (fold_scales): fp8 x fp8 multiplies as stored, other pairs
+    # widened exactly (config.kernel_dtype). Epilogues run on the float32 accumulator.
+    return register_grouped_matmuls(
+        "mosaic", backend, functools.partial(_raw_gmm, interpret=interpret),
+        functools.partial(_raw_tgmm, interpret=interpret),
+        tuning_space.space("mosaic-interpret" if interpret else "mosaic"),
+        features=(QUANTIZED, BIAS, ACTIVATION, GLU), fold_scales=True, **how)
+
+
+compiled = _register("gpu", interpret=False, priority=PRIORITY, requirement=needs_hopper)
+interpreted = _register("cpu", interpret=True, interpret_only=True)

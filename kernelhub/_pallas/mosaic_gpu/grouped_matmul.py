@@ -1,0 +1,260 @@
+"""grouped_matmul as a Pallas Mosaic GPU kernel for Hopper (contract:
+kernelhub/ops/grouped_matmul.py).
+
+Work: (visit, n-tile) pairs, where a visit is one segment's share of one row tile (the visit
+table of kernelhub/_pallas/gpu/visits.py, computed on the device: rows of one local group, or
+rows of none). A persistent grid of one program per SM walks the pairs (`plgpu.nd_loop`) in
+bands of BAND n-tiles (`kernel_parts.banded_order`): the programs running at once read the same few
+weight tiles of one group while its visits pass, so the weights come from HBM about once.
+
+A visit of a local group multiplies its row tile by the group's weights: `plgpu.emit_pipeline`
+keeps `stages` TMA loads of lhs and rhs tiles in flight while `wgmma` adds each k step into a
+float32 accumulator in registers. The fused epilogue (scales of quantized operands, bias,
+activation, gated unit) runs there, on the accumulator; the tile then goes to shared memory and
+TMA stores only the visit's rows (`kernel_parts.store_rows`), so a row tile shared by two groups
+is written once per row. A visit of rows outside the local groups stores zeros, or copies
+existing_out's rows (the output is a new buffer: Mosaic GPU kernels take no aliased output in
+interpret mode, where CI runs them).
+
+A gated unit sums two accumulators, gate and up columns, per output tile; the interleaved
+layout's columns are first gathered into the concatenated one (a copy of the weights: splitting
+pairs in registers waits for a GPU run). float32 and fp8 wgmma read both operands K-major from
+shared memory, so weights [G, k, n] of those types are transposed to [G, n, k] first (a copy;
+store them that way, transpose_rhs=True, to avoid it).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
+from kernelhub._grouped_matmul.problem import gmm_problem
+from kernelhub._pallas.gpu import _tiles, visits
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
+
+# n-tiles per band of the schedule (the weights' tiles read at once).
+BAND = 8
+# Types whose wgmma reads the B operand K-major only.
+K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
+
+
+def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
+                       existing_out, transpose_rhs, scales=None, output_blocks=None,
+                       epilogue: KernelEpilogue = NO_EPILOGUE, *,
+                       interpret: bool = False) -> jax.Array:
+    """The forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py). With a glu epilogue the output (and existing_out)
+    has half of rhs's columns."""
+    if scales is not None or output_blocks is not None:
+        # Not registered for these kernels (no quantized_blocks feature): the registry sends
+        # such calls elsewhere, and a forced one is refused before it gets here.
+        raise NotImplementedError("the Mosaic GPU kernels take no scale blocks")
+    out_dtype = jnp.dtype(preferred_element_type)
+    problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
+                          transpose_rhs)
+    blocks = config.from_tiling(tiling, problem)
+    spec = epilogue.spec
+    m, k, local_groups = problem.m, problem.k, problem.local_groups
+    n_out = spec.output_columns(problem.n)
+    halves = 2 if spec.glu is not None else 1
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+
+    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype)
+    lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
+    if dtype.name in K_MAJOR_ONLY and not transpose_rhs:
+        rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
+    columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
+    vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
+    if spec.interleaved:
+        rhs = _concatenated(rhs, columns_axis)
+        vectors = [_concatenated(v, 1) for v in vectors]
+
+    m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n_out, bn)
+    lhs = padded(lhs, {0: m_p, 1: k_p})
+    rhs = _halves_padded(padded(rhs, {k_axis: k_p}), columns_axis, halves, n_p)
+    vectors = [_halves_padded(v, 1, halves, n_p) for v in vectors]
+    row_scale = () if epilogue.row_scale is None else (
+        padded(epilogue.row_scale.astype(jnp.float32), {0: m_p}),)
+    existing = () if existing_out is None else (padded(existing_out, {0: m_p, 1: n_p}),)
+    table = visits.visit_table(group_sizes, group_offset, local_groups, m, bm,
+                               fill_uncomputed=True)
+    num_visits = table.shape[1]
+    n_tiles = n_p // bn
+    body = functools.partial(
+        _body, blocks=blocks, k_tiles=k_p // bk, n_tiles=n_tiles, num_visits=num_visits,
+        n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, spec=spec,
+        plain=epilogue.is_identity, has_row_scale=bool(row_scale),
+        has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
+        has_existing=bool(existing), interpret=interpret)
+    out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *existing),
+                              (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul")
+    return out if (m_p, n_p) == (m, n_out) else out[:m, :n_out]
+
+
+def _concatenated(array: jax.Array, axis: int) -> jax.Array:
+    """Interleaved (gate, up) pairs along `axis` as gate columns then up columns."""
+    size = array.shape[axis]
+    order = np.concatenate([np.arange(0, size, 2), np.arange(1, size, 2)])
+    return jnp.take(array, order, axis=axis)
+
+
+def _halves_padded(array: jax.Array, axis: int, halves: int, size: int) -> jax.Array:
+    """`array` with each of its `halves` parts along `axis` zero-padded to `size`."""
+    parts = jnp.split(array, halves, axis=axis) if halves > 1 else [array]
+    parts = [padded(part, {axis: size}) for part in parts]
+    return parts[0] if halves == 1 else jnp.concatenate(parts, axis=axis)
+
+
+def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
+          n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
+          spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
+          has_bias: bool, has_existing: bool, interpret: bool) -> None:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    # refs: the row scale, the column scale and the bias when given, existing_out when given,
+    # the output.
+    refs = list(refs)
+    out_ref = refs.pop()
+    existing_ref = refs.pop() if has_existing else None
+    row_scale_ref = refs.pop(0) if has_row_scale else None
+    column_scale_ref = refs.pop(0) if has_column_scale else None
+    bias_ref = refs.pop(0) if has_bias else None
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    shape = (bm, bn)
+
+    @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
+    def _work(info):
+        visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles,
+                                                  min(BAND, n_tiles))
+        tile = table_ref[visits.TILE, visit]
+        group = table_ref[visits.GROUP, visit]
+        first_row = tile * bm
+        # The visit's segment, cut to its tile: the rows it stores.
+        start = jnp.maximum(table_ref[visits.START, visit], first_row)
+        end = jnp.minimum(table_ref[visits.END, visit], first_row + bm)
+        first_col = n_tile * bn
+
+        def store(result):
+            def scope(tile_smem):
+                tile_smem[...] = result
+                plgpu.commit_smem()
+                kernel_parts.store_rows(
+                    tile_smem,
+                    lambda row, rows: out_ref.at[pl.ds(first_row + row, rows),
+                                                 pl.ds(first_col, bn)],
+                    start - first_row, end - start, bm)
+
+            pl.run_scoped(scope, plgpu.SMEM(shape, out_ref.dtype))
+
+        @pl.when(group >= 0)
+        def _compute():
+            # Column tiles of rhs that this output tile sums: its own, and for a gated unit
+            # the up half's (n_half columns further).
+            column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
+            totals = pl.run_scoped(
+                lambda *accs: _multiply(accs, lhs_ref, rhs_ref.at[group], tile, column_tiles,
+                                        blocks, k_tiles, transpose_rhs, interpret),
+                *[plgpu.ACC(shape) for _ in range(halves)])
+            if plain:
+                (result,) = totals
+            else:
+                row_scale = None if row_scale_ref is None else kernel_parts.load_vector(
+                    row_scale_ref.at[pl.ds(first_row, bm)], (bm,), jnp.float32)
+
+                def columns(ref, half):
+                    return kernel_parts.load_vector(
+                        ref.at[group, pl.ds(first_col + half * n_half, bn)], (bn,),
+                        jnp.float32)
+
+                result = _epilogue(spec, totals, shape, row_scale,
+                                   None if column_scale_ref is None else functools.partial(
+                                       columns, column_scale_ref),
+                                   None if bias_ref is None else functools.partial(
+                                       columns, bias_ref))
+            store(result.astype(out_ref.dtype))
+
+        @pl.when(group == visits.FILL)
+        def _fill():
+            if existing_ref is None:
+                store(jnp.zeros(shape, out_ref.dtype))
+                return
+
+            def scope(tile_smem, barrier):
+                plgpu.copy_gmem_to_smem(
+                    existing_ref.at[pl.ds(first_row, bm), pl.ds(first_col, bn)], tile_smem,
+                    barrier)
+                plgpu.barrier_wait(barrier)
+                kernel_parts.store_rows(
+                    tile_smem,
+                    lambda row, rows: out_ref.at[pl.ds(first_row + row, rows),
+                                                 pl.ds(first_col, bn)],
+                    start - first_row, end - start, bm)
+
+            pl.run_scoped(scope, plgpu.SMEM(shape, out_ref.dtype), plgpu.Barrier())
+
+
+def _multiply(accs, lhs_ref, group_rhs_ref, tile, column_tiles, blocks: config.BlockConfig,
+              k_tiles: int, transpose_rhs: bool, interpret: bool):
+    """The float32 sums of the row tile times each column tile of the group's weights, k step
+    by k step through a TMA pipeline into wgmma."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    if transpose_rhs and interpret:
+        return pl.run_scoped(
+            lambda scratch: _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles,
+                                           blocks, k_tiles, transpose_rhs, scratch),
+            plgpu.SMEM((bk, bn), group_rhs_ref.dtype))
+    return _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles, blocks, k_tiles,
+                          transpose_rhs, None)
+
+
+def _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles,
+                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, scratch):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+
+    def step(_, lhs_smem, *rhs_smems):
+        for acc, rhs_smem in zip(accs, rhs_smems):
+            right = kernel_parts.k_major_operand(rhs_smem, scratch) if transpose_rhs else rhs_smem
+            plgpu.wgmma(acc, lhs_smem, right)
+
+    def rhs_spec(column_tile):
+        if transpose_rhs:
+            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i), delay_release=1)
+        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=1)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(k_tiles,),
+        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (tile, i), delay_release=1),
+                  *[rhs_spec(c) for c in column_tiles]],
+        max_concurrent_steps=max(blocks.stages, 2),
+    )(lhs_ref, *[group_rhs_ref] * len(column_tiles))
+    return tuple(acc[...] for acc in accs)
+
+
+def _epilogue(spec: Epilogue, totals, shape, row_scale, column_scale, bias) -> jax.Array:
+    """The float32 output tile from each accumulator's sums: the row and column scales of
+    quantized operands, the group's bias, then the activation or the gate of (gate, up).
+    `column_scale` and `bias` load the group's vector for a half (0: gate or the only one)."""
+    finished = []
+    for half, total in enumerate(totals):
+        if row_scale is not None:
+            total = total * kernel_parts.broadcast_rows(row_scale, shape)
+        if column_scale is not None:
+            total = total * kernel_parts.broadcast_columns(column_scale(half), shape)
+        if bias is not None:
+            total = total + kernel_parts.broadcast_columns(bias(half), shape)
+        finished.append(total)
+    if spec.glu is None:
+        return spec.activate(finished[0], erf=_tiles.erf)
+    return spec.gated(*finished, erf=_tiles.erf)

@@ -1,0 +1,167 @@
+"""What both Mosaic GPU kernels share: the persistent launch, padding to whole tiles, vectors
+loaded beside a tile, and the store of a tile's rows.
+
+Every tile is whole: operands are padded with zeros to multiples of the blocks where their
+sizes are not (a copy, only then; the MoE shapes kernelhub is tuned for need none). TMA would
+fill reads past an array's end with zeros by itself, but Mosaic GPU's interpret mode, where
+CI runs these kernels, reads such a tile as an error: padding keeps one behaviour on both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernelhub._core import jax_internals
+
+# Streaming multiprocessors of an H100 SXM and an H200: the persistent grid, one program each.
+HOPPER_SMS = 132
+# In interpret mode every simulated program is a thread on this host: two still run the
+# persistent loop's hand-over of work from one program to the next.
+INTERPRET_SMS = 2
+SM_AXIS = "sm"
+
+
+def launch(body: Callable[..., None], operands: Sequence[jax.Array],
+           out_shape: tuple[int, ...], out_dtype, interpret: bool, name: str) -> jax.Array:
+    """Runs `body(*operand_refs, out_ref)` on a persistent grid of one program per SM; the
+    body spreads its work over them with `plgpu.nd_loop(..., collective_axes=SM_AXIS)`."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    out_type = jax.ShapeDtypeStruct(out_shape, out_dtype)
+    kernel = plgpu.kernel(
+        body,
+        out_type=out_type,
+        grid=(INTERPRET_SMS if interpret else _sm_count(),),
+        grid_names=(SM_AXIS,),
+        compiler_params=plgpu.CompilerParams(
+            lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=jax_internals.mosaic_gpu_interpret_params() if interpret else None,
+        kernel_name=name,
+    )
+    if not interpret:
+        return kernel(*operands)
+    # The interpreter simulates the GPU through ordered host callbacks, an effect that
+    # kernelhub's primitive cannot carry through its custom VJP. The kernel is a pure function
+    # of its operands, so it runs as one: a host call that runs the interpreted kernel.
+    interpreted = jax.jit(kernel)
+    return jax.pure_callback(lambda *arrays: np.asarray(interpreted(*arrays)), out_type,
+                             *operands, vmap_method="sequential")
+
+
+def _sm_count() -> int:
+    """The SMs of this host's GPU; HOPPER_SMS when lowering without one (export)."""
+    try:
+        device = jax.devices()[0]
+    except RuntimeError:
+        return HOPPER_SMS
+    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+    return int(count) if count else HOPPER_SMS
+
+
+def k_major_operand(smem, scratch):
+    """The wgmma B operand [K, N] of a tile stored [N, K] in shared memory (K-major, what
+    float32 and fp8 wgmma read). Compiled, a transposed view of the tile. Mosaic GPU's
+    interpreter (jax 0.10.2) takes no transposed view in wgmma, so there `scratch` [K, N]
+    receives the tile transposed through registers (the compiled kernel never does this)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if scratch is None:
+        return plgpu.transpose_ref(smem, (1, 0))
+    scratch[...] = smem[...].T
+    plgpu.commit_smem()
+    return scratch
+
+
+def tile_iota(shape: tuple[int, int], dimension: int, interpret: bool) -> jax.Array:
+    """int32 indices along `dimension` of a tile, in the layout of a wgmma operand loaded from
+    shared memory (the cast guides Mosaic GPU's layout inference; the interpreter has no rule
+    for it and needs none)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    indices = jax.lax.broadcasted_iota(jnp.int32, shape, dimension)
+    return indices if interpret else plgpu.layout_cast(indices, plgpu.Layout.WGMMA)
+
+
+def banded_order(index: jax.Array, rows: int, columns: int, band: int
+                 ) -> tuple[jax.Array, jax.Array]:
+    """(row, column) of work item `index` in a (rows, columns) grid walked in bands of `band`
+    columns: row by row within a band (its columns minor), every other band walked from the
+    last row back, so that consecutive items share a row or a band's columns and the turn
+    between bands reuses the rows just read. (Like `plgpu.planar_snake`, written with
+    divisors that are never zero: XLA:CPU stops with a floating point exception compiling
+    the interpreted kernel when one is a constant zero.)"""
+    per_band = band * rows
+    which = jax.lax.div(index, jnp.int32(per_band))
+    inside = jax.lax.rem(index, jnp.int32(per_band))
+    width = jnp.minimum(jnp.int32(band), jnp.int32(columns) - which * band)
+    width = jnp.maximum(width, 1)
+    row = jax.lax.div(inside, width)
+    column = which * band + jax.lax.rem(inside, width)
+    row = jnp.where(jax.lax.rem(which, jnp.int32(2)) == 1, rows - 1 - row, row)
+    return row, column
+
+
+def round_up(size: int, block: int) -> int:
+    return -(-size // block) * block
+
+
+def padded(array: jax.Array, sizes: dict[int, int]) -> jax.Array:
+    """`array` with zeros appended along each axis in `sizes` up to that size (itself when no
+    axis grows)."""
+    widths = [(0, max(sizes.get(axis, extent) - extent, 0))
+              for axis, extent in enumerate(array.shape)]
+    if not any(high for _, high in widths):
+        return array
+    return jnp.pad(array, widths)
+
+
+def load_vector(src, smem_shape: tuple[int], dtype):
+    """The float32 vector `src` (a GMEM slice of `smem_shape`) copied to shared memory by TMA
+    and loaded into registers; layout inference gives it the accumulator's row or column
+    layout from its broadcast (broadcast_rows, broadcast_columns)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def scope(smem, barrier):
+        plgpu.copy_gmem_to_smem(src, smem, barrier)
+        plgpu.barrier_wait(barrier)
+        return smem[...].astype(jnp.float32)
+
+    return pl.run_scoped(scope, plgpu.SMEM(smem_shape, dtype), plgpu.Barrier())
+
+
+def broadcast_rows(vector: jax.Array, shape: tuple[int, int]) -> jax.Array:
+    """A per-row vector [rows] over a tile (broadcast_in_dim: the form whose layout Mosaic
+    GPU's layout inference follows)."""
+    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+
+
+def broadcast_columns(vector: jax.Array, shape: tuple[int, int]) -> jax.Array:
+    return jax.lax.broadcast_in_dim(vector, shape, (1,))
+
+
+def store_rows(tile_smem, out_gmem: Callable[[jax.Array, int], object], first: jax.Array,
+               count: jax.Array, block_rows: int) -> None:
+    """Stores rows [first, first + count) of the shared-memory tile (count in [0, block_rows])
+    with TMA: one copy per set bit of count, largest first, each of a power-of-two rows
+    (a TMA box has a static shape, the count is known only on the device). `out_gmem(row,
+    rows)` is the GMEM destination of `rows` rows from tile row `row`."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    offset = first
+    for bit in reversed(range(int(math.log2(block_rows)) + 1)):
+        rows = 1 << bit
+        present = (count & rows) != 0
+
+        @pl.when(present)
+        def _store(offset=offset, rows=rows):
+            plgpu.copy_smem_to_gmem(tile_smem.at[pl.ds(offset, rows)], out_gmem(offset, rows))
+
+        offset = offset + (count & rows)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)

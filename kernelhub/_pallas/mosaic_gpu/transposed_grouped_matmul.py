@@ -1,0 +1,145 @@
+"""transposed_grouped_matmul as a Pallas Mosaic GPU kernel for Hopper (contract:
+kernelhub/ops/transposed_grouped_matmul.py).
+
+Work: (group, k-tile, n-tile) output tiles, group outermost, walked by a persistent grid of one
+program per SM (`plgpu.nd_loop`), so the programs running at once read the same group's rows.
+A program sums its group's rows in chunks of block_m aligned to block_m: `plgpu.emit_pipeline`
+brings the lhs [block_k, block_m] and rhs [block_m, block_n] tiles of each chunk into shared
+memory by TMA, `stages` chunks in flight, and wgmma adds them into a float32 accumulator. Of a
+group's chunks only the first and the last can hold other groups' rows; there a select sets
+those rows to exact zeros in shared memory, in both tiles (so a NaN in another group's row stays
+out of this sum). An empty group runs no chunk. The tile, plus existing_out's when given, is
+stored whole by one TMA copy: every output element is written once, by one program.
+
+float32 and fp8 wgmma read both operands K-major: rhs [m, n] of those types is transposed to
+[n, m] first (a copy).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kernelhub._grouped_matmul.groups import local_bounds
+from kernelhub._grouped_matmul.problem import tgmm_problem
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu.grouped_matmul import K_MAJOR_ONLY
+from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
+
+
+def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling,
+                                  group_offset, num_actual_groups, existing_out, scales=None,
+                                  output_blocks=None, *, interpret: bool = False) -> jax.Array:
+    """The forward kernel: arguments as the contract hands them on, no axis empty
+    (kernelhub/_grouped_matmul/prologue.py)."""
+    if scales is not None or output_blocks is not None:
+        raise NotImplementedError("the Mosaic GPU kernels take no scale blocks")
+    out_dtype = jnp.dtype(preferred_element_type)
+    groups = num_actual_groups
+    problem = tgmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None, groups)
+    blocks = config.from_tiling(tiling, problem)
+    m, k, n = problem.m, problem.k, problem.n
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+
+    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype)
+    m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n, bn)
+    lhs = padded(lhs.astype(dtype), {0: k_p, 1: m_p})
+    rhs = padded(rhs.astype(dtype), {0: m_p, 1: n_p})
+    rhs_k_major = dtype.name in K_MAJOR_ONLY
+    if rhs_k_major:
+        rhs = rhs.T
+    existing = () if existing_out is None else (padded(existing_out, {1: k_p, 2: n_p}),)
+    starts, ends = local_bounds(group_sizes, group_offset, groups, m)
+    bounds = jnp.stack([starts, ends]).astype(jnp.int32)
+    body = functools.partial(_body, blocks=blocks, groups=groups, k_tiles=k_p // bk,
+                             n_tiles=n_p // bn, rhs_k_major=rhs_k_major,
+                             has_existing=bool(existing), interpret=interpret)
+    out = kernel_parts.launch(body, (bounds, lhs, rhs, *existing), (groups, k_p, n_p),
+                              out_dtype, interpret, "kernelhub_transposed_grouped_matmul")
+    return out if (k_p, n_p) == (k, n) else out[:, :k, :n]
+
+
+def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
+          k_tiles: int, n_tiles: int, rhs_k_major: bool, has_existing: bool,
+          interpret: bool) -> None:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    out_ref = refs[-1]
+    existing_ref = refs[0] if has_existing else None
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    shape = (bk, bn)
+
+    @plgpu.nd_loop((groups, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
+    def _work(info):
+        group, k_tile, n_tile = info.index
+        start = bounds_ref[0, group]
+        end = bounds_ref[1, group]
+        first_chunk = jax.lax.div(start, bm)
+        chunks = jnp.where(end > start, jax.lax.div(end + bm - 1, bm) - first_chunk, 0)
+
+        def accumulate(acc, scratch=None):
+            def step(indices, lhs_smem, rhs_smem):
+                first_row = (first_chunk + indices[0]) * bm
+                edge = (first_row < start) | (first_row + bm > end)
+
+                @pl.when(edge)
+                def _mask():
+                    # The chunk's rows outside [start, end): zeros, by a select.
+                    lhs_rows = kernel_parts.tile_iota((bk, bm), 1, interpret) + first_row
+                    owned = (lhs_rows >= start) & (lhs_rows < end)
+                    lhs_smem[...] = jnp.where(owned, lhs_smem[...],
+                                              jnp.zeros((), lhs_smem.dtype))
+                    rhs_shape = (bn, bm) if rhs_k_major else (bm, bn)
+                    rhs_rows = kernel_parts.tile_iota(
+                        rhs_shape, 1 if rhs_k_major else 0, interpret) + first_row
+                    owned = (rhs_rows >= start) & (rhs_rows < end)
+                    rhs_smem[...] = jnp.where(owned, rhs_smem[...],
+                                              jnp.zeros((), rhs_smem.dtype))
+                    plgpu.commit_smem()
+
+                right = (kernel_parts.k_major_operand(rhs_smem, scratch) if rhs_k_major
+                         else rhs_smem)
+                plgpu.wgmma(acc, lhs_smem, right)
+
+            rhs_spec = (plgpu.BlockSpec((bn, bm), lambda c: (n_tile, first_chunk + c),
+                                        delay_release=1) if rhs_k_major else
+                        plgpu.BlockSpec((bm, bn), lambda c: (first_chunk + c, n_tile),
+                                        delay_release=1))
+
+            @pl.when(chunks > 0)
+            def _sum():
+                plgpu.emit_pipeline(
+                    step,
+                    grid=(chunks,),
+                    in_specs=[plgpu.BlockSpec((bk, bm), lambda c: (k_tile, first_chunk + c),
+                                              delay_release=1), rhs_spec],
+                    max_concurrent_steps=max(blocks.stages, 2),
+                )(lhs_ref, rhs_ref)
+
+            return acc[...]
+
+        if rhs_k_major and interpret:
+            # Registers and shared memory come from separate scopes (the interpreter's rule).
+            total = pl.run_scoped(lambda acc: pl.run_scoped(
+                lambda scratch: accumulate(acc, scratch), plgpu.SMEM((bm, bn), rhs_ref.dtype)),
+                plgpu.ACC(shape))
+        else:
+            total = pl.run_scoped(accumulate, plgpu.ACC(shape))
+        where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
+
+        def store(tile_smem, barrier):
+            if existing_ref is None:
+                tile_smem[...] = total.astype(out_ref.dtype)
+            else:
+                plgpu.copy_gmem_to_smem(existing_ref.at[where], tile_smem, barrier)
+                plgpu.barrier_wait(barrier)
+                kept = tile_smem[...].astype(jnp.float32)
+                tile_smem[...] = (total + kept).astype(out_ref.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        pl.run_scoped(store, plgpu.SMEM(shape, out_ref.dtype), plgpu.Barrier())

@@ -1,0 +1,47 @@
+"""The Mosaic GPU kernels' candidate tiles for kernelhub.tuning.
+
+Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
+64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 5 stages in flight;
+each fitted to the problem as the heuristic's own is, and kept only where it is legal.
+"""
+
+from __future__ import annotations
+
+from kernelhub._grouped_matmul.passes import TuningSpace
+from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas.mosaic_gpu import config
+
+# (output rows, contraction in 128-byte rows, columns, stages)
+_CANDIDATES = (
+    (64, 1, 128, 4), (64, 1, 256, 3), (64, 2, 128, 3), (128, 1, 128, 4), (128, 1, 256, 3),
+    (128, 2, 128, 3), (128, 1, 64, 5), (64, 1, 64, 5),
+)
+
+
+def _tiling(rows: int, contraction: int, columns: int, stages: int,
+            problem: Problem) -> config.BlockConfig:
+    step = contraction * config.SWIZZLE_BYTES // config.operand_bytes(problem)
+    if problem.kernel is Kernel.TGMM:
+        return config.BlockConfig(block_m=step, block_k=rows, block_n=columns, stages=stages)
+    return config.BlockConfig(block_m=rows, block_k=step, block_n=columns, stages=stages)
+
+
+def _candidates(problem: Problem) -> list[tuple[int, ...]]:
+    fitted = [config.fitted(_tiling(*c, problem), problem).as_tiling() for c in _CANDIDATES]
+    return [t for t in dict.fromkeys(fitted) if _accepts(t, problem)]
+
+
+def _default(problem: Problem) -> tuple[int, ...]:
+    return config.heuristic(problem).as_tiling()
+
+
+def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
+    try:
+        config.from_tiling(tiling, problem)
+    except ValueError:
+        return False
+    return True
+
+
+def space(implementation: str) -> TuningSpace:
+    return TuningSpace(implementation, _candidates, _default, _accepts)

@@ -1,0 +1,295 @@
+"""The Mosaic GPU kernels (kernelhub/_pallas/mosaic_gpu/): the contract's edges in Mosaic GPU's
+interpret mode against the float64 reference, gradients, fp8 with one scale per row and column,
+fused epilogues, calls routed elsewhere by feature, tiles, registration, and lowering for CUDA
+at MoE shapes on a host without a GPU.
+
+The interpreter simulates every warpgroup, barrier and TMA copy (seconds per call), so the
+shared property suites leave (mosaic, cpu) out (tests/conftest.py, SLOW_INTERPRETERS) and the
+cases here are few and small, each chosen to cross several edges at once. On a Hopper GPU
+platform="mosaic" resolves to the compiled kernels and the same tests run them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernelhub
+import reference
+from conftest import assert_close
+from kernelhub import testing
+from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas.mosaic_gpu import config
+from kernelhub.quantization import quantize
+
+GMM = "grouped_matmul"
+TGMM = "transposed_grouped_matmul"
+ON_GPU = jax.default_backend() == "gpu"
+
+
+def _mosaic(op):
+    return kernelhub.get(op, platform="mosaic")
+
+
+def _values(rng, shape, dtype):
+    """Values already rounded to `dtype`, so the reference sees exactly what the kernel does."""
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+
+
+# ---------------------------------------------------------------- grouped_matmul
+
+
+def test_gmm_unaligned_shapes_empty_groups_and_rows_past_the_sum():
+    """m, k, n off every tile; an empty group, groups crossing tiles, and 7 rows past the sum
+    of the sizes, which must be exactly 0 (never uninitialised memory)."""
+    rng = np.random.default_rng(0)
+    m, k, n = 77, 40, 24
+    sizes = np.array([10, 0, 33, 27], np.int32)  # sum 70
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (4, k, n), jnp.bfloat16)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes))
+    assert out.dtype == jnp.float32
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, contraction=k)
+    assert np.all(np.asarray(out)[70:] == 0)
+
+
+def test_gmm_group_offset_existing_out_and_transpose_rhs():
+    """Local groups 1..2 of 4, weights [G, n, k], float32 operands, a bf16 output starting as
+    existing_out: other groups' rows keep existing_out's values bitwise."""
+    rng = np.random.default_rng(1)
+    m, k, n = 96, 24, 40
+    sizes = np.array([20, 30, 0, 40], np.int32)  # groups 1 and 2 are local; rows 90.. past
+    lhs, rhs = _values(rng, (m, k), jnp.float32), _values(rng, (2, n, k), jnp.float32)
+    existing = _values(rng, (m, n), jnp.bfloat16)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), preferred_element_type=jnp.bfloat16,
+                       group_offset=jnp.int32(1), existing_out=existing, transpose_rhs=True)
+    expected = reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing,
+                             transpose_rhs=True)
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, expected, jnp.bfloat16, contraction=k)
+    kept = np.r_[0:20, 50:m]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+
+@pytest.mark.parametrize("glu_layout", ["interleaved", "concatenated"])
+def test_gmm_glu_with_bias(glu_layout):
+    """A gated unit on the accumulators (two per tile), the group's bias added first, in both
+    layouts; rows of no local group are 0."""
+    rng = np.random.default_rng(2)
+    m, k, n_rhs = 72, 32, 48
+    sizes = np.array([40, 0, 30], np.int32)
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (3, k, n_rhs), jnp.bfloat16)
+    bias = _values(rng, (3, n_rhs), jnp.float32)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), bias=bias, glu="swiglu_oai",
+                       glu_layout=glu_layout)
+    expected = reference.gmm(lhs, rhs, sizes, bias=bias, glu="swiglu_oai",
+                             glu_layout=glu_layout)
+    assert out.shape == (m, n_rhs // 2)
+    assert_close(out, expected, jnp.float32, contraction=k)
+    assert np.all(np.asarray(out)[70:] == 0)
+
+
+def test_gmm_activation_with_bias_and_gradients():
+    """gelu (erf) after a bias, and the exact gradients the kit builds from these kernels:
+    d lhs through the transposed-weights gmm, d rhs and d bias through tgmm."""
+    rng = np.random.default_rng(3)
+    m, k, n = 66, 24, 40
+    sizes = np.array([30, 0, 30], np.int32)
+    lhs, rhs = _values(rng, (m, k), jnp.float32), _values(rng, (3, k, n), jnp.float32)
+    bias = _values(rng, (3, n), jnp.float32)
+    d_out = _values(rng, (m, n), jnp.float32)
+
+    def f(lhs, rhs, bias):
+        return _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), bias=bias, activation="gelu")
+
+    out, pullback = jax.vjp(f, lhs, rhs, bias)
+    assert_close(out, reference.gmm(lhs, rhs, sizes, bias=bias, activation="gelu"),
+                 jnp.float32, contraction=k)
+    d_lhs, d_rhs, d_bias = pullback(d_out)
+    grads = reference.gmm_epilogue_vjp(lhs, rhs, sizes, d_out, bias=bias, activation="gelu")
+    assert_close(d_lhs, grads["lhs"], jnp.float32, contraction=n)
+    assert_close(d_rhs, grads["rhs"], jnp.float32, contraction=m)
+    assert_close(d_bias, grads["bias"], jnp.float32, contraction=m)
+
+
+@pytest.mark.parametrize("dtypes, transpose_rhs", [
+    ((jnp.float8_e4m3fn, jnp.float8_e4m3fn), False),
+    ((jnp.float8_e5m2, jnp.float8_e5m2), True),
+])
+def test_gmm_fp8_with_row_and_column_scales(dtypes, transpose_rhs):
+    """fp8 operands with one scale per row of lhs and per column of each expert: the kernel
+    multiplies the stored fp8 values (fp8 wgmma) and scales its float32 tile before the store."""
+    rng = np.random.default_rng(4)
+    m, k, n = 70, 64, 32
+    sizes = np.array([25, 45], np.int32)
+    lhs = quantize(_values(rng, (m, k), jnp.float32), dtypes[0], axis=1)
+    weights = _values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32)
+    rhs = quantize(weights, dtypes[1], axis=2 if transpose_rhs else 1)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs)
+    expected = reference.gmm(lhs.dequantize(), rhs.dequantize(), sizes,
+                             transpose_rhs=transpose_rhs)
+    assert_close(out, expected, jnp.float32, contraction=k)
+
+
+# ---------------------------------------------------------------- transposed_grouped_matmul
+
+
+def test_tgmm_unaligned_offset_actual_groups_and_existing_out():
+    """Groups 1..2 of 4 (num_actual_groups=2) summed over unaligned row ranges, one of them
+    empty, bf16 operands, added to existing_out; an empty group's slice is existing_out's."""
+    rng = np.random.default_rng(5)
+    k, m, n = 40, 90, 24
+    sizes = np.array([13, 0, 51, 20], np.int32)
+    lhs, rhs = _values(rng, (k, m), jnp.bfloat16), _values(rng, (m, n), jnp.bfloat16)
+    existing = _values(rng, (2, k, n), jnp.float32)
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), group_offset=jnp.int32(1),
+                        num_actual_groups=2, existing_out=existing)
+    expected = reference.tgmm(lhs, rhs, sizes, group_offset=1, num_actual_groups=2,
+                              existing_out=existing)
+    assert_close(out, expected, jnp.float32, contraction=m)
+    np.testing.assert_array_equal(np.asarray(out)[0], np.asarray(existing)[0])
+
+
+def test_tgmm_float32_isolates_other_groups_nan():
+    """float32 (its rhs read K-major), a NaN in a row of no group: no group's sum sees it."""
+    rng = np.random.default_rng(6)
+    k, m, n = 24, 70, 40
+    sizes = np.array([30, 33], np.int32)  # rows 63.. belong to no group
+    lhs = np.asarray(_values(rng, (k, m), jnp.float32)).copy()
+    rhs = np.asarray(_values(rng, (m, n), jnp.float32)).copy()
+    lhs[:, 65] = np.nan
+    rhs[66] = np.inf
+    out = _mosaic(TGMM)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
+    assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
+
+
+# ---------------------------------------------------------------- kernelhub.testing
+
+
+def test_equivalence_harness_runs_the_interpreted_kernels():
+    spec = next(s for s in kernelhub.implementations(GMM)
+                if (s.platform.value, s.backend.value) == ("mosaic", "cpu"))
+    rng = np.random.default_rng(7)
+    case = testing.Case(_values(rng, (40, 16), jnp.float32), _values(rng, (2, 16, 24), jnp.float32),
+                        jnp.asarray([15, 20], jnp.int32))
+    report = testing.check_implementations(
+        GMM, lambda **a: reference.gmm(a["lhs"], a["rhs"], a["group_sizes"]), [case],
+        gradients=False, implementations=[spec])
+    report.assert_ok()
+
+
+# ---------------------------------------------------------------- routed by feature
+
+
+@pytest.mark.parametrize("form, feature", [
+    (dict(dtype=jnp.float8_e4m3fn, block_size=32), "quantized_blocks"),
+    (dict(dtype=jnp.int4), "quantized_4bit"),
+])
+def test_forced_on_a_feature_it_lacks_names_the_feature(form, feature):
+    lhs = jnp.ones((64, 64), jnp.float32)
+    rhs = quantize(jnp.ones((2, 64, 32), jnp.float32), form["dtype"], axis=1,
+                   block_size=form.get("block_size"))
+    with pytest.raises(kernelhub.NoImplementationError, match=feature):
+        _mosaic(GMM)(lhs, rhs, jnp.asarray([32, 32], jnp.int32))
+
+
+# ---------------------------------------------------------------- registration and tiles
+
+
+def test_registered_below_triton_and_interpret_only_on_cpu():
+    specs = {(s.platform.value, s.backend.value): s for s in kernelhub.implementations(GMM)}
+    assert specs[("mosaic", "gpu")].priority < specs[("triton", "gpu")].priority
+    assert specs[("mosaic", "cpu")].interpret_only
+    if not ON_GPU:
+        assert "no device" in specs[("mosaic", "gpu")].unavailable_reason()
+        assert kernelhub.resolve(GMM, platform="mosaic").backend.value == "cpu"
+    assert kernelhub.resolve(GMM).platform.value != "mosaic"
+
+
+def _problem(kernel, m, k, n, groups, dtype="bfloat16"):
+    return Problem(kernel, m, k, n, groups, groups, dtype, dtype, "bfloat16", False)
+
+
+def test_heuristic_gives_small_groups_64_row_tiles():
+    deepseek = config.heuristic(_problem(Kernel.GMM, 16384, 7168, 2048, 256))
+    assert (deepseek.block_m, deepseek.block_k, deepseek.block_n) == (64, 64, 128)
+    mixtral = config.heuristic(_problem(Kernel.GMM, 8192, 4096, 14336, 8))
+    assert mixtral.block_m == 128
+    fp8 = config.heuristic(_problem(Kernel.GMM, 8192, 2048, 768, 128, "float8_e4m3fn"))
+    assert fp8.block_k == 128  # one 128-byte row per step
+    tgmm = config.heuristic(_problem(Kernel.TGMM, 8192, 2048, 768, 128))
+    assert tgmm.block_k in config.OUTPUT_ROWS
+
+
+@pytest.mark.parametrize("tiling, rule", [
+    ((96, 64, 64), "power of two"),
+    ((32, 64, 64), "64 at a time"),
+    ((64, 64, 512), r"\[16, 256\]"),
+    ((64, 64, 64, 9), "stages=9"),
+    ((64, 64), "tuple of ints"),
+])
+def test_invalid_tiling_names_the_rule(tiling, rule):
+    with pytest.raises(ValueError, match=rule):
+        config.from_tiling(tiling, _problem(Kernel.GMM, 256, 256, 256, 4))
+
+
+def test_fp8_contraction_step_is_at_least_one_wgmma():
+    with pytest.raises(ValueError, match="contraction step"):
+        config.from_tiling((64, 16, 64), _problem(Kernel.GMM, 256, 256, 256, 4,
+                                                  "float8_e4m3fn"))
+
+
+# ---------------------------------------------------------------- lowering for CUDA
+
+MOE_SHAPES = {
+    # m, k, n, experts, local experts
+    "deepseek_v3": (16384, 7168, 2048, 256, 32),
+    "qwen3_moe": (8192, 2048, 768, 128, 128),
+    "gpt_oss": (8192, 2880, 5760, 128, 128),
+}
+FOREIGN = ("__gpu$xla.gpu.triton", "triton_kernel_call", "stablehlo.while")
+
+
+def _exported(fn, *args):
+    if ON_GPU:
+        pytest.skip("lowering for cuda from a CPU host: on a GPU the tests above run the kernels")
+    return jax.export.export(jax.jit(fn), platforms=["cuda"])(*args).mlir_module()
+
+
+def _check_mosaic_only(text: str, kernels: int) -> None:
+    assert text.count("mosaic_gpu_v2") == kernels, re.findall(r"custom_call @[\w$.]+", text)
+    for foreign in FOREIGN:
+        assert foreign not in text
+
+
+@pytest.mark.parametrize("shape", list(MOE_SHAPES))
+def test_exports_for_cuda_with_only_mosaic_kernels(shape):
+    """Forward, gradient (d lhs: gmm with the weights transposed; d rhs: tgmm) and tgmm at MoE
+    shapes, bf16, jax.export's default checks: each holds the Mosaic GPU kernels and no Triton
+    kernel or XLA loop. DeepSeek-V3 runs 32 local experts with a traced group_offset."""
+    m, k, n, experts, local = MOE_SHAPES[shape]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
+    lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
+    offset = jax.ShapeDtypeStruct((), jnp.int32)
+
+    def forward(lhs, rhs, sizes, offset):
+        return gmm(lhs, rhs, sizes, group_offset=offset)
+
+    def with_gradients(lhs, rhs, sizes, offset, d_out):
+        out, pullback = jax.vjp(lambda l, r: gmm(l, r, sizes, group_offset=offset), lhs, rhs)
+        return out, pullback(d_out)
+
+    def transposed(lhs_t, d_out, sizes, offset):
+        return tgmm(lhs_t, d_out, sizes, group_offset=offset, num_actual_groups=local)
+
+    _check_mosaic_only(_exported(forward, lhs, rhs, sizes, offset), 1)
+    d_out = jax.ShapeDtypeStruct((m, n), jnp.float32)
+    _check_mosaic_only(_exported(with_gradients, lhs, rhs, sizes, offset, d_out), 3)
+    _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
+                                 jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes, offset), 1)
