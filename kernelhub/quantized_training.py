@@ -19,8 +19,9 @@ Q_f and Q_b are the recipe's `forward` and `backward` formats: a named format of
 kernelhub.quantize ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4") or a value dtype (one scale per
 row or column along the axis); `backward=None` runs the backward products on the unquantized
 operands in their own dtype (bf16 in bf16 training: the choice torchao added because MXFP8
-weight gradients were slow). d z is the epilogue's gradient at the pre-activation, which the
-backward recomputes with the forward's format (no [m, n] residual is kept). The gradients are
+weight gradients were slow). d z is the epilogue's gradient at the pre-activation z, which the
+forward keeps (float32, under the checkpoint name "kernelhub_pre_activation", as
+kernelhub.grouped_matmul does: a jax.checkpoint policy may drop it, and the forward runs again). The gradients are
 those of the quantized products with respect to the float operands (straight-through).
 
 Every pass is a kernelhub.grouped_matmul or transposed_grouped_matmul call, so each runs on the
@@ -37,9 +38,12 @@ import jax
 import jax.numpy as jnp
 
 from kernelhub import _loader
+from jax.ad_checkpoint import checkpoint_name
+
 from kernelhub._core.dispatch import get
-from kernelhub._grouped_matmul.epilogue import Epilogue
+from kernelhub._grouped_matmul.epilogue import Epilogue, KernelEpilogue, applied
 from kernelhub._grouped_matmul.groups import group_sums
+from kernelhub._grouped_matmul.names import PRE_ACTIVATION
 from kernelhub.quantization import FORMATS, VALUE_DTYPES, quantize
 
 
@@ -128,13 +132,19 @@ def _differentiable(recipe: Recipe, out_dtype: Any, transpose_rhs: bool, epilogu
         return forward(lhs, rhs, bias, group_sizes, group_offset, out_dtype, True)
 
     def call_forward(lhs, rhs, bias, group_sizes, group_offset):
-        out = forward(lhs, rhs, bias, group_sizes, group_offset, out_dtype, True)
-        return out, (lhs, rhs, bias, group_sizes, group_offset)
+        if not epilogue.nonlinear:
+            out = forward(lhs, rhs, bias, group_sizes, group_offset, out_dtype, True)
+            return out, (lhs, rhs, bias, group_sizes, group_offset, None)
+        # The forward matmul writes z (bias added); the epilogue follows outside it.
+        z = forward(lhs, rhs, bias, group_sizes, group_offset, jnp.float32, False)
+        z = checkpoint_name(z, PRE_ACTIVATION)
+        out = applied(z, KernelEpilogue(epilogue, None), group_sizes, group_offset, rhs.shape[0],
+                      None, out_dtype)
+        return out, (lhs, rhs, bias, group_sizes, group_offset, z)
 
     def call_backward(residuals, d_out):
-        lhs, rhs, bias, group_sizes, group_offset = residuals
+        lhs, rhs, bias, group_sizes, group_offset, z = residuals
         if epilogue.nonlinear:
-            z = forward(lhs, rhs, bias, group_sizes, group_offset, jnp.float32, False)
             d_z = epilogue.pre_activation_gradient(z, d_out)
         else:
             d_z = d_out.astype(jnp.float32)

@@ -204,3 +204,40 @@ def test_runtime_checks_run_the_ops_own_hook_and_only_it(declare):
         jax.jit(plain)(x, w)  # an op without a hook: nothing to attach, nothing fails
         jax.jit(hooked)(x, w)
     assert seen == [["factor", "weights", "x"]]
+
+
+def exponential(x: Float[Array, "n"]) -> Float[Array, "n"]:
+    """exp(x)."""
+
+
+def test_an_implementations_residuals_reach_its_backward_pass(declare):
+    """What an implementation's forward keeps for its backward crosses the dispatcher: the
+    lowered forward + gradient computes exp once (it used to run again inside the backward),
+    and a jax.checkpoint policy decides by the residual's name whether it is kept or
+    recomputed. The implementation is not jitted, so each computation of exp is inlined and
+    counted once per run."""
+    op = declare(exponential)
+
+    @jax.custom_vjp
+    def exp_kernel(x):
+        return jnp.exp(x)
+
+    def exp_forward(x):
+        y = jax.ad_checkpoint.checkpoint_name(jnp.exp(x), "exp_of_x")
+        return y, y
+
+    exp_kernel.defvjp(exp_forward, lambda y, d_y: (d_y * y,))
+    kernelhub.register(op, "xla", "any")(exp_kernel)
+    x = jnp.array([0.5, -1.0, 2.0])
+    policies = jax.checkpoint_policies
+    cases = [(None, 1), (policies.save_only_these_names("exp_of_x"), 1),
+             (policies.nothing_saveable, 2)]
+    for policy, runs in cases:
+        loss = lambda v: jnp.sum(op(v))  # noqa: E731
+        if policy is not None:
+            loss = jax.checkpoint(loss, policy=policy)
+        step = jax.jit(jax.value_and_grad(loss))
+        value, grad = step(x)
+        np.testing.assert_allclose(value, np.sum(np.exp(x)), rtol=1e-6)
+        np.testing.assert_allclose(grad, np.exp(x), rtol=1e-6)
+        assert step.lower(x).as_text().count("stablehlo.exponential") == runs, policy

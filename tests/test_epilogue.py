@@ -471,3 +471,55 @@ def test_no_rows_or_no_columns(spec):
               jnp.array([2, 0, 3], jnp.int32), bias=jnp.ones((3, 0), jnp.float32),
               glu="swiglu_oai", glu_layout="interleaved")
     assert out.shape == (5, 0)
+
+
+def _kernels_in_training_step(layer, policy=None) -> dict[str, dict[str, int]]:
+    """The grouped-matmul kernels of value_and_grad of sum(layer(x, w, b) * c) lowered for tpu
+    and cuda (nothing runs), under a jax.checkpoint policy when given. The loss is linear in
+    the layer's output, so the backward pass needs nothing of the output itself."""
+    from kernelhub import export as kernelhub_export
+
+    def loss(x, w, b, c):
+        return jnp.sum(layer(x, w, b).astype(jnp.float32) * c)
+
+    if policy is not None:
+        loss = jax.checkpoint(loss, policy=policy)
+    step = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    bf16 = jnp.bfloat16
+    args = (jax.ShapeDtypeStruct((64, 32), bf16), jax.ShapeDtypeStruct((4, 32, 64), bf16),
+            jax.ShapeDtypeStruct((4, 64), bf16), jax.ShapeDtypeStruct((64, 32), jnp.float32))
+    exported = kernelhub_export.export(step, *args, platforms=("tpu", "cuda"))
+    return kernelhub_export.kernels_by_platform(exported)
+
+
+def _fused_layer(x, w, b):
+    return kernelhub.grouped_matmul(x, w, jnp.array([16, 0, 30, 18], jnp.int32),
+                                    preferred_element_type=jnp.bfloat16, bias=b, glu="silu")
+
+
+def _unfused_layer(x, w, b):
+    sizes = jnp.array([16, 0, 30, 18], jnp.int32)
+    z = kernelhub.grouped_matmul(x, w, sizes, preferred_element_type=jnp.bfloat16)
+    z = z.astype(jnp.float32) + jnp.repeat(b.astype(jnp.float32), sizes, axis=0,
+                                           total_repeat_length=64)
+    return (jax.nn.silu(z[:, :32]) * z[:, 32:]).astype(jnp.bfloat16)
+
+
+def test_a_fused_training_step_runs_no_more_kernels_than_the_unfused_one():
+    """Forward + gradient of a fused glu + bias call: the forward kernel, the lhs-gradient and
+    the rhs-gradient kernels, as the same math written unfused; the backward pass reuses the
+    pre-activation the forward kernel wrote (it used to run the forward kernel again)."""
+    fused, unfused = _kernels_in_training_step(_fused_layer), _kernels_in_training_step(_unfused_layer)
+    assert fused == unfused == {"tpu": {"mosaic": 3}, "cuda": {"triton": 3}}
+
+
+def test_checkpoint_policies_keep_or_recompute_the_pre_activation_by_its_name():
+    """kernelhub_pre_activation is a checkpoint name: a policy that saves it keeps the step at
+    3 kernels, one that saves nothing runs the forward kernel again in the backward pass."""
+    policies = jax.checkpoint_policies
+    assert kernelhub.ops.grouped_matmul.PRE_ACTIVATION == "kernelhub_pre_activation"
+    kept = _kernels_in_training_step(
+        _fused_layer, policies.save_only_these_names("kernelhub_pre_activation"))
+    recomputed = _kernels_in_training_step(_fused_layer, policies.nothing_saveable)
+    assert kept == {"tpu": {"mosaic": 3}, "cuda": {"triton": 3}}
+    assert recomputed == {"tpu": {"mosaic": 4}, "cuda": {"triton": 4}}

@@ -250,3 +250,46 @@ def _element_offsets(offsets: Callable[..., Any]) -> Callable[..., Any]:
 
     by_elements._kernelhub_wide = True
     return by_elements
+
+
+def output_names(closed: core.ClosedJaxpr, positions: Sequence[int]) -> tuple[str | None, ...]:
+    """For each output of `closed` at `positions`: the name `jax.ad_checkpoint.checkpoint_name`
+    gave it, found through the jitted calls that produced it, or None."""
+    return tuple(_name_of(closed.jaxpr, closed.jaxpr.outvars[i]) for i in positions)
+
+
+def _name_of(jaxpr: core.Jaxpr, var: Any) -> str | None:
+    if not isinstance(var, core.Var):
+        return None
+    for eqn in reversed(jaxpr.eqns):
+        if not any(out is var for out in eqn.outvars):
+            continue
+        if eqn.primitive.name == "name":
+            return eqn.params["name"]
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's own jaxpr
+        if isinstance(inner, core.Jaxpr) and len(inner.outvars) == len(eqn.outvars):
+            position = next(i for i, out in enumerate(eqn.outvars) if out is var)
+            return _name_of(inner, inner.outvars[position])
+        return None
+    return None
+
+
+def forwarded_inputs(closed: core.ClosedJaxpr) -> tuple[int | None, ...]:
+    """For each output of `closed`: the position of the input it is (unchanged), or None."""
+    position = {id(var): i for i, var in enumerate(closed.jaxpr.invars)}
+    return tuple(position.get(id(var)) if isinstance(var, core.Var) else None
+                 for var in closed.jaxpr.outvars)
+
+
+def mosaic_gpu_interpret_params() -> Any:
+    """The `interpret=` value that runs a Pallas Mosaic GPU kernel on the CPU, simulating global
+    and shared memory, warpgroups, barriers and TMA copies. jax 0.10.2 has no public name for
+    it; a public one, where a later jax adds it to `jax.experimental.pallas.mosaic_gpu`, comes
+    first."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    params = getattr(plgpu, "InterpretGPUParams", None)
+    if params is None:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params
+    return params()

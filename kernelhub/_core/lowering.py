@@ -10,13 +10,21 @@ in its CUDA branch; a plain `jax.jit` lowers just the rule of the device it runs
 
 The primitive carries everything else the implementations need through jax's transformations:
 
-- gradients: a custom VJP around it whose backward binds the same primitive for the pullback
-  (parameter `pullbacks`); each platform's rule then lowers `jax.vjp` of that platform's
-  implementation. The residuals are the inputs, so every platform saves the same thing; the
-  pullback's forward pass is dead code and dropped (for the grouped matmuls nothing is recomputed:
-  their VJPs need only the inputs). The pullback is differentiable in turn, as far as the
-  implementation's own VJP is (plain jax code's is; loops with traced bounds and Pallas
-  kernels are not);
+- gradients: a custom VJP around it. Its forward binds the primitive's FORWARD stage, which
+  lowers the forward half of `jax.vjp` of the target's implementation: the outputs and the
+  residuals that implementation's VJP keeps (those that are not inputs). Its backward binds the
+  BACKWARD stage with the inputs, those residuals and the cotangents, which lowers the other
+  half. So what an implementation's forward computes for its backward (a fused epilogue's
+  pre-activation) is computed once. A residual the implementation named with
+  `jax.ad_checkpoint.checkpoint_name` carries that name outside the primitive too, so a
+  `jax.checkpoint` policy decides whether it is saved or recomputed. This needs the residuals
+  of every target's implementation to have the same types (they cross the primitive, whose
+  types are fixed before any target is lowered). Where they differ, or an implementation cannot
+  be traced for them, the backward binds the primitive's pullback instead (parameter
+  `pullbacks`), which lowers all of `jax.vjp` of the target's implementation from the inputs:
+  its forward half runs again where the backward needs it. Either backward is differentiable
+  in turn, by that pullback, as far as the implementation's own VJP is (plain jax code's is;
+  loops with traced bounds and Pallas kernels are not);
 - vmap: a batching rule that records the in_axes; rules lower `jax.vmap` of the implementation;
 - shard_map: the output's manual axes come from tracing the implementation with the input's
   axes; the rule then lowers the implementation as shard_map(check_vma=False) would, which is
@@ -35,6 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
@@ -150,15 +159,24 @@ def _inexact(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
+# What one binding of the primitive runs of an implementation: the call itself, or one half of
+# its VJP (module docstring: gradients).
+CALL, FORWARD, BACKWARD = "call", "forward", "backward"
+
+
 class _Traced:
     """A flat function of one implementation (or of its pullbacks), traced per abstract inputs.
 
-    `pullbacks` holds, per order of differentiation, how many of the function's inputs are
-    primals (the rest are the cotangents of its inexact outputs); empty for the forward pass.
+    `stage` is CALL, or FORWARD / BACKWARD for a half of the implementation's VJP
+    (`_forward_half`, `_backward_half`). `pullbacks` holds, per order of differentiation, how
+    many of the function's inputs are primals (the rest are the cotangents of its inexact
+    outputs); empty for the forward pass.
     """
 
-    def __init__(self, spec: KernelSpec, layout: Layout, pullbacks: tuple[int, ...], batch: tuple):
+    def __init__(self, spec: KernelSpec, layout: Layout, pullbacks: tuple[int, ...], batch: tuple,
+                 stage: str = CALL):
         self.spec, self.layout, self.pullbacks, self.batch = spec, layout, pullbacks, batch
+        self.stage = stage
         self.out_tree = None
 
     def forward(self, *arrays: Any) -> list[Any]:
@@ -168,12 +186,57 @@ class _Traced:
         return leaves
 
     def function(self) -> Callable[..., list[Any]]:
-        fn = self.forward
+        fn = {CALL: self.forward, FORWARD: self._forward_half,
+              BACKWARD: self._backward_half}[self.stage]
         for primals in self.pullbacks:
             fn = _pullback(fn, primals)
         for in_axes in self.batch:  # innermost vmap first
             fn = jax.vmap(fn, in_axes=in_axes)
         return fn
+
+    def _forward_half(self, *arrays: Any) -> list[Any]:
+        """The outputs, then the residuals of the implementation's VJP that are not inputs."""
+        kept = _residuals(self.spec, self.layout, _avals(arrays))[0]
+        outs, vjp = _vjp(self.forward, arrays)
+        leaves = jax.tree.leaves(vjp)
+        return [*outs, *(leaves[i] for i in kept.computed)]
+
+    def _backward_half(self, *arrays_residuals_cotangents: Any) -> list[Any]:
+        """(inputs, the forward half's residuals, cotangents of the inexact outputs) ->
+        cotangents of the inexact inputs."""
+        inputs = self.layout.num_arrays
+        arrays = arrays_residuals_cotangents[:inputs]
+        kept, tree = _residuals(self.spec, self.layout, _avals(arrays))
+        computed = iter(arrays_residuals_cotangents[inputs:inputs + len(kept.computed)])
+        cotangents = arrays_residuals_cotangents[inputs + len(kept.computed):]
+        leaves = [arrays[source] if isinstance(source, int) else next(computed)
+                  for source in kept.sources]
+        return _apply_vjp(jax.tree.unflatten(tree, leaves), kept.outputs, cotangents)
+
+
+def _avals(arrays: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(jax.typeof(x) for x in arrays)
+
+
+def _vjp(fn: Callable[..., list[Any]], values: Sequence[Any]) -> tuple[list[Any], Any]:
+    """jax.vjp of `fn` with respect to its inexact arguments (the others held fixed)."""
+    wrt = [i for i, x in enumerate(values) if _inexact(x.dtype)]
+
+    def of_inexact(*inexact):
+        full = list(values)
+        for i, value in zip(wrt, inexact):
+            full[i] = value
+        return fn(*full)
+
+    return jax.vjp(of_inexact, *(values[i] for i in wrt))
+
+
+def _apply_vjp(vjp: Callable[..., Any], outs: Sequence[Any], cotangents: Sequence[Any]) -> list:
+    """`vjp` of outputs `outs` (values or avals) given the cotangents of the inexact ones."""
+    supply = iter(cotangents)
+    full = [next(supply) if _inexact(out.dtype) else np.zeros(out.shape, jax.dtypes.float0)
+            for out in outs]
+    return list(vjp(full))
 
 
 def _pullback(fn: Callable[..., list[Any]], primals: int) -> Callable[..., list[Any]]:
@@ -181,29 +244,83 @@ def _pullback(fn: Callable[..., list[Any]], primals: int) -> Callable[..., list[
 
     def pullback(*arrays_and_cotangents: Any) -> list[Any]:
         values, cotangents = arrays_and_cotangents[:primals], arrays_and_cotangents[primals:]
-        wrt = [i for i, x in enumerate(values) if _inexact(x.dtype)]
-
-        def of_inexact(*inexact):
-            full = list(values)
-            for i, value in zip(wrt, inexact):
-                full[i] = value
-            return fn(*full)
-
-        outs, vjp = jax.vjp(of_inexact, *(values[i] for i in wrt))
-        supply = iter(cotangents)
-        full = [next(supply) if _inexact(out.dtype) else np.zeros(out.shape, jax.dtypes.float0)
-                for out in outs]
-        return list(vjp(full))
+        outs, vjp = _vjp(fn, values)
+        return _apply_vjp(vjp, outs, cotangents)
 
     return pullback
 
 
+@dataclasses.dataclass(frozen=True)
+class Residuals:
+    """What an implementation's VJP keeps from its forward half for given inputs.
+
+    sources: per residual, the input it is (its position), or (abstract value, name) of one the
+    forward half computes, named where the implementation called `checkpoint_name` on it.
+    outputs: the abstract values of the implementation's outputs.
+    """
+
+    sources: tuple[int | tuple[Any, str | None], ...]
+    outputs: tuple[Any, ...]
+
+    @property
+    def computed(self) -> tuple[int, ...]:
+        """The positions, among all residuals, of those the forward half computes."""
+        return tuple(i for i, source in enumerate(self.sources) if not isinstance(source, int))
+
+    @property
+    def names(self) -> tuple[str | None, ...]:
+        """The checkpoint names of the computed residuals, in order."""
+        return tuple(self.sources[i][1] for i in self.computed)
+
+
+@functools.lru_cache(maxsize=512)
+def _residuals(spec: KernelSpec, layout: Layout, avals: tuple) -> tuple[Residuals, Any]:
+    """The residuals of `spec`'s VJP for inputs `avals`, and the tree that makes its VJP
+    function of them again."""
+    traced = _Traced(spec, layout, (), ())
+    found = {}
+
+    def forward_and_residuals(*arrays):
+        outs, vjp = _vjp(traced.forward, arrays)
+        leaves, found["tree"] = jax.tree.flatten(vjp)
+        found["outputs"] = len(outs)
+        return [*outs, *leaves]
+
+    closed = internals.trace(forward_and_residuals, avals)
+    outputs = found["outputs"]
+    positions = range(outputs, len(closed.out_avals))
+    inputs = internals.forwarded_inputs(closed)
+    names = internals.output_names(closed, positions)
+    sources = tuple(inputs[p] if inputs[p] is not None else (closed.out_avals[p], name)
+                    for p, name in zip(positions, names))
+    return Residuals(sources, tuple(closed.out_avals[:outputs])), found["tree"]
+
+
+@functools.lru_cache(maxsize=512)
+def _common_residuals(choices: Choices, layout: Layout, avals: tuple) -> Residuals | None:
+    """The residuals every target's implementation keeps for `avals`, when they are the same
+    for all; else None, and the backward pass recomputes the forward half it needs."""
+    found = set()
+    for _, choice in choices.entries:
+        if not isinstance(choice, KernelSpec):
+            continue
+        try:
+            found.add(_residuals(choice, layout, avals)[0])
+        except Exception:  # noqa: BLE001
+            # An implementation that cannot be differentiated for these inputs raises where a
+            # target lowers it, as it always did; the others recompute.
+            return None
+        if len(found) > 1:
+            return None
+    return found.pop() if found else None
+
+
 @functools.lru_cache(maxsize=512)
 def _abstract(spec: KernelSpec, layout: Layout, pullbacks: tuple[int, ...], batch: tuple,
-              avals: tuple) -> tuple[Any, Any, Any]:
+              avals: tuple, stage: str = CALL) -> tuple[Any, Any, Any]:
     """(output avals, output tree, effects) of one implementation for `avals`, manual axes
     included. The effects are those of collectives: the mesh axes they name."""
-    traced = _Traced(spec, layout, pullbacks, batch)
+    traced = _Traced(spec, layout, pullbacks, batch, stage)
     closed = internals.trace(traced.function(), avals)
     unsupported = internals.unsupported_effects(closed)
     if unsupported:
@@ -222,20 +339,20 @@ def _impl(*arrays, **params):
     return internals.apply_primitive(kernelhub_call_p, *arrays, **params)
 
 
-def _abstract_eval(*avals, op, choices, layout, pullbacks, batch):
+def _abstract_eval(*avals, op, choices, layout, pullbacks, batch, stage):
     del op
     out_avals, _, out_effects = _abstract(choices.shape_source(), layout, pullbacks, batch,
-                                          tuple(avals))
+                                          tuple(avals), stage)
     return list(out_avals), out_effects
 
 
 def _lowering_rule(target: str):
-    def lower(ctx, *args, op, choices, layout, pullbacks, batch):
+    def lower(ctx, *args, op, choices, layout, pullbacks, batch, stage):
         del op
         spec = choices.of(target)
         avals = [internals.invariant(aval) for aval in ctx.avals_in]
         with internals.unchecked_manual_axes():
-            traced = _Traced(spec, layout, pullbacks, batch).function()
+            traced = _Traced(spec, layout, pullbacks, batch, stage).function()
             closed = internals.without_dead_code(internals.trace(traced, avals))
             return internals.lower_jaxpr(ctx, closed, *args)
 
@@ -255,23 +372,44 @@ for _target in TARGETS:
 
 
 @functools.lru_cache(maxsize=512)
-def _differentiable(op: str, choices: Choices, layout: Layout,
-                    pullbacks: tuple[int, ...] = ()) -> Callable[..., list[Any]]:
-    """The call (or one of its pullbacks) with a custom VJP that binds the next pullback."""
-    params = dict(op=op, choices=choices, layout=layout, pullbacks=pullbacks, batch=())
+def _differentiable(op: str, choices: Choices, layout: Layout, pullbacks: tuple[int, ...] = (),
+                    stage: str = CALL) -> Callable[..., list[Any]]:
+    """The call (or one of its pullbacks, or the backward half of its VJP) with a custom VJP.
+
+    The call's forward binds the FORWARD stage and keeps its residuals where every target's
+    implementation has the same ones, and its backward binds the BACKWARD stage; otherwise, and
+    for everything but the call, the backward binds the next pullback."""
+    params = dict(op=op, choices=choices, layout=layout, pullbacks=pullbacks, batch=(),
+                  stage=stage)
 
     @jax.custom_vjp
     def call(*arrays):
         return kernelhub_call_p.bind(*arrays, **params)
 
     def forward(*arrays):
-        return call(*arrays), arrays
+        kept = None
+        if stage == CALL and not pullbacks:
+            kept = _common_residuals(choices, layout, _avals(arrays))
+        if kept is None:
+            return call(*arrays), (arrays, None)
+        # Differentiable in turn (reverse over reverse differentiates this forward too).
+        flat = _differentiable(op, choices, layout, (), FORWARD)(*arrays)
+        outs, computed = flat[:len(kept.outputs)], flat[len(kept.outputs):]
+        # Named outside the primitive, where jax.checkpoint's policies look for names.
+        computed = tuple(x if name is None else checkpoint_name(x, name)
+                         for x, name in zip(computed, kept.names))
+        return outs, (arrays, computed)
 
-    def backward(arrays, cotangents):
+    def backward(residuals, cotangents):
+        arrays, computed = residuals
         # Integer outputs' cotangents are float0 zeros: the pullback rebuilds them itself.
         kept = [ct for ct in cotangents if _inexact(ct.dtype)]
-        pullback = _differentiable(op, choices, layout, pullbacks + (len(arrays),))
-        grads = iter(pullback(*arrays, *kept))
+        if computed is None:
+            pullback = _differentiable(op, choices, layout, pullbacks + (len(arrays),), stage)
+            grads = iter(pullback(*arrays, *kept))
+        else:
+            second_half = _differentiable(op, choices, layout, (), BACKWARD)
+            grads = iter(second_half(*arrays, *computed, *kept))
         return tuple(next(grads) if _inexact(x.dtype) else None for x in arrays)
 
     call.defvjp(forward, backward)
@@ -282,7 +420,7 @@ def _differentiable(op: str, choices: Choices, layout: Layout,
 def _compiled(op: str, choices: Choices, layout: Layout) -> Callable[..., list[Any]]:
     """The call as a jitted function, for eager calls: jax's fast path for jitted functions
     costs less per call than binding the primitive outside jit."""
-    params = dict(op=op, choices=choices, layout=layout, pullbacks=(), batch=())
+    params = dict(op=op, choices=choices, layout=layout, pullbacks=(), batch=(), stage=CALL)
     return jax.jit(lambda *arrays: kernelhub_call_p.bind(*arrays, **params))
 
 
@@ -310,7 +448,7 @@ def eager(op: str, choices: Choices, layout: Layout,
     up its executable and output tree again, and with the constants inside the executable
     (a host constant passed as an argument would be copied to the device at every call)."""
     positions = layout.num_arrays
-    params = dict(op=op, choices=choices, layout=layout, pullbacks=(), batch=())
+    params = dict(op=op, choices=choices, layout=layout, pullbacks=(), batch=(), stage=CALL)
 
     def merged(others: Sequence[Any]) -> list[Any]:
         supply = iter(others)

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from kernelhub._core.dtypes import promoted
 from kernelhub._core.manual_axes import unify_varying
@@ -42,14 +43,6 @@ from kernelhub._grouped_matmul.problem import require_static_groups
 from kernelhub._grouped_matmul.tilings import Tilings, as_tilings
 
 RawKernel = Callable[..., jax.Array]
-
-# What grouped_matmul's backward pass needs of a nonlinear epilogue's pre-activation z:
-# RECOMPUTE runs the forward kernel again (bias added, no activation, float32 out) and keeps no
-# [m, n_rhs] residual; SAVE writes z in the output's dtype during the forward (the epilogue then
-# runs outside the kernel) and keeps it. Chosen by measurement: benchmarks/epilogue.md.
-RECOMPUTE = "recompute"
-SAVE = "save"
-RESIDUALS = RECOMPUTE
 
 
 class Differentiable(NamedTuple):
@@ -133,11 +126,17 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
     def gmm_forward(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
                     existing_out, transpose_rhs, bias, epilogue):
         saved = None
-        if epilogue.nonlinear and RESIDUALS == SAVE:
-            # z in the output's dtype, then the epilogue outside the kernel.
-            saved = run_gmm(op_gmm, "forward", lhs, rhs, group_sizes, preferred_element_type,
-                            tiling, group_offset, None, transpose_rhs,
+        if epilogue.nonlinear:
+            # The backward pass needs the pre-activation z: the forward kernel writes z (bias
+            # added), the epilogue follows outside it, and z is kept under its checkpoint name
+            # (a jax.checkpoint policy may drop it: then this forward runs again).
+            # z in float32, as the kernels hold it: rounded to a bfloat16 output, a value near
+            # a clamp (swiglu_oai's +-7) or a kink could land on its other side, and the
+            # gradient there would be another function's.
+            saved = run_gmm(op_gmm, "forward", lhs, rhs, group_sizes, jnp.float32, tiling,
+                            group_offset, None, transpose_rhs,
                             KernelEpilogue(epilogue.bias_only(), bias))
+            saved = checkpoint_name(saved, names.PRE_ACTIVATION)
             out = applied(saved, KernelEpilogue(epilogue, None), group_sizes, group_offset,
                           rhs.shape[0], existing_out, preferred_element_type)
         else:
@@ -155,11 +154,6 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
             d_existing = jnp.where(computed[:, None], jnp.zeros_like(d_out), d_out)
         d_bias = None
         if epilogue.nonlinear:
-            # The cotangent of the pre-activation z, from z recomputed in float32 (or saved).
-            if saved is None:
-                saved = run_gmm(op_gmm, "forward", lhs, rhs, group_sizes, jnp.float32, tiling,
-                                group_offset, None, transpose_rhs,
-                                KernelEpilogue(epilogue.bias_only(), bias))
             # d z in the widest of d out's and the operands' gradient dtypes: float32 operands
             # keep float32 gradients under a bfloat16 output, as without an epilogue.
             wanted = [_kernel_dtype(gradient_dtype(x)) for x in (lhs, rhs, bias)

@@ -22,3 +22,8 @@ SYMBOLIC_SHAPES = "symbolic_shapes"
 BIAS = "bias"
 ACTIVATION = "activation"
 GLU = "glu"
+
+# The checkpoint name (jax.ad_checkpoint.checkpoint_name) of the residual a differentiated call
+# with a nonlinear epilogue keeps: its pre-activation z [m, n_rhs]. jax.checkpoint policies
+# save or recompute it by this name (docs/contract.md#fused-epilogues).
+PRE_ACTIVATION = "kernelhub_pre_activation"

@@ -20,6 +20,9 @@ from kernelhub._qwix import QwixQArray
 from kernelhub.quantization import QuantizedArray
 
 NAME = names.GROUPED_MATMUL
+# The checkpoint name of the pre-activation a differentiated call with a nonlinear epilogue
+# keeps for its backward pass (the docstring's Gradients).
+PRE_ACTIVATION = names.PRE_ACTIVATION
 
 ArrayIn = jax.Array | np.ndarray
 
@@ -141,7 +144,11 @@ def grouped_matmul(
     quantized; its values and scale get none. existing_out's cotangent is the output
     cotangent on the rows not computed and 0 on the rows computed. An integer operand takes
     no gradient (as in lax); a raw fp8 one takes its gradient in its own dtype (as lax's:
-    summed in float32, rounded once to fp8).
+    summed in float32, rounded once to fp8). Differentiated with an activation or glu, the
+    forward pass keeps the pre-activation z = the sums + bias [m, n_rhs] in float32 for the
+    backward pass, under the checkpoint name PRE_ACTIVATION ("kernelhub_pre_activation"): inside jax.checkpoint, a
+    policy that saves that name keeps it, one that does not runs the forward matmul again in
+    the backward pass.
 
     Raises:
       TypeError or ValueError naming the argument for bad ranks, dtypes, contraction sizes,

@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epilogue", action="store_true",
                         help="grouped_matmul's fused epilogues (bias, activation, glu) against the "
                              "same math unfused, forward and with gradients, time and memory, "
-                             "and the gradient's residual policies; default platform xla (with "
-                             "--quick: glu silu only, the last of --dtypes, a small layer)")
+                             "and jax.checkpoint policies for the pre-activation; default "
+                             "platform xla (with --quick: glu silu only, the last of --dtypes, "
+                             "a small layer)")
     parser.add_argument("--tuning", action="store_true",
                         help="tuned tilings (the shipped table, or --tuning-table) against the "
                              "heuristic's, forward and with gradients")

@@ -17,11 +17,11 @@ draws. Memory: the compiled executable's memory_analysis(), temporaries + output
 assignment reuses dead buffers, so this is the program's peak beyond its arguments (the same
 arrays on both sides, left out).
 
-The residuals table times forward + gradient of glu="silu" with
-kernelhub._grouped_matmul.autodiff.RESIDUALS set to RECOMPUTE and to SAVE (set before tracing,
-jax's caches cleared, fresh functions), through kernelhub.get (the public call) and through the
-implementation's own differentiable function (kernelhub.resolve(...).fn), and shows what each
-VJP keeps between its forward and backward passes.
+The checkpoint-policy table times forward + gradient of the fused glu="silu" call as it is
+(the forward keeps the pre-activation z for the backward pass), inside jax.checkpoint with a
+policy that saves z by its name (kernelhub_pre_activation), and with nothing_saveable (the
+backward pass runs the forward kernel again), and shows what each VJP keeps between its
+forward and backward passes.
 
 The GPU benchmark (gpu.py) takes its fused-against-unfused rows from `measure_gpu` here.
 """
@@ -43,7 +43,7 @@ from kernelhub._cli import _tables
 from kernelhub._cli._group_sizes import group_sizes
 from kernelhub._cli.bench.gpu_measurement import Measurement, Shape, relative_error
 from kernelhub._cli.bench.timing import best_medians, median_seconds
-from kernelhub._grouped_matmul import autodiff, names
+from kernelhub._grouped_matmul import names
 
 GMM = names.GROUPED_MATMUL
 PLATFORM = "xla"  # this benchmark's implementation unless --platform says otherwise
@@ -144,7 +144,7 @@ VARIANTS = (
     Variant("bias + glu swiglu_oai, interleaved", glu="swiglu_oai", bias=True,
             glu_layout="interleaved"),
 )
-RESIDUALS_VARIANT = VARIANTS[0]
+POLICY_VARIANT = VARIANTS[0]
 
 
 def row_groups(sizes: jax.Array, group_offset: int, local_groups: int,
@@ -297,65 +297,54 @@ def measure(gmm: Callable[..., jax.Array], layer: Layer, dtype: str, variant: Va
     return Row(variant.name, pass_name, fused, unfused, *map(peak_bytes, compiled), found)
 
 
-# ---------------------------------------------------------------- residual policies
+# ---------------------------------------------------------------- checkpoint policies
 
 
-POLICIES = (autodiff.RECOMPUTE, autodiff.SAVE)
-PATHS = ("kernelhub.get", "implementation")
+# What a jax.checkpoint around the fused call keeps of its pre-activation z: no checkpoint
+# (z kept), a policy that saves z by its name, one that saves nothing (z recomputed).
+POLICIES = {
+    "no checkpoint": None,
+    "save z": jax.checkpoint_policies.save_only_these_names(names.PRE_ACTIVATION),
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
-class ResidualRow:
+class PolicyRow:
     dtype: str
-    path: str
     seconds: dict[str, float]  # per policy
     peak: dict[str, int | None]
     kept: dict[str, int]  # what the VJP keeps between its passes
-    difference: float
+    difference: float  # the largest of each policy's results against no checkpoint's
 
     def cells(self) -> list[str]:
-        r, s = autodiff.RECOMPUTE, autodiff.SAVE
-        return [SHORT_DTYPES.get(self.dtype, self.dtype), self.path,
-                f"{self.seconds[r] * 1e3:.2f}", f"{self.seconds[s] * 1e3:.2f}",
-                _ratio(self.seconds[s], self.seconds[r]), _mib(self.peak[r]),
-                _mib(self.peak[s]), _ratio(self.peak[s], self.peak[r]),
-                f"{_mib(self.kept[r])} / {_mib(self.kept[s])}", f"{self.difference:.1e}"]
+        cells = [SHORT_DTYPES.get(self.dtype, self.dtype)]
+        for policy in POLICIES:
+            cells += [f"{self.seconds[policy] * 1e3:.2f}", _mib(self.peak[policy]),
+                      _mib(self.kept[policy])]
+        return cells + [f"{self.difference:.1e}"]
 
 
-RESIDUAL_COLUMNS = ("dtype", "via", "recompute ms", "save ms", "save/recompute", "recompute MiB",
-                    "save MiB", "save/recompute MiB", "VJP keeps MiB", "max diff")
+POLICY_COLUMNS = ("dtype", *(f"{policy} {what}" for policy in POLICIES
+                             for what in ("ms", "MiB", "VJP keeps MiB")), "max diff")
 SHORT_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
-def _op(path: str, platform: str, variant: Variant) -> Callable[..., jax.Array]:
-    if path == "kernelhub.get":
-        return kernelhub.get(GMM, platform=platform)
-    # The registered implementation, jitted and differentiable on its own (what the dispatcher
-    # lowers): its custom VJP is where RESIDUALS decides what is kept.
-    return kernelhub.resolve(GMM, platform=platform, features=variant.features).fn
-
-
-def measure_residuals(layer: Layer, dtype: str, path: str, platform: str, reps: int,
-                      draws: int, variant: Variant = RESIDUALS_VARIANT) -> ResidualRow:
-    """Forward + gradient of the fused call under each residual policy, timed in turns."""
+def measure_policies(gmm: Callable[..., jax.Array], layer: Layer, dtype: str, reps: int,
+                     draws: int, variant: Variant = POLICY_VARIANT) -> PolicyRow:
+    """Forward + gradient of the fused call under each checkpoint policy, timed in turns."""
     rng = np.random.default_rng(0)
     args = inputs(layer, dtype, variant.bias, rng)
-    offset = jnp.zeros((), jnp.int32)  # the contract's own normalisation, for `implementation`
-    compiled, kept = {}, {}
-    chosen = autodiff.RESIDUALS
-    try:
-        for policy in POLICIES:
-            # Read when the VJP is traced: no trace of the other policy may be reused.
-            autodiff.RESIDUALS = policy
-            jax.clear_caches()
-            fused = variant.fused(_op(path, platform, variant), dtype, offset)
-            compiled[policy] = _compiled(with_gradient(fused, variant), args)
-            kept[policy] = vjp_bytes(fused, args, variant)
-    finally:
-        autodiff.RESIDUALS = chosen
-        jax.clear_caches()
-    runs = [compiled[policy] for policy in POLICIES]
-    found = check_agreement(f"residuals {path}, {dtype}", runs[1](*args), runs[0](*args), dtype)
+    fused = variant.fused(gmm, dtype)
+    under = {policy: fused if chosen is None else jax.checkpoint(fused, policy=chosen)
+             for policy, chosen in POLICIES.items()}
+    compiled = {policy: _compiled(with_gradient(fn, variant), args)
+                for policy, fn in under.items()}
+    kept = {policy: vjp_bytes(fn, args, variant) for policy, fn in under.items()}
+    runs = list(compiled.values())
+    found = max(check_agreement(f"checkpoint policy {policy}, {dtype}", run(*args),
+                                runs[0](*args), dtype)
+                for policy, run in compiled.items())
 
     def draw() -> list[Callable[[], Any]]:
         fresh = inputs(layer, dtype, variant.bias, rng)
@@ -363,7 +352,7 @@ def measure_residuals(layer: Layer, dtype: str, path: str, platform: str, reps: 
 
     seconds = dict(zip(POLICIES, best_medians(draw, reps, draws)))
     peak = {policy: peak_bytes(run) for policy, run in compiled.items()}
-    return ResidualRow(dtype, path, seconds, peak, kept, found)
+    return PolicyRow(dtype, seconds, peak, kept, found)
 
 
 # ---------------------------------------------------------------- the command
@@ -373,7 +362,7 @@ def measure_residuals(layer: Layer, dtype: str, path: str, platform: str, reps: 
 class Table:
     title: str
     columns: Sequence[str]
-    results: list[Row] | list[ResidualRow]
+    results: list[Row] | list[PolicyRow]
     notes: str
 
     @property
@@ -386,16 +375,15 @@ NOTES = ("fused/unfused (time, MiB): below 1, the fused call is faster or smalle
          "out. unfused: z = grouped_matmul(x, w, sizes) in the output dtype, + bias[group of "
          "row], then the activation or gate in float32. max diff: max |fused - unfused| / max "
          "|unfused| over the outputs (and gradients), checked before timing. forward + grad: "
-         "jax.value_and_grad of the output's sum wrt x, w (and the bias), with "
-         "autodiff.RESIDUALS = {policy}.")
-RESIDUAL_NOTES = ("Forward + grad of glu=\"silu\" with kernelhub._grouped_matmul.autodiff."
-                  "RESIDUALS = recompute (the backward pass recomputes z in float32 with one more "
-                  "forward kernel) or save (the forward writes z in the output dtype and applies "
-                  "the epilogue outside the kernel). via kernelhub.get: the public call, whose "
-                  "dispatcher keeps only the inputs for its backward pass; via implementation: "
-                  "kernelhub.resolve(...).fn, the implementation's own custom VJP. VJP keeps: "
-                  "the arrays jax.vjp holds for the backward pass, inputs included, recompute / "
-                  "save. max diff: save's results against recompute's.")
+         "jax.value_and_grad of the output's sum wrt x, w (and the bias): the fused forward "
+         "kernel writes the pre-activation z, the epilogue follows in XLA, and z is kept for "
+         "the backward pass.")
+POLICY_NOTES = ("Forward + grad of the fused glu=\"silu\" call: as it is (no checkpoint: the "
+                "pre-activation z is kept), inside jax.checkpoint with save_only_these_names("
+                "\"kernelhub_pre_activation\") (z kept by its name), and with nothing_saveable "
+                "(the backward pass runs the forward kernel again). VJP keeps: the arrays "
+                "jax.vjp holds for the backward pass, inputs included. max diff: each policy's "
+                "results against no checkpoint's.")
 
 
 def layers(args: argparse.Namespace) -> list[Layer]:
@@ -404,7 +392,7 @@ def layers(args: argparse.Namespace) -> list[Layer]:
 
 
 def tables(args: argparse.Namespace, status: Callable[[str], Any] | None = None) -> list[Table]:
-    """Every table of the run: fused against unfused per layer and dtype, then the residual
+    """Every table of the run: fused against unfused per layer and dtype, then the checkpoint
     policies per layer. --quick: a small layer, glu="silu" only, and only the last of --dtypes
     (bfloat16 by default): each pair costs two compilations of about a second here."""
     platform = args.platform or PLATFORM
@@ -415,7 +403,7 @@ def tables(args: argparse.Namespace, status: Callable[[str], Any] | None = None)
     gmm = kernelhub.get(GMM, platform=platform)
     timing = f"median of {reps} turns" + (f", best of {draws} input draws" if draws > 1 else "")
     run = "" if not args.quick else " --quick"
-    notes = NOTES.format(policy=autodiff.RESIDUALS)
+    notes = NOTES
     status = status or (lambda text: None)
     out = []
     for layer in layers(args):
@@ -431,14 +419,13 @@ def tables(args: argparse.Namespace, status: Callable[[str], Any] | None = None)
             out.append(Table(title, COLUMNS, rows, notes))
         rows = []
         for dtype in dtypes:
-            for path in PATHS:
-                status(f"residuals, {path}, {dtype}, {layer.groups} groups")
-                rows.append(measure_residuals(layer, dtype, path, platform, reps, draws))
+            status(f"checkpoint policies, {dtype}, {layer.groups} groups")
+            rows.append(measure_policies(gmm, layer, dtype, reps, draws))
         title = _tables.run_header(
-            f"epilogue{run}", f"residuals, forward + grad of glu=\"silu\", "
+            f"epilogue{run}", f"checkpoint policies, forward + grad of glu=\"silu\", "
             f"{', '.join(dtypes)} operands and output, {layer.description}; "
             f"{platform}; {timing}")
-        out.append(Table(title, RESIDUAL_COLUMNS, rows, RESIDUAL_NOTES))
+        out.append(Table(title, POLICY_COLUMNS, rows, POLICY_NOTES))
     return out
 
 
