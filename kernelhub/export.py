@@ -40,6 +40,8 @@ from kernelhub._verify.cuda_lowering import triton_call_targets
 
 DEFAULT_PLATFORMS = ("cpu", "tpu", "cuda")
 MOSAIC_TARGET = "tpu_custom_call"
+# Pallas Mosaic GPU kernels (platform "mosaic", Hopper), counted as "mosaic_gpu".
+MOSAIC_GPU_TARGET = "mosaic_gpu_v2"
 
 
 # jax lowers the ragged all-to-all of token_exchange (TPU, GPU) to this custom call.
@@ -77,8 +79,8 @@ def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] = DEFAUL
 
 
 def kernels_by_platform(exported: jax.export.Exported) -> dict[str, dict[str, int]]:
-    """For each platform of `exported`, how many Mosaic and Triton kernel calls its lowering
-    holds."""
+    """For each platform of `exported`, how many Mosaic (TPU), Mosaic GPU and Triton kernel
+    calls its lowering holds."""
     kinds = {}
     for platform, calls in custom_calls_by_platform(exported).items():
         counted = collections.Counter()
@@ -113,6 +115,8 @@ def _symbol(attribute: Any) -> str:
 def _kernel_kind(target: str) -> str | None:
     if target == MOSAIC_TARGET:
         return "mosaic"
+    if target == MOSAIC_GPU_TARGET:
+        return "mosaic_gpu"
     if target in triton_call_targets():
         return "triton"
     return None

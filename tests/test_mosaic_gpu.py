@@ -11,14 +11,13 @@ platform="mosaic" resolves to the compiled kernels and the same tests run them.
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import kernelhub
+import kernelhub.export
 import reference
 from conftest import assert_close
 from kernelhub import testing
@@ -209,6 +208,21 @@ def test_registered_below_triton_and_interpret_only_on_cpu():
     assert kernelhub.resolve(GMM).platform.value != "mosaic"
 
 
+def test_other_gpus_keep_the_triton_kernels(monkeypatch):
+    """Usable on Hopper only: another GPU gets a reason naming Hopper, which `kernelhub list`
+    shows."""
+    from kernelhub._pallas import mosaic_gpu
+
+    class Ampere:
+        platform = "gpu"
+        compute_capability = "8.0"
+
+    monkeypatch.setattr(jax, "devices", lambda *a: [Ampere()])
+    assert "Hopper" in mosaic_gpu.needs_hopper() and "8.0" in mosaic_gpu.needs_hopper()
+    Ampere.compute_capability = "9.0"
+    assert mosaic_gpu.needs_hopper() is None
+
+
 def _problem(kernel, m, k, n, groups, dtype="bfloat16"):
     return Problem(kernel, m, k, n, groups, groups, dtype, dtype, "bfloat16", False)
 
@@ -256,11 +270,13 @@ FOREIGN = ("__gpu$xla.gpu.triton", "triton_kernel_call", "stablehlo.while")
 def _exported(fn, *args):
     if ON_GPU:
         pytest.skip("lowering for cuda from a CPU host: on a GPU the tests above run the kernels")
-    return jax.export.export(jax.jit(fn), platforms=["cuda"])(*args).mlir_module()
+    return jax.export.export(jax.jit(fn), platforms=["cuda"])(*args)
 
 
-def _check_mosaic_only(text: str, kernels: int) -> None:
-    assert text.count("mosaic_gpu_v2") == kernels, re.findall(r"custom_call @[\w$.]+", text)
+def _check_mosaic_only(exported, kernels: int) -> None:
+    text = exported.mlir_module()
+    assert kernelhub.export.kernels_by_platform(exported) == {"cuda": {"mosaic_gpu": kernels}}
+    assert text.count("custom_call @mosaic_gpu_v2(") == kernels
     for foreign in FOREIGN:
         assert foreign not in text
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelhub._core.shapes import is_static
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 
 OUTPUT_ROWS = (64, 128)
@@ -80,8 +81,19 @@ def validate(config: BlockConfig, kernel: Kernel, source: Any) -> BlockConfig:
     return config
 
 
+def check_static(problem: Problem) -> None:
+    """A ValueError for a symbolic m, k or n (shape-polymorphic export): TMA boxes, the grid of
+    work and the padding to whole tiles are all static. (The registry routes such calls
+    elsewhere: these kernels do not list the symbolic_shapes feature.)"""
+    for name in ("m", "k", "n"):
+        if not is_static(getattr(problem, name)):
+            raise ValueError(f"the Mosaic GPU kernels take static shapes only; {name} is the "
+                             f"symbolic dimension {getattr(problem, name)}")
+
+
 def from_tiling(tiling: Any, problem: Problem) -> BlockConfig:
     """The config a call uses: `tiling` when it names one, else the heuristic's."""
+    check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
         return heuristic(problem)
