@@ -101,6 +101,8 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                                                   seconds, note)
                         document["rows"].append(record)
                         print(gpu_scoreboard_report.one_line(record), flush=True)
+                    # How long a pass takes (compiling, mostly) sizes the next run's budget.
+                    print(f"  [{time.monotonic() - started:.0f} s]", flush=True)
                     write(out, document)
             operands = None
     write(out, document, plot=True)

@@ -14,6 +14,7 @@ weights) and d rhs as a ragged dot whose contraction (the rows) is ragged.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +35,10 @@ _RHS_GRADIENT = jax.lax.RaggedDotDimensionNumbers((([0], [0]), ([], [])), [0], [
 DIMENSIONS = {"lhs_gradient": _LHS_GRADIENT, "rhs_gradient": _RHS_GRADIENT}
 
 
+@functools.cache
 def load() -> tuple[Any, str | None]:
-    """(the tokamax module, None), or (None, why it cannot be used here)."""
+    """(the tokamax module, None), or (None, why it cannot be used here); tried once, as a
+    failing import is slow and fails the same way for every pass."""
     try:
         import tokamax
     except Exception as error:  # noqa: BLE001 - any import failure is the row's reason
