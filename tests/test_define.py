@@ -241,3 +241,43 @@ def test_an_implementations_residuals_reach_its_backward_pass(declare):
         np.testing.assert_allclose(value, np.sum(np.exp(x)), rtol=1e-6)
         np.testing.assert_allclose(grad, np.exp(x), rtol=1e-6)
         assert step.lower(x).as_text().count("stablehlo.exponential") == runs, policy
+
+
+def _exp_keeping(residual):
+    """An exp kernel whose VJP keeps residual(x, y) and rebuilds y = exp(x) from it."""
+
+    @jax.custom_vjp
+    def kernel(x):
+        return jnp.exp(x)
+
+    def forward(x):
+        y = jnp.exp(x)
+        return y, residual(x, y)
+
+    kernel.defvjp(forward, lambda kept, d_y: (d_y * kept.reshape(-1)[:d_y.shape[0]],))
+    return kernel
+
+
+def test_targets_whose_residuals_differ_recompute_and_a_false_shared_name_is_an_error(declare):
+    """Residuals cross the primitive only when every target keeps the same types: here the tpu
+    implementation keeps y as [n, 1], the xla one as [n], so the backward recomputes (and is
+    right on both). Declaring them one VJP family (`residuals=`) when they are not fails when
+    the odd one lowers, naming it."""
+    args = [jax.ShapeDtypeStruct((3,), jnp.float32)]
+
+    def loss(v):
+        return jnp.sum(op(v))
+
+    for shared in (None, "one_family"):
+        op = declare(exponential)
+        kernelhub.register(op, "xla", "any", residuals=shared)(_exp_keeping(lambda x, y: y))
+        kernelhub.register(op, "pallas", "tpu", residuals=shared)(
+            _exp_keeping(lambda x, y: y[:, None]))
+        x = jnp.array([0.5, -1.0, 2.0])
+        np.testing.assert_allclose(jax.grad(loss)(x), np.exp(x), rtol=1e-6)
+        if shared is None:
+            exported = kernelhub.export.export(jax.grad(loss), *args, platforms=("cpu", "tpu"))
+            assert exported.platforms == ("cpu", "tpu")
+        else:
+            with pytest.raises(TypeError, match="pallas/tpu.*residuals='one_family'"):
+                kernelhub.export.export(jax.grad(loss), *args, platforms=("cpu", "tpu"))

@@ -50,6 +50,7 @@ def register_ragged_dots() -> None:
         general, simple = _implementations(Pinned(gmm), Pinned(tgmm))
         how = dict(priority=max(gmm.priority, tgmm.priority), requirement=_both(gmm, tgmm),
                    interpret_only=gmm.interpret_only or tgmm.interpret_only,
-                   features=gmm.features & tgmm.features)
+                   features=gmm.features & tgmm.features,
+                   residuals=gmm.residuals if gmm.residuals == tgmm.residuals else None)
         _registry.register(contract.NAME, gmm.platform, gmm.backend, **how)(general)
         _registry.register(contract.SIMPLE_NAME, gmm.platform, gmm.backend, **how)(simple)

@@ -299,11 +299,16 @@ def _residuals(spec: KernelSpec, layout: Layout, avals: tuple) -> tuple[Residual
 @functools.lru_cache(maxsize=512)
 def _common_residuals(choices: Choices, layout: Layout, avals: tuple) -> Residuals | None:
     """The residuals every target's implementation keeps for `avals`, when they are the same
-    for all; else None, and the backward pass recomputes the forward half it needs."""
+    for all; else None, and the backward pass recomputes the forward half it needs.
+
+    Implementations registered with one `residuals` name share their VJP code: the first is
+    traced for all (the others are checked as they lower, `_checked_residuals`)."""
+    specs = list(dict.fromkeys(choice for _, choice in choices.entries
+                               if isinstance(choice, KernelSpec)))
+    if len({spec.residuals for spec in specs}) == 1 and specs[0].residuals is not None:
+        specs = specs[:1]
     found = set()
-    for _, choice in choices.entries:
-        if not isinstance(choice, KernelSpec):
-            continue
+    for choice in specs:
         try:
             found.add(_residuals(choice, layout, avals)[0])
         except Exception:  # noqa: BLE001
@@ -354,9 +359,26 @@ def _lowering_rule(target: str):
         with internals.unchecked_manual_axes():
             traced = _Traced(spec, layout, pullbacks, batch, stage).function()
             closed = internals.without_dead_code(internals.trace(traced, avals))
+            if stage == FORWARD:
+                _checked_residuals(spec, closed.out_avals, ctx.avals_out)
             return internals.lower_jaxpr(ctx, closed, *args)
 
     return lower
+
+
+def _checked_residuals(spec: KernelSpec, found: Sequence[Any], declared: Sequence[Any]) -> None:
+    """Raises if `spec`'s forward half gives other types than the call declared: an
+    implementation registered with a `residuals` name whose VJP keeps other residuals than its
+    family's first."""
+    def types(avals):
+        return [(tuple(a.shape), a.dtype) for a in avals]
+
+    if types(found) != types(declared):
+        raise TypeError(
+            f"{spec.op} ({spec.platform.value}/{spec.backend.value}) was registered with "
+            f"residuals={spec.residuals!r}, but its VJP keeps residuals of other types than the "
+            f"implementation traced for that name: {types(found)} against {types(declared)}; "
+            f"register it without that name, or keep the same residuals")
 
 
 def _batching_rule(arrays, dims, *, batch, **params):

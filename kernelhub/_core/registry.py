@@ -131,6 +131,8 @@ class KernelSpec:
     `interpret_only` marks implementations that emulate another backend's kernel on the CPU: they
     run only when forced, never as a default choice.
     `features` names the optional features of the op (OpDefinition.features) it implements.
+    `residuals` names the VJP code it shares with other implementations (kernelhub/_core/
+    lowering.py: residuals), or is None.
     """
 
     op: str
@@ -145,6 +147,7 @@ class KernelSpec:
     # The op's trailing parameters the function leaves out (registered before the op grew
     # them): calls reach it only with their defaults (`arguments_for`).
     omitted: tuple[tuple[str, Any], ...] = ()
+    residuals: str | None = None
 
     def arguments_for(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """`arguments` without the parameters this function leaves out; a NoImplementationError
@@ -277,6 +280,7 @@ def register(
     requirement: Callable[[], str | None] = _always,
     interpret_only: bool = False,
     features: Iterable[str] = (),
+    residuals: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator adding an implementation of `op` (its name, or the function `define_op`
     returned) for (platform, backend).
@@ -288,6 +292,11 @@ def register(
     trailing parameters with defaults that it may leave out (an implementation written before
     the op grew them); it is then called only with those parameters at their defaults. Registering
     the same (op, platform, backend) twice is an error, and so is an op nobody declared.
+
+    `residuals` is a name for implementations whose VJPs keep residuals of the same types for
+    the same arguments, because they share their VJP code (kernelhub's grouped matmuls share the
+    kit's): a differentiated call then traces one of them, not each, to type the residuals it
+    hands from the forward pass to the backward pass, and each is checked when it is lowered.
     """
     definition = op_definition(op)
     platform = as_platform(platform)
@@ -297,6 +306,8 @@ def register(
     if isinstance(features, str) or not all(isinstance(f, str) for f in features):
         raise TypeError(f"features must be a collection of names (strings), got {features!r}")
     features = frozenset(features)
+    if residuals is not None and not isinstance(residuals, str):
+        raise TypeError(f"residuals must be a name (a string) or None, got {residuals!r}")
 
     def add(fn: Callable[..., Any]) -> Callable[..., Any]:
         omitted = _check_same_signature(definition, fn)
@@ -308,7 +319,7 @@ def register(
             )
         table[(platform, backend)] = KernelSpec(
             definition.name, platform, backend, priority, fn, requirement, interpret_only,
-            features, omitted)
+            features, omitted, residuals)
         _changed()
         return fn
 

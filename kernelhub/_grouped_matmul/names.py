@@ -27,3 +27,5 @@ GLU = "glu"
 # with a nonlinear epilogue keeps: its pre-activation z [m, n_rhs]. jax.checkpoint policies
 # save or recompute it by this name (docs/contract.md#fused-epilogues).
 PRE_ACTIVATION = "kernelhub_pre_activation"
+# The registry's name for the VJP code every backend's grouped matmuls share (autodiff.py).
+KIT_VJP = "kernelhub.grouped_matmul_kit"

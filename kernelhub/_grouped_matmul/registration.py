@@ -51,7 +51,8 @@ def register_grouped_matmuls(platform: Platform | str, backend: Backend | str,
     """Registers grouped_matmul and transposed_grouped_matmul for (platform, backend) and
     returns them. The ops must be declared (importing kernelhub.ops does)."""
     ops = implementations(raw_gmm, raw_tgmm, space, fold_scales=fold_scales)
-    how = dict(features=tuple(features), interpret_only=interpret_only)
+    # Every backend's VJP is the kit's (autodiff.py): the same residuals for the same arguments.
+    how = dict(features=tuple(features), interpret_only=interpret_only, residuals=names.KIT_VJP)
     if requirement is not None:
         how["requirement"] = requirement
     register(names.GROUPED_MATMUL, platform, backend, priority, **how)(ops.grouped_matmul)
