@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from kernelhub._core import jax_internals, lowering
+from kernelhub._core import explicit_sharding, jax_internals, lowering
 from kernelhub._core import registry as _registry
 from kernelhub._core import runtime_checks as _runtime_checks
 from kernelhub._core import value_checks
@@ -241,6 +241,10 @@ class Dispatched:
         chosen = self._choices(arrays, features)
         if definition.runtime_check is not None and _runtime_checks.enabled():
             definition.runtime_check(arguments)  # the values as given, before any narrowing
+        mesh = (explicit_sharding.explicit_mesh(arrays)
+                if explicit_sharding.has_rule(definition.name) else None)
+        if mesh is not None:  # each device calls the implementation on its blocks
+            return explicit_sharding.call(definition.name, chosen, prepared, mesh)
         if key is not None and concrete and not _reads.values:
             self._remember(key, plan, _Plan.of(self, arguments, layout, arrays, chosen, features))
         return lowering.call_split(definition.name, chosen, layout, arrays)
@@ -303,7 +307,8 @@ def _plan_key(definition: _registry.OpDefinition, arguments: dict[str, Any]) -> 
     context = None if definition.context is None else definition.context()
     # KERNELHUB_PLATFORM is not looked at: it is read once (a change is an error at the next
     # call that is validated), and forgetting it (reread_environment) forgets the plans too.
-    key = [context, _registry.version(), _environment_reads]
+    # The mesh in force: under explicit mesh axes, calls are split over its devices.
+    key = [context, _registry.version(), _environment_reads, jax.sharding.get_abstract_mesh()]
     append = key.append
     for value in arguments.values():
         kind = type(value)
