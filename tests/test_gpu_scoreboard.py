@@ -96,6 +96,28 @@ def test_a_run_out_of_time_writes_every_row_with_its_reason(tmp_path):
     assert "| bf16 | smoke-shard | skewed | rhs_gradient |" in table and "peak: H100 SXM" in table
 
 
+def test_a_pass_is_checked_against_the_reference_and_tokamax_against_its_vjp():
+    pytest.importorskip("tokamax")
+    from kernelhub._cli.bench import gpu_scoreboard_calls
+
+    shard = SMOKE_SHAPES[1]  # 2 of 8 experts at group_offset 2: peers get the local rows
+    operands = gpu_scoreboard_calls.make_operands(shard, "skewed")
+    calls = gpu_scoreboard_calls.calls(
+        operands, "rhs_gradient", "bf16", ("xla",),
+        only=("lax.ragged_dot", "tokamax:xla"))
+    import jax
+
+    with jax.numpy_dtype_promotion("standard"):  # tokamax's code, as the command runs it
+        measured = {call.implementation: (seconds, note) for call, seconds, note in
+                    gpu_scoreboard.measure(calls, 1, 0, {}, ("t",), threads=1)}
+    assert all(seconds is not None and seconds > 0 for seconds, _ in measured.values()), measured
+    # Without kernelhub:xla (left out: it compiles slowly here), lax is the reference.
+    assert measured["lax.ragged_dot"][1] == "the reference of the agreement checks"
+    assert measured["tokamax:xla"][1].startswith("agrees with lax.ragged_dot")
+    # tokamax's d rhs is the ragged dot its own VJP runs (its portable xla implementation here).
+    assert measured["tokamax:xla"][1].endswith("the kernel call tokamax's VJP makes for this pass")
+
+
 def test_the_table_shows_fractions_beside_the_peers():
     problem = PassProblem("forward", 10, 4, 6, rows=7, local=2, dtype="bf16")
     slow = 4 * problem.roofline_seconds(H100)

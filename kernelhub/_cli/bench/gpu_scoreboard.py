@@ -149,6 +149,7 @@ def measure(calls: list[gpu_scoreboard_calls.Call], reps: int, warmup: int,
         if call.cut is not None:
             if call is reference:
                 expected = call.cut(result)
+                notes[call.implementation].append("the reference of the agreement checks")
             elif expected is not None:
                 error = relative_error(call.cut(result), expected)
                 verdict = "agrees with" if error <= TOLERANCE else "DIFFERS from"

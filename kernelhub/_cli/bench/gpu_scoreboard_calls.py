@@ -109,11 +109,11 @@ def pass_operands(ops: Operands, pass_name: str, dtype: str) -> PassOperands:
     else:
         left, right, left_axis, right_axis = ops.x.T, ops.dy, 1, 0
     if dtype == "bf16":
-        ours = (left, right)
         if pass_name == "rhs_gradient":
             local = (left[:, r], right[r])
-            return PassOperands(ours, local, (ops.x[r], right[r]))
-        return PassOperands(ours, (left[r], right), (left[r], right))
+            return PassOperands((left, right), local, (ops.x[r], local[1]))
+        local = (left[r], right)
+        return PassOperands((left, right), local, local)
     ql = kernelhub.quantize(left, FP8, axis=left_axis)
     qr = kernelhub.quantize(right, FP8, axis=right_axis)
     ours = (ql, qr)
@@ -254,13 +254,12 @@ def tokamax_calls(ops: Operands, pass_name: str, dtype: str, operands: PassOpera
         call = gpu_tokamax.pass_function(tokamax, name, pass_name)
         if dtype == "bf16":
             fn = jax.jit(call)
-            args = (*operands.tokamax, ops.local_sizes)
         else:
             def fn_quantized(left, right, s, call=call):
                 return call(gpu_tokamax.quantized(*left), gpu_tokamax.quantized(*right), s)
 
             fn = jax.jit(fn_quantized)
-            args = (*operands.tokamax, ops.local_sizes)
+        args = (*operands.tokamax, ops.local_sizes)
         check = None
         if pass_name != "forward" and dtype == "bf16":
             r = ops.local
@@ -271,8 +270,8 @@ def tokamax_calls(ops: Operands, pass_name: str, dtype: str, operands: PassOpera
 
         calls.append(Call(implementation, fn, args, cut=lambda out: out, check=check,
                           note=None if dtype == "bf16" or pass_name == "forward" else
-                          "fp8: called as tokamax's VJP calls it (its VJP is not traced "
-                          "with quantized operands)"))
+                          "fp8: its VJP's call (the VJP is not traced with quantized "
+                          "operands)"))
     return calls
 
 
