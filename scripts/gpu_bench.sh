@@ -169,9 +169,15 @@ for stage in "${stages[@]}"; do
       rm -f "$RESULTS/tuning.json"
       tune_started=$SECONDS
       tune_budget=$(share 60)
+      shapes_left=${#tune_shapes[@]}
       for entry in "${tune_shapes[@]}"; do
         IFS=: read -r tune_name tune_shape tune_groups tune_local <<<"$entry"
-        run_stage "tune-$tune_name" "$((tune_budget - (SECONDS - tune_started)))" \
+        # A shape stopped at its limit saves nothing (tune writes its table at the end), so
+        # none may take the others' time: twice its fair share of what is left, at most.
+        tune_left=$((tune_budget - (SECONDS - tune_started)))
+        tune_limit=$((tune_left * 2 / (shapes_left + 1)))
+        shapes_left=$((shapes_left - 1))
+        run_stage "tune-$tune_name" "$((tune_limit < tune_left ? tune_limit : tune_left))" \
           "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" \
           --groups "$tune_groups" --local-groups "$tune_local" --ops gmm tgmm --dtypes bf16 \
           --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
