@@ -9,9 +9,11 @@ name only (else a device would hold blocks of two operands that do not meet). Th
 - the ragged dim (lhs rows): each device cuts the group sizes to its own rows; in the ragged
   contracting mode (transposed_grouped_matmul, ragged_dot_general mode 2) its partial products
   are summed over the devices, in float32 (int32 for two integer operands) and cast after;
-- contracting dims (k) and group dims (rhs's experts, group_sizes' last dim): refused with a
-  ValueError: a kernel needs whole contractions and all its groups (experts are sharded with
-  jax.shard_map and group_offset: kernelhub.parallel).
+- rhs's group dim (experts; grouped_matmul, ragged_dot mode 1): each device computes the rows
+  of its experts, its group_offset moved to its first one; the other rows are exactly 0, so
+  the sum over the devices is exact in any dtype (existing_out is refused there);
+- contracting dims (k), group_sizes' last dim and transposed_grouped_matmul's output groups:
+  refused with a ValueError: a kernel needs whole contractions and every group size.
 
 group_sizes with a prefix (ragged_dot_general) may be replicated where lhs is sharded: each
 device takes its slice. A quantized operand's values and scales must be replicated.
@@ -35,14 +37,13 @@ from kernelhub.ops import ragged_dot as ragged_contract
 from kernelhub.quantization import QuantizedArray
 
 # What a dim is to the product.
-FREE, RAGGED, RAGGED_SUM = "free", "ragged", "ragged_sum"
+FREE, RAGGED, RAGGED_SUM, EXPERTS = "free", "ragged", "ragged_sum", "experts"
 CONTRACTING, GROUP = "contracting", "group"
 
 _REFUSED = {
     CONTRACTING: "is a contracting dim: the kernels need whole contractions; reshard it "
                  "unsharded (jax.sharding.reshard(x, P(...)) with None there)",
-    GROUP: "holds the groups: a kernel call needs all of them; reshard it unsharded, or shard "
-           "experts with jax.shard_map and group_offset (kernelhub.parallel)",
+    GROUP: "holds the groups: a kernel call needs all of them; reshard it unsharded",
 }
 
 
@@ -53,6 +54,7 @@ class PerDevice:
     # (group_sizes' dim, operand, its dim, axes): a replicated prefix each device slices
     slices: tuple[tuple[int, str, int, tuple[str, ...]], ...] = ()
     ragged: tuple[str, int, tuple[str, ...]] | None = None  # (operand, dim, axes) of split rows
+    experts: tuple[int, tuple[str, ...]] | None = None  # (rhs's group dim, axes) splitting it
     summed: tuple[str, ...] = ()  # axes the partial products are summed over
     result_dtype: Any = None  # the dtype after that sum
     overrides: tuple[tuple[str, Any], ...] = ()
@@ -72,6 +74,11 @@ class PerDevice:
             sizes = (jnp.clip(ends, first, first + extent)
                      - jnp.clip(ends - sizes, first, first + extent))
         arguments["group_sizes"] = sizes
+        if self.experts is not None:  # this device's experts start at its first one
+            dim, axes = self.experts
+            first = jax.lax.axis_index(axes) * jnp.shape(arguments["rhs"])[dim]
+            offset = arguments["group_offset"]
+            arguments["group_offset"] = first if offset is None else offset + first
         return arguments
 
     def outputs(self, out: jax.Array) -> jax.Array:
@@ -103,21 +110,25 @@ def _check(op: str, operands: Sequence[tuple[str, Any, Sequence[str]]],
             if dim_name in seen and seen[dim_name][2] != axes:
                 first, first_dim, first_axes = seen[dim_name]
                 raise ValueError(
-                    f"{op}: {name}'s dim {dim} is sharded over {_show(axes)} but {first}'s dim "
-                    f"{first_dim}, the same dim of the product, over {_show(first_axes)}: "
+                    f"{op}: {_of(name)} dim {dim} is sharded over {_show(axes)} but {_of(first)} "
+                    f"dim {first_dim}, the same dim of the product, over {_show(first_axes)}: "
                     f"shard them alike")
             seen.setdefault(dim_name, (name, dim, axes))
             if axes and roles[dim_name] in _REFUSED:
-                raise ValueError(f"{op}: {name}'s dim {dim} is sharded over {_show(axes)}, but "
-                                 f"it {_REFUSED[roles[dim_name]]}")
+                raise ValueError(f"{op}: {_of(name)} dim {dim} is sharded over {_show(axes)}, "
+                                 f"but it {_REFUSED[roles[dim_name]]}")
             for axis in axes:
                 other = owner.setdefault(axis, (dim_name, name, dim))
                 if other[0] != dim_name:
                     raise ValueError(
-                        f"{op}: mesh axis {axis!r} shards both {other[1]}'s dim {other[2]} and "
-                        f"{name}'s dim {dim}, whose blocks would not meet on a device: shard "
-                        f"each mesh axis along one dim of the product")
+                        f"{op}: mesh axis {axis!r} shards both {_of(other[1])} dim {other[2]} "
+                        f"and {_of(name)} dim {dim}, whose blocks would not meet on a device: "
+                        f"shard each mesh axis along one dim of the product")
     return {dim_name: axes for dim_name, (_, _, axes) in seen.items()}
+
+
+def _of(name: str) -> str:
+    return f"{name}'" if name.endswith("_sizes") else f"{name}'s"  # group_sizes' dim, lhs's dim
 
 
 def _show(axes: tuple[str, ...]) -> str:
@@ -153,11 +164,24 @@ def _summed(op: str, arguments: dict[str, Any], sharded, roles,
     return {"preferred_element_type": wide}, axes
 
 
+def _experts(op: str, arguments: dict[str, Any], sharded, dim: int,
+             ) -> tuple[tuple[int, tuple[str, ...]] | None, tuple[str, ...]]:
+    """(PerDevice.experts, axes to sum over) for rhs's group dim `dim`, named "g"."""
+    axes = sharded.get("g", ())
+    if not axes:
+        return None, ()
+    if arguments.get("existing_out") is not None:
+        raise ValueError(f"{op}: existing_out cannot be given while rhs's group dim is sharded "
+                         f"(over {_show(axes)}): its rows would be added once per device; add "
+                         f"it to the result instead")
+    return (dim, axes), axes
+
+
 def _grouped_matmul(arguments: dict[str, Any], axes: frozenset) -> Split:
     del axes
     op = names.GROUPED_MATMUL
     glu = arguments["glu"] is not None
-    roles = {"m": RAGGED, "k": CONTRACTING, "g": GROUP, "G": GROUP, "n": FREE, "o": FREE}
+    roles = {"m": RAGGED, "k": CONTRACTING, "g": EXPERTS, "G": GROUP, "n": FREE, "o": FREE}
     rhs_names = ("g", "n", "k") if arguments["transpose_rhs"] else ("g", "k", "n")
     out_names = ("m", "o" if glu else "n")
     operands = [("lhs", arguments["lhs"], ("m", "k")), ("rhs", arguments["rhs"], rhs_names),
@@ -169,7 +193,9 @@ def _grouped_matmul(arguments: dict[str, Any], axes: frozenset) -> Split:
         raise ValueError(f"{op}: rhs's columns are sharded over {_show(sharded['n'])}, but glu "
                          f"pairs gate and up columns across them; reshard rhs's last dim "
                          f"unsharded")
-    per_device = PerDevice(ragged=_ragged(sharded, roles, "lhs", ("m", "k")))
+    experts, summed = _experts(op, arguments, sharded, 0)
+    per_device = PerDevice(ragged=_ragged(sharded, roles, "lhs", ("m", "k")), experts=experts,
+                           summed=summed)
     return Split(arguments, per_device, _out_spec(sharded, roles, out_names))
 
 
@@ -208,7 +234,7 @@ def _ragged_dot_general(op: str, arguments: dict[str, Any], numbers: Any) -> Spl
 
     lhs_names = [name("lhs", d, lhs_contract, lhs_batch) for d in range(len(lhs.shape))]
     rhs_names = [name("rhs", d, rhs_contract, rhs_batch) for d in range(len(rhs.shape))]
-    roles = {n: CONTRACTING if n.startswith("k") else GROUP if n == "g" else FREE
+    roles = {n: CONTRACTING if n.startswith("k") else EXPERTS if n == "g" else FREE
              for n in lhs_names + rhs_names}
     roles["G"] = GROUP
     roles[lhs_names[ragged]] = RAGGED_SUM if p.mode is Mode.RAGGED_CONTRACTING else RAGGED
@@ -240,7 +266,10 @@ def _ragged_dot_general(op: str, arguments: dict[str, Any], numbers: Any) -> Spl
         raise TypeError(f"out_sharding must be a jax.sharding.PartitionSpec or NamedSharding "
                         f"(or None), got {type(out_sharding).__name__}")
     overrides["out_sharding"] = None  # honoured after the devices' results are put together
-    per_device = PerDevice(tuple(slices), _ragged(sharded, roles, "lhs", lhs_names), summed,
+    experts, expert_axes = (None, ()) if p.rhs_group_axis is None else _experts(
+        op, arguments, sharded, p.rhs_group_axis)
+    per_device = PerDevice(tuple(slices), _ragged(sharded, roles, "lhs", lhs_names), experts,
+                           summed + expert_axes,
                            arguments["preferred_element_type"] if summed else None,
                            tuple(overrides.items()))
     return Split(arguments, per_device, _out_spec(sharded, roles, out_names), out_sharding)

@@ -78,29 +78,36 @@ def test_lax_out_sharding_scenario(spec):
 
 
 @pytest.mark.parametrize("spec", implementation_params(GMM))
-def test_grouped_matmul_rows_and_columns_sharded(spec):
-    """lhs rows over x, rhs columns over y: each device cuts the group sizes to its rows; the
-    result is typed as lax.dot_general's, gradients keep their operands' shardings."""
+def test_grouped_matmul_rows_columns_and_experts_sharded(spec):
+    """lhs rows over x, rhs columns over y, experts (with their biases) over e: each device
+    cuts the group sizes to its rows and moves group_offset to its first expert; the result is
+    typed as lax.dot_general's, gradients keep their operands' shardings."""
     rng = np.random.default_rng(0)
     m, k, n = 16, 8, 8
     lhs, rhs, d_out = _normal(rng, (m, k)), _normal(rng, (4, k, n)), _normal(rng, (m, n))
+    bias = _normal(rng, (4, n))
     gmm = call(spec)
-    with jax.set_mesh(_mesh()):
-        a, b = jax.device_put(lhs, P("x", None)), jax.device_put(rhs, P(None, None, "y"))
+    with jax.set_mesh(_mesh((2, 2, 2), ("x", "y", "e"))):
+        a, b = jax.device_put(lhs, P("x", None)), jax.device_put(rhs, P("e", None, "y"))
+        c = jax.device_put(bias, P("e", "y"))
 
         @jax.jit
-        def run(a, b):
-            out, pullback = jax.vjp(lambda a, b: gmm(a, b, jnp.asarray(SIZES)), a, b)
-            dense = lax.dot_general(a, b[0], (([1], [0]), ([], [])))
+        def run(a, b, c):
+            out, pullback = jax.vjp(lambda a, b, c: gmm(a, b, jnp.asarray(SIZES), bias=c,
+                                                        activation="silu"), a, b, c)
+            dense = lax.dot_general(a, jax.sharding.reshard(b, P(None, None, "y"))[0],
+                                    (([1], [0]), ([], [])))
             return out, *pullback(jax.sharding.reshard(jnp.asarray(d_out), _spec(out))), dense
 
-        out, d_lhs, d_rhs, dense = run(a, b)
+        out, d_lhs, d_rhs, d_bias, dense = run(a, b, c)
         assert _spec(out) == _spec(dense) == P("x", "y")
-        assert (_spec(d_lhs), _spec(d_rhs)) == (_spec(a), _spec(b))
-    want_lhs, want_rhs, _ = reference.gmm_vjp(lhs, rhs, SIZES, d_out)
-    assert_close(out, reference.gmm(lhs, rhs, SIZES), jnp.float32, contraction=k)
-    assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
-    assert_close(d_rhs, want_rhs, jnp.float32, contraction=m)
+        assert (_spec(d_lhs), _spec(d_rhs), _spec(d_bias)) == (_spec(a), _spec(b), _spec(c))
+    epilogue = dict(bias=bias, activation="silu")
+    want = reference.gmm_epilogue_vjp(lhs, rhs, SIZES, d_out, **epilogue)
+    assert_close(out, reference.gmm(lhs, rhs, SIZES, **epilogue), jnp.float32, contraction=k)
+    assert_close(d_lhs, want["lhs"], jnp.float32, contraction=n)
+    assert_close(d_rhs, want["rhs"], jnp.float32, contraction=m)
+    assert_close(d_bias, want["bias"], jnp.float32, contraction=m)
 
 
 @pytest.mark.parametrize("spec", implementation_params(TGMM))
@@ -133,8 +140,9 @@ def test_transposed_grouped_matmul_sums_split_rows(spec):
 @pytest.mark.parametrize("spec", implementation_params("ragged_dot_general"))
 def test_ragged_dot_general_modes_with_sharded_batch(spec):
     """Mode 2 (ragged contraction over y: summed) and mode 3 (ragged batch over y), a batch
-    dim over x and group_sizes replicated over it; mode 1 with its rows over y, its gradients,
-    and out_sharding honoured."""
+    dim over x and group_sizes replicated over it; mode 1 with its rows over y and its experts
+    over x (each device's group_offset at its first expert), its gradients, and out_sharding
+    honoured."""
     rng = np.random.default_rng(2)
     general = call(spec)
     k, m, n = 4, 16, 4
@@ -160,11 +168,11 @@ def test_ragged_dot_general_modes_with_sharded_batch(spec):
         out2, out3, out1, d_lhs1, d_rhs1 = run(
             put(lhs2, P("x", None, "y")), put(rhs2, P("x", "y", None)),
             put(lhs3, P("y", "x")), put(rhs3, P("y", None, None)),
-            put(lhs1, P("y", None)), jnp.asarray(rhs1))
+            put(lhs1, P("y", None)), put(rhs1, P("x", None, None)))
         assert _spec(out2) == P(None, "x", None, None)  # the group dim leads, then batch
         assert _spec(out3) == P("y", "x", None)
         assert (_spec(out1), _spec(d_lhs1), _spec(d_rhs1)) == (P(None, "x"), P("y", None),
-                                                                 P(None, None, None))
+                                                                 P("x", None, None))
     want2 = _ragged64(lhs2, rhs2, sizes2, mode2)
     assert_close(out2, want2, jnp.float32, contraction=m)
     assert_close(out3, _ragged64(lhs3, rhs3, sizes3, mode3), jnp.float32, contraction=k)
@@ -185,8 +193,10 @@ def _refusals():
     return [
         ("lhs's dim 1 is sharded over 'x', but it is a contracting dim",
          lambda: gmm(put(lhs, P(None, "x")), put(rhs, P(None, "x", None)), sizes)),
-        ("rhs's dim 0 is sharded over 'x', but it holds the groups",
-         lambda: gmm(put(lhs, P()), put(rhs, P("x")), sizes)),
+        ("group_sizes' dim 0 is sharded over 'x', but it holds the groups",
+         lambda: gmm(put(lhs, P()), rhs, put(sizes, P("x")))),
+        ("existing_out cannot be given while rhs's group dim is sharded",
+         lambda: gmm(lhs, put(rhs, P("x")), sizes, existing_out=np.zeros((16, 8), np.float32))),
         ("existing_out's dim 0 is sharded over 'y' but lhs's dim 0",
          lambda: gmm(put(lhs, P("x")), rhs, sizes, existing_out=put(np.zeros((16, 8), np.float32),
                                                                     P("y")))),
@@ -204,7 +214,7 @@ def _refusals():
     ]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_layouts_no_kernel_can_split_are_refused(index):
     with jax.set_mesh(_mesh()):
         message, bad_call = _refusals()[index]
