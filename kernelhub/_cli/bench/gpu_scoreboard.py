@@ -104,7 +104,6 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                     # How long a pass takes (compiling, mostly) sizes the next run's budget.
                     print(f"  [{time.monotonic() - started:.0f} s]", flush=True)
                     write(out, document)
-            operands = None
     write(out, document, plot=True)
     return document
 
