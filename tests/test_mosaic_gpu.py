@@ -309,3 +309,28 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
     _check_mosaic_only(_exported(with_gradients, lhs, rhs, sizes, offset, d_out), 3)
     _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
                                  jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes, offset), 1)
+
+
+def test_existing_out_is_updated_in_place_when_compiled():
+    """Expert parallelism (32 of DeepSeek-V3's 256 experts here): compiled, the output is
+    existing_out's buffer, aliased, so the other experts' rows are neither read nor written
+    (interpret mode copies them instead: test_gmm_group_offset_existing_out_and_transpose_rhs)."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+
+    def forward(lhs, rhs, sizes, offset, existing):
+        return gmm(lhs, rhs, sizes, group_offset=offset, existing_out=existing,
+                   preferred_element_type=jnp.bfloat16)
+
+    if ON_GPU:
+        pytest.skip("lowering for cuda from a CPU host")
+    exported = jax.export.export(jax.jit(forward, donate_argnums=4), platforms=["cuda"])(
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
+        jax.ShapeDtypeStruct((m, n), jnp.bfloat16))
+    text = exported.mlir_module()
+    _check_mosaic_only(exported, 1)
+    call = next(line for line in text.splitlines() if "custom_call @mosaic_gpu_v2(" in line)
+    assert "output_operand_aliases" in call
+    assert "tf.aliasing_output = 0" in text

@@ -12,9 +12,9 @@ keeps `stages` TMA loads of lhs and rhs tiles in flight while `wgmma` adds each 
 float32 accumulator in registers. The fused epilogue (scales of quantized operands, bias,
 activation, gated unit) runs there, on the accumulator; the tile then goes to shared memory and
 TMA stores only the visit's rows (`kernel_parts.store_rows`), so a row tile shared by two groups
-is written once per row. A visit of rows outside the local groups stores zeros, or copies
-existing_out's rows (the output is a new buffer: Mosaic GPU kernels take no aliased output in
-interpret mode, where CI runs them).
+is written once per row. A visit of rows outside the local groups stores zeros. With
+existing_out the compiled kernel updates its buffer in place (aliased) and such rows get no
+visit; in interpret mode, which takes no aliased output, their visits copy existing_out's rows.
 
 A gated unit sums two accumulators, gate and up columns, per output tile; the interleaved
 layout's columns are first gathered into the concatenated one (a copy of the weights: splitting
@@ -80,9 +80,12 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     vectors = [_halves_padded(v, 1, halves, n_p) for v in vectors]
     row_scale = () if epilogue.row_scale is None else (
         padded(epilogue.row_scale.astype(jnp.float32), {0: m_p}),)
-    existing = () if existing_out is None else (padded(existing_out, {0: m_p, 1: n_p}),)
+    existing = None if existing_out is None else padded(existing_out, {0: m_p, 1: n_p})
+    # Compiled, the output is existing_out's buffer (aliased) and rows of no local group get no
+    # visit. The interpreter takes no aliased output: there those rows' visits copy them.
+    aliased = existing is not None and not interpret
     table = visits.visit_table(group_sizes, group_offset, local_groups, m, bm,
-                               fill_uncomputed=True)
+                               fill_uncomputed=not aliased)
     num_visits = table.shape[1]
     n_tiles = n_p // bn
     body = functools.partial(
@@ -90,9 +93,11 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, spec=spec,
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
-        has_existing=bool(existing), interpret=interpret)
-    out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *existing),
-                              (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul")
+        has_existing=existing is not None and not aliased, interpret=interpret)
+    copied = () if existing is None or aliased else (existing,)
+    out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *copied),
+                              (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
+                              starting_as=existing if aliased else None)
     return out if (m_p, n_p) == (m, n_out) else out[:m, :n_out]
 
 

@@ -27,19 +27,33 @@ SM_AXIS = "sm"
 
 
 def launch(body: Callable[..., None], operands: Sequence[jax.Array],
-           out_shape: tuple[int, ...], out_dtype, interpret: bool, name: str) -> jax.Array:
+           out_shape: tuple[int, ...], out_dtype, interpret: bool, name: str,
+           starting_as: jax.Array | None = None) -> jax.Array:
     """Runs `body(*operand_refs, out_ref)` on a persistent grid of one program per SM; the
-    body spreads its work over them with `plgpu.nd_loop(..., collective_axes=SM_AXIS)`."""
+    body spreads its work over them with `plgpu.nd_loop(..., collective_axes=SM_AXIS)`.
+
+    With `starting_as` (compiled only) the output is that array's buffer, aliased (a ref the
+    kernel updates in place, XLA copying it only when the caller does not donate it):
+    the kernel writes only what it changes. Otherwise the output starts undefined and the
+    kernel writes all of it."""
+    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+    if starting_as is not None:
+        if interpret:
+            raise ValueError("the interpreter takes no aliased output")
+        mesh = plgpu.Mesh(grid=(_sm_count(),), grid_names=(SM_AXIS,), kernel_name=name)
+        kernel = pl.kernel(body, out_type=(), mesh=mesh, compiler_params=params)
+        # run_state: the ref lives only inside, so the call stays a pure function.
+        return pl.run_state(lambda out_ref: kernel(*operands, out_ref))(starting_as)
     out_type = jax.ShapeDtypeStruct(out_shape, out_dtype)
     kernel = plgpu.kernel(
         body,
         out_type=out_type,
         grid=(INTERPRET_SMS if interpret else _sm_count(),),
         grid_names=(SM_AXIS,),
-        compiler_params=plgpu.CompilerParams(
-            lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        compiler_params=params,
         interpret=jax_internals.mosaic_gpu_interpret_params() if interpret else None,
         kernel_name=name,
     )
