@@ -169,8 +169,8 @@ def test_tgmm_float32_isolates_other_groups_nan():
 
 
 def test_equivalence_harness_runs_the_interpreted_kernels():
-    spec = next(s for s in kernelhub.implementations(GMM)
-                if (s.platform.value, s.backend.value) == ("mosaic", "cpu"))
+    # The interpreted kernels here, the compiled ones on a Hopper GPU.
+    spec = next(s for s in testing.runnable_implementations(GMM) if s.platform.value == "mosaic")
     rng = np.random.default_rng(7)
     case = testing.Case(_values(rng, (40, 16), jnp.float32), _values(rng, (2, 16, 24), jnp.float32),
                         jnp.asarray([15, 20], jnp.int32))
@@ -206,6 +206,14 @@ def test_registered_below_triton_and_interpret_only_on_cpu():
         assert "no device" in specs[("mosaic", "gpu")].unavailable_reason()
         assert kernelhub.resolve(GMM, platform="mosaic").backend.value == "cpu"
     assert kernelhub.resolve(GMM).platform.value != "mosaic"
+
+
+def test_forced_by_the_environment_variable(platform_variable):
+    platform_variable(" Mosaic ")
+    spec = kernelhub.resolve(TGMM)
+    assert spec.platform.value == "mosaic"
+    assert spec.backend.value == ("gpu" if ON_GPU else "cpu")
+    assert kernelhub.resolve(GMM, backend="gpu").platform.value == "mosaic"
 
 
 def test_other_gpus_keep_the_triton_kernels(monkeypatch):
