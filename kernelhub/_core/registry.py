@@ -6,8 +6,8 @@ joins with `register`. Nothing here selects (kernelhub/_core/dispatch.py), and n
 knows an op by name: kernelhub's ops are declared exactly as a user's are.
 
 Three words, three things: a *platform* is the language a kernel is written in (pallas, triton,
-xla); a *backend* is the hardware an implementation runs on (tpu, gpu, cpu, or any); a *target*
-is a place jax lowers for (cpu, cuda, rocm, tpu: kernelhub/_core/lowering.py).
+mosaic, xla); a *backend* is the hardware an implementation runs on (tpu, gpu, cpu, or any); a
+*target* is a place jax lowers for (cpu, cuda, rocm, tpu: kernelhub/_core/lowering.py).
 """
 
 from __future__ import annotations
