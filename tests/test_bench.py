@@ -62,7 +62,6 @@ def test_epilogue_bench_checks_fused_against_unfused_and_gives_its_rows(monkeypa
     import pytest
 
     from kernelhub._cli.bench import epilogue
-    from kernelhub._grouped_matmul import autodiff
 
     # The bench refuses to time two functions whose results differ.
     with pytest.raises(AssertionError, match="not timing two different computations"):
@@ -71,24 +70,22 @@ def test_epilogue_bench_checks_fused_against_unfused_and_gives_its_rows(monkeypa
     args = argparse.Namespace(quick=True, groups=None, dtypes=["float32"], reps=1, draws=1,
                               platform=None, out=tmp_path / "epilogue.md")
     done = epilogue.tables(args)
-    compared, residuals = done
+    compared, policies = done
     assert [row[:2] for row in compared.rows] == [["glu silu", "forward"],
                                                   ["glu silu", "forward + grad"]]
-    assert [row[:2] for row in residuals.rows] == [["f32", "kernelhub.get"],
-                                                   ["f32", "implementation"]]
-    for row in compared.rows + residuals.rows:
+    assert [row[0] for row in policies.rows] == ["f32"]
+    for row in compared.rows + policies.rows:
         assert float(row[-1]) <= epilogue.TOLERANCE["float32"]  # agreement, checked before timing
         assert all(cell != "-" for cell in row)  # every time and memory figure is there
-    # Through the implementation SAVE keeps z [m, 2n] (float32 here) for the backward pass; the
-    # public call keeps its inputs only, under either policy.
-    public, implementation = (row.kept for row in residuals.results)
-    assert public[autodiff.SAVE] == public[autodiff.RECOMPUTE]
-    assert implementation[autodiff.SAVE] - implementation[autodiff.RECOMPUTE] == 64 * 32 * 4
-    assert autodiff.RESIDUALS == autodiff.RECOMPUTE  # the bench restores the policy
+    # The fused call keeps z [m, 2n] (float32 here) for its backward pass, also under a policy
+    # that saves it by name; nothing_saveable keeps only what the step cannot recompute.
+    (kept,) = (row.kept for row in policies.results)
+    assert kept["no checkpoint"] == kept["save z"]
+    assert kept["no checkpoint"] - kept["nothing_saveable"] >= 64 * 32 * 4
     monkeypatch.setattr(epilogue, "tables", lambda args, status=None: done)
     assert epilogue.run_epilogue(args) == 0
     written = (tmp_path / "epilogue.md").read_text()
-    assert written.count("| glu silu |") == 2 and written.count("| f32 |") == 2
+    assert written.count("| glu silu |") == 2 and written.count("| f32 |") == 1
 
 
 def test_gpu_bench_epilogue_rows_build_on_cpu():

@@ -79,10 +79,15 @@ def invariant(aval: core.AbstractValue) -> core.AbstractValue:
     """`aval` without manual axes, as shard_map(check_vma=False) types its values."""
     if not varying_axes(aval):
         return aval
+    return varying(aval, frozenset())
+
+
+def varying(aval: core.AbstractValue, axes: frozenset) -> core.AbstractValue:
+    """`aval` typed as varying over exactly the manual mesh `axes`."""
     manual_axis_type = getattr(core, "ManualAxisType", None)
     if manual_axis_type is not None and hasattr(aval, "manual_axis_type"):
-        return aval.update(manual_axis_type=manual_axis_type())
-    return aval.update(vma=frozenset())
+        return aval.update(manual_axis_type=manual_axis_type(varying=frozenset(axes)))
+    return aval.update(vma=frozenset(axes))
 
 
 @contextlib.contextmanager

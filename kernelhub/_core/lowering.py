@@ -286,7 +286,8 @@ def _residuals(spec: KernelSpec, layout: Layout, avals: tuple) -> tuple[Residual
         found["outputs"] = len(outs)
         return [*outs, *leaves]
 
-    closed = internals.trace(forward_and_residuals, avals)
+    with internals.unchecked_manual_axes():
+        closed = internals.trace(forward_and_residuals, avals)
     outputs = found["outputs"]
     positions = range(outputs, len(closed.out_avals))
     inputs = internals.forwarded_inputs(closed)
@@ -346,9 +347,37 @@ def _impl(*arrays, **params):
 
 def _abstract_eval(*avals, op, choices, layout, pullbacks, batch, stage):
     del op
-    out_avals, _, out_effects = _abstract(choices.shape_source(), layout, pullbacks, batch,
-                                          tuple(avals), stage)
+    if stage == CALL:
+        out_avals, _, out_effects = _abstract(choices.shape_source(), layout, pullbacks, batch,
+                                              tuple(avals))
+    else:
+        out_avals, out_effects = _stage_abstract(choices.shape_source(), layout, pullbacks, batch,
+                                                 tuple(avals), stage)
     return list(out_avals), out_effects
+
+
+@functools.lru_cache(maxsize=512)
+def _stage_abstract(spec: KernelSpec, layout: Layout, pullbacks: tuple[int, ...], batch: tuple,
+                    avals: tuple, stage: str) -> tuple[tuple[Any, ...], Any]:
+    """(output avals, effects) of a half of `spec`'s VJP for `avals`.
+
+    Traced as the lowering rules trace it, without manual axes: traced with them, an
+    implementation can keep other residuals (a constant cast to varying becomes one), and the
+    halves would not fit together. Then typed: the outputs as the call types them, residuals
+    and cotangents varying over every manual axis an input does (the dispatcher makes every
+    input vary over all of those)."""
+    with internals.unchecked_manual_axes():
+        invariant = tuple(internals.invariant(aval) for aval in avals)
+        out_avals, _, effects = _abstract(spec, layout, pullbacks, batch, invariant, stage)
+    axes = frozenset().union(*(internals.varying_axes(aval) for aval in avals))
+    if not axes:
+        return out_avals, effects
+    typed = [internals.varying(aval, axes) for aval in out_avals]
+    if stage == FORWARD and not pullbacks:
+        outputs, _, call_effects = _abstract(spec, layout, (), batch, avals)
+        typed[:len(outputs)] = outputs
+        effects = effects | call_effects
+    return tuple(typed), effects
 
 
 def _lowering_rule(target: str):
@@ -411,7 +440,8 @@ def _differentiable(op: str, choices: Choices, layout: Layout, pullbacks: tuple[
     def forward(*arrays):
         kept = None
         if stage == CALL and not pullbacks:
-            kept = _common_residuals(choices, layout, _avals(arrays))
+            invariant = tuple(internals.invariant(aval) for aval in _avals(arrays))
+            kept = _common_residuals(choices, layout, invariant)
         if kept is None:
             return call(*arrays), (arrays, None)
         # Differentiable in turn (reverse over reverse differentiates this forward too).
