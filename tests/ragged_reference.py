@@ -1,6 +1,6 @@
 """An independent float64 reference for ragged_dot_general in every mode, with group_offset.
 
-Written from lax's documented rules with one masked dense product per group (jax.numpy, so that
+Written from lax's rules with one masked dense product per group (jax.numpy, so that
 kernelhub.testing can differentiate it in float64); it shares no code with kernelhub.
 """
 
@@ -37,7 +37,9 @@ def group_masks(lhs_shape, group_sizes, numbers) -> list[jnp.ndarray]:
     sizes = np.asarray(group_sizes)
     if sizes.ndim == 1:
         sizes = np.broadcast_to(sizes, tuple(lhs_shape[a] for a in prefix) + sizes.shape)
-    ends = np.cumsum(sizes, axis=-1)
+    # Exact sums (no int32 wrap). Indices stop at the ragged axis's end, so sizes summing past
+    # it leave the excess in no index: lax's meaning, the first groups own the indices that exist.
+    ends = np.cumsum(sizes, axis=-1, dtype=np.int64)
     starts = ends - sizes
     # Move the prefix axes of the bounds to lhs's axis order, size 1 on every other lhs axis.
     order = np.argsort(prefix)

@@ -128,6 +128,69 @@ def test_forward_matches_lax_ragged_dot_general(spec):
     _run_layouts(spec, lax_peer, gradients=False, layouts=comparable).assert_ok()
 
 
+# Sizes summing past the ragged axis, which lax takes: the first groups own the indices that
+# exist and the excess is dropped. BIG + BIG wraps in int32 arithmetic. The layouts reuse shapes
+# (and so compilations) of LAYOUTS, except qwix's own case (XLA only: a new shape costs an
+# interpret-mode kernel seconds). Mode 3 hands the kernels sizes it computed, always within
+# their rows: the XLA implementation covers it.
+BIG = 2**31 - 1
+PAST_THE_AXIS = [
+    Layout("m1 qwix's sizes (128, 100, 0, 28) on 128 rows", (128, 8), (4, 8, 8),
+           _n(([1], [1]), ([], []), [0], [0]), (128, 100, 0, 28), interpret=False),
+    Layout("m1 sums past int32, 128 rows", (128, 8), (4, 8, 8),
+           _n(([1], [1]), ([], []), [0], [0]), (100, BIG, BIG, 1), interpret=False),
+    dataclasses.replace(LAYOUTS[0], name="m1 qwix's pattern on 37 rows", sizes=(37, 30, 0, 8)),
+    dataclasses.replace(LAYOUTS[0], name="m1 sums past int32", sizes=(30, BIG, BIG, 1)),
+    dataclasses.replace(LAYOUTS[4], name="m1 sums past int32, 3 rows per ragged index",
+                        sizes=((BIG, BIG, 1), (4, 5, 0))),
+    dataclasses.replace(LAYOUTS[7], name="m2 a group cut", sizes=(20, 20, 3)),
+    dataclasses.replace(LAYOUTS[7], name="m2 sums past int32", sizes=(BIG, BIG, 3)),
+    dataclasses.replace(LAYOUTS[12], name="m3 a group cut", sizes=(5, 4), interpret=False),
+    dataclasses.replace(LAYOUTS[13], name="m3 sums past int32, group_offset", sizes=(3, BIG, BIG),
+                        interpret=False),
+]
+
+
+def _lax_vjp(cotangent, /, lhs, rhs, group_sizes, ragged_dot_dimension_numbers, **_):
+    with jax.enable_x64(True):
+        _, vjp = jax.vjp(lambda a, b: lax.ragged_dot_general(a, b, group_sizes,
+                                                              ragged_dot_dimension_numbers),
+                         jnp.asarray(lhs, jnp.float64), jnp.asarray(rhs, jnp.float64))
+        return dict(zip(("lhs", "rhs"), map(np.asarray, vjp(jnp.asarray(cotangent)))))
+
+
+@pytest.mark.parametrize("spec", implementation_params(GENERAL))
+def test_sizes_summing_past_the_ragged_axis_mean_what_they_mean_in_lax(spec):
+    """Forward and gradients against the float64 reference (which cuts at the axis's end), in
+    every mode; then against lax itself where lax is defined (no int32 wrap): the forward, and
+    in mode 1 (the only one lax differentiates) its float64 gradients."""
+    _run_layouts(spec, ragged_reference.ragged_dot_general, layouts=PAST_THE_AXIS).assert_ok()
+    for index, layout in enumerate(PAST_THE_AXIS):
+        if np.sum(layout.sizes, axis=-1, dtype=np.int64).max() >= 2**31 or (
+                spec.interpret_only and not layout.interpret):
+            continue
+        mode_1 = ragged_reference.mode_of(layout.numbers, len(layout.lhs_shape)) == 1
+        testing.check_implementations(
+            GENERAL, lax_peer, [layout.case(index)], gradients=mode_1, reference_vjp=_lax_vjp,
+            implementations=[spec]).assert_ok()
+
+
+def test_sums_past_the_ragged_axis_are_reported_under_runtime_checks_only():
+    """lax-valid, so no error by default, eager or traced; kernelhub.runtime_checks() reports
+    them (eager and traced), as grouped_matmul, whose contract forbids them, always does."""
+    lhs, rhs = jnp.ones((8, 4)), jnp.ones((2, 4, 3))
+    sizes = jnp.array([6, 5], jnp.int32)
+    np.testing.assert_array_equal(kernelhub.ragged_dot(lhs, rhs, sizes), lax.ragged_dot(lhs, rhs, sizes))
+    traced = jax.jit(kernelhub.ragged_dot_general, static_argnums=3)
+    np.testing.assert_array_equal(traced(lhs, rhs, sizes, BASIC), lax.ragged_dot(lhs, rhs, sizes))
+    for call in (kernelhub.ragged_dot, jax.jit(kernelhub.ragged_dot)):
+        with pytest.raises(kernelhub.RuntimeCheckError, match="sum to 11, more than the 8 rows"):
+            with kernelhub.runtime_checks():
+                jax.block_until_ready(call(lhs, rhs, sizes))
+    with pytest.raises(ValueError, match="sum to 11, more than the 8 rows .*grouped_matmul"):
+        kernelhub.grouped_matmul(lhs, rhs, sizes)
+
+
 def _reference(*args, **kwargs) -> np.ndarray:
     with jax.enable_x64(True):
         return np.asarray(ragged_reference.ragged_dot_general(*args, **kwargs))
@@ -212,7 +275,6 @@ BAD_NUMBERS = [
      dict(rhs=jnp.ones((3, 4, 3)), group_offset=0)),
     ("group_sizes must have shape", ValueError, dict(group_sizes=jnp.ones((2, 2), jnp.int32))),
     ("group_sizes", TypeError, dict(group_sizes=SIZES.astype(jnp.float32))),
-    ("sum to 12", ValueError, dict(group_sizes=jnp.array([3, 9], jnp.int32))),
     ("group_offset", ValueError, dict(rhs=jnp.ones((1, 4, 3)), group_offset=jnp.array([2]))),
     ("group_offset must be .*; its shape must be \\[1\\]", TypeError, dict(group_offset=jnp.array([0, 1]))),
     ("lhs must have dtype", TypeError, dict(lhs=LHS.astype(jnp.int16))),

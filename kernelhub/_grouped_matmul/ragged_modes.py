@@ -235,6 +235,18 @@ def _activated_groups(out: jax.Array, activation: Any, group_offset: jax.Array |
     return jnp.where(inside, activated, jnp.zeros((), activated.dtype))
 
 
+def _in_rows(p: Plan, sizes: jax.Array) -> jax.Array:
+    """Group sizes counted in the kernels' rows (modes 1 and 2), where each ragged index is
+    `rows_per_ragged_index` rows. Sizes may sum past the ragged axis (lax drops the excess, and
+    so do the kernels, whose running sums saturate at their rows); a size is first cut to the
+    axis's length, which no group can exceed, so that the product cannot wrap int32."""
+    per_index = p.rows_per_ragged_index
+    if per_index == 1:
+        return sizes
+    extent = p.lhs_shape[p.lhs.ragged[0]]
+    return jnp.minimum(jnp.maximum(sizes, 0), extent) * per_index
+
+
 def _noncontracting(p, lhs, rhs, sizes, group_offset, out_dtype, gmm, activation=None):
     b, x = p.size("lhs", "batch"), p.size("lhs", "outer")
     rows, k, n = p.size("lhs", "ragged"), p.size("lhs", "contracting"), p.size("rhs", "free")
@@ -245,7 +257,7 @@ def _noncontracting(p, lhs, rhs, sizes, group_offset, out_dtype, gmm, activation
     rhs = _arranged(rhs, (p.rhs_group_axis,) + p.rhs.order("batch", *inner),
                     (local, b) + ((n, k) if p.transpose_rhs else (k, n)), p.rhs.contracting,
                     3 if p.transpose_rhs else 2)
-    sizes = (sizes * p.rows_per_ragged_index).reshape((b, x, p.num_groups))
+    sizes = _in_rows(p, sizes).reshape((b, x, p.num_groups))
 
     def one(lhs, rhs, sizes):
         return gmm(lhs, rhs, sizes, preferred_element_type=out_dtype, group_offset=group_offset,
@@ -262,7 +274,7 @@ def _contracting(p, lhs, rhs, sizes, group_offset, out_dtype, tgmm):
                     p.lhs.ragged, 3)
     rhs = _arranged(rhs, p.rhs.order("batch", "outer", "ragged", "free"), (b, x, rows, n),
                     p.rhs.ragged, 2)
-    sizes = (sizes * p.rows_per_ragged_index).reshape((b, x, p.num_groups))
+    sizes = _in_rows(p, sizes).reshape((b, x, p.num_groups))
     if group_offset is not None:
         # Result entry j is group group_offset + j; the groups past the last are empty.
         sizes = jnp.concatenate([sizes, jnp.zeros_like(sizes)], axis=-1)

@@ -24,9 +24,10 @@ def validate_values(group_sizes: np.ndarray, group_offset: int, rows: int,
     validate_offset(group_offset, np.shape(group_sizes)[-1], local_groups, op)
 
 
-def validate_sizes(group_sizes: np.ndarray, rows: int, op: str) -> None:
-    """Raises a ValueError when concrete group sizes do not fit int32, are negative or sum past
-    the `rows` they split."""
+def validate_sizes(group_sizes: np.ndarray, rows: int, op: str, allow_excess: bool = False
+                   ) -> None:
+    """Raises a ValueError when concrete group sizes do not fit int32, are negative or (unless
+    `allow_excess`: lax's ragged_dot drops the excess) sum past the `rows` they split."""
     group_sizes = np.asarray(group_sizes)
     too_large = np.flatnonzero(group_sizes > np.iinfo(np.int32).max)
     if too_large.size:
@@ -37,7 +38,7 @@ def validate_sizes(group_sizes: np.ndarray, rows: int, op: str) -> None:
         bad = np.flatnonzero(group_sizes < 0)[:5].tolist()
         raise ValueError(f"group_sizes must be >= 0; negative at indices {bad} ({op})")
     total = int(np.sum(group_sizes, dtype=np.int64))
-    if total > rows:
+    if total > rows and not allow_excess:
         raise ValueError(f"group_sizes sum to {total}, more than the {rows} rows they split ({op})")
 
 
@@ -53,25 +54,27 @@ def validate_offset(group_offset: int, num_groups: int, local_groups: int | None
             f"{num_groups - (local_groups or 1)}) ({op})")
 
 
-def check_group_sizes(group_sizes: Any, rows: int, op: str) -> None:
+def check_group_sizes(group_sizes: Any, rows: int, op: str, allow_excess: bool = False) -> None:
     """Checks concrete group sizes (each row of a batch of them) against the `rows` they split."""
 
     def check(host: np.ndarray) -> None:
         host = np.asarray(host)
         for sizes in host.reshape(-1, host.shape[-1]) if host.ndim else [host]:
-            validate_sizes(sizes, rows, op)
+            validate_sizes(sizes, rows, op, allow_excess)
 
+    # One op always allows an excess or never does: the op in the memo tells the two apart.
     value_checks.check_values(check, group_sizes, call=op, memo=("group_sizes", rows, op))
 
 
 def check_call(group_sizes: Any, group_offset: Any, rows: int, local_groups: int | None,
-               op: str) -> None:
+               op: str, allow_excess: bool = False) -> None:
     """The value checks of one call: its group sizes (each row of a batch of them) against the
-    `rows` they split, and a given offset against `local_groups` (None: all groups from the
-    offset on). Tracers, whose values are not known, are left to kernelhub.runtime_checks."""
+    `rows` they split (with `allow_excess`, a sum past them is no error), and a given offset
+    against `local_groups` (None: all groups from the offset on). Tracers, whose values are not
+    known, are left to kernelhub.runtime_checks."""
     if not value_checks.passed(("group_sizes", rows, op), group_sizes):
         if not isinstance(group_sizes, jax.core.Tracer):
-            check_group_sizes(group_sizes, rows, op)
+            check_group_sizes(group_sizes, rows, op, allow_excess)
     if group_offset is None or isinstance(group_offset, jax.core.Tracer):
         return
     num_groups = np.shape(group_sizes)[-1]

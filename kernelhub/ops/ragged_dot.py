@@ -315,8 +315,11 @@ def _extent_and_local_groups(arguments: dict[str, Any]) -> tuple[int, int]:
 
 
 def _check_values(arguments: dict[str, Any], op: str = NAME) -> None:
+    # Sizes summing past the ragged axis are lax-valid (the excess is dropped): not an error
+    # here, only under kernelhub.runtime_checks() (_runtime_check), where the user asks for it.
     extent, local = _extent_and_local_groups(arguments)
-    check_call(arguments["group_sizes"], arguments["group_offset"], extent, local, op)
+    check_call(arguments["group_sizes"], arguments["group_offset"], extent, local, op,
+               allow_excess=True)
 
 
 def _runtime_check(arguments: dict[str, Any], op: str = NAME) -> None:
@@ -369,8 +372,10 @@ def ragged_dot_general(
         scales follow the values (docs/quantization.md).
       group_sizes: integers >= 0 of shape [g], or [*prefix, g] where prefix are lax's: the batch
         dims then the lhs free (mode 1) or contracting (mode 2) dims before the ragged one, or
-        in mode 3 the batch dims before it. Their sum may stay below the ragged axis's length:
-        indices past it belong to no group.
+        in mode 3 the batch dims before it. As in lax, their sum may differ from the ragged
+        axis's length: indices past the sum belong to no group, and sizes that reach past the
+        axis's end are cut there (the first groups own the indices that exist). Sums are exact
+        (no int32 wrap). kernelhub.runtime_checks() reports a sum past the axis as an error.
       ragged_dot_dimension_numbers: a jax.lax.RaggedDotDimensionNumbers: lax's dot dimension
         numbers, the one lhs ragged axis, and the rhs group axis (mode 1 only).
       precision: as lax's (checked, and met: kernels accumulate in float32 from the inputs as
@@ -406,7 +411,7 @@ def ragged_dot_general(
       dimension numbers (axes out of range or repeated, contracting or batch sizes that differ,
       not exactly one ragged axis, a group dim where the mode has none or none where it needs
       one), dtypes, group_sizes' shape, group_offset's range, and (when concrete) negative sizes
-      or sizes summing past the ragged axis.
+      or sizes past int32.
     """
 
 
@@ -425,7 +430,7 @@ def _simple_runtime_check(arguments: dict[str, Any]) -> None:
 
 def _simple_check_values(arguments: dict[str, Any]) -> None:
     check_call(arguments["group_sizes"], arguments["group_offset"], np.shape(arguments["lhs"])[0],
-               np.shape(arguments["rhs"])[0], SIMPLE_NAME)
+               np.shape(arguments["rhs"])[0], SIMPLE_NAME, allow_excess=True)
 
 
 @define_op(name=SIMPLE_NAME, validate=_simple_prepare, runtime_check=_simple_runtime_check,
