@@ -3,13 +3,14 @@
 # network needed; kernelhub is used from this checkout through PYTHONPATH):
 #
 #   scripts/gpu_bench.sh                 # tests, then the roofline scoreboard (under 8 minutes)
-#   scripts/gpu_bench.sh tune            # or any of: tests roofline bench sweep tune
+#   scripts/gpu_bench.sh tune            # or any of: tests roofline epilogue bench sweep tune
 #
 # tests:    tests/test_contract.py, tests/test_triton_gpu.py (and tests/test_mosaic_gpu.py when
 #           present) with the real kernels, the GPU as jax's default backend (extra pytest
 #           arguments in $KERNELHUB_GPU_PYTEST_ARGS, e.g. "-k triton -x")
 # roofline: the scoreboard: every pass of kernelhub's implementations, cuBLAS dense,
 #           lax.ragged_dot and tokamax against the chip's roofline (roofline.json/.md/.png)
+# epilogue: fused epilogues against the same math unfused, forward and forward + grad
 # bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
 # sweep:    a few block configs per shape (gpu_sweep.md)
 # tune:     kernelhub tune at the scoreboard's shapes (every pass, balanced and skewed sizes):
@@ -147,6 +148,10 @@ for stage in "${stages[@]}"; do
       ;;
     roofline)
       roofline roofline "$(($(left) - 15))"
+      ;;
+    epilogue)
+      # Fused against unfused epilogues, forward and forward + grad (issue #35's GPU rows).
+      run_stage epilogue "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench --gpu-tables epilogue "${smoke[@]}"
       ;;
     bench)
       run_stage bench "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench "${smoke[@]}"

@@ -70,7 +70,7 @@ def test_every_pass_is_quantized_along_its_own_contraction(platform):
 
 def test_an_unquantized_backward_is_the_float_gradient_of_the_quantized_forward():
     """MXFP8 forward, backward on the float operands (MXFP8_FORWARD), with a bias, a glu and
-    group_offset: the backward recomputes the pre-activation in the forward's format."""
+    group_offset: the backward takes the pre-activation the forward's format gave."""
     lhs, rhs, _ = operands(1)
     rng = np.random.default_rng(2)
     gate_up = jnp.asarray(normal(rng, (2, K, 2 * N), jnp.float32))

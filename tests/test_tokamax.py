@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 import kernelhub
-from kernelhub import testing
+from conftest import runnable_implementations
 
 test_base = pytest.importorskip("tokamax._src.ops.ragged_dot.test_base")
 quantization = pytest.importorskip("tokamax._src.quantization")
@@ -96,7 +96,7 @@ def _test_class(spec: kernelhub.KernelSpec) -> type:
     return Test
 
 
-for _spec in testing.runnable_implementations(GMM):
+for _spec in runnable_implementations(GMM):
     _cls = _test_class(_spec)
     globals()[_cls.__name__] = _cls
 del _spec, _cls

@@ -120,8 +120,8 @@ def vmem_estimates(result: "CompileResult") -> dict[str, int]:
 def step_function(shape: MoeShape, dtype: Any, backward: bool, quantized: Any = None,
                   block_size: int | None = None, epilogue: dict[str, Any] | None = None,
                   quantized_lhs: bool = True):
-    """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels; a
-    nonlinear epilogue adds the forward kernel's recomputation of its pre-activation)."""
+    """The jitted function compiled: the forward gmm, or it and its VJP (all three kernels,
+    with a nonlinear epilogue too: the forward kernel's pre-activation reaches the backward)."""
     from kernelhub import _loader
     from kernelhub._core.dispatch import get
     from kernelhub.quantization import quantize
