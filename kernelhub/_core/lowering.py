@@ -439,7 +439,11 @@ def _differentiable(op: str, choices: Choices, layout: Layout, pullbacks: tuple[
 
     def forward(*arrays):
         kept = None
-        if stage == CALL and not pullbacks:
+        # Concrete inputs (jax.vjp outside jit) keep only the inputs, as before #35: there each
+        # stage is compiled on its own, and two full-suite runs saw XLA:CPU crash compiling an
+        # eager FORWARD stage (not reproduced alone). Jitted steps, where the time goes, split.
+        traced = any(isinstance(x, jax.core.Tracer) for x in arrays)
+        if stage == CALL and not pullbacks and traced:
             invariant = tuple(internals.invariant(aval) for aval in _avals(arrays))
             kept = _common_residuals(choices, layout, invariant)
         if kept is None:
