@@ -21,7 +21,8 @@ import reference
 from kernelhub._grouped_matmul.groups import NO_OFFSET
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from conftest import assert_close
-from kernelhub._pallas.gpu import config, visits
+from kernelhub._grouped_matmul import visits
+from kernelhub._pallas.gpu import config
 from kernelhub._verify import cuda_lowering as cuda_export
 
 GMM = "grouped_matmul"

@@ -1,6 +1,6 @@
 """grouped_matmul as a Pallas Triton kernel (contract: kernelhub/ops/grouped_matmul.py).
 
-Grid: one program per (visit, n-tile), flattened to one axis. A visit (see `visits.py`) is one
+Grid: one program per (visit, n-tile), flattened to one axis. A visit (see kernelhub/_grouped_matmul/visits.py) is one
 segment's share of one row tile; the program computes that row tile times its group's weights
 for one n-tile, looping over k, and stores only the rows its segment owns. Visits of rows that
 no local group computes store zeros, or nothing at all when the output starts as existing_out
@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._pallas.gpu import _four_bit, _launch, _tiles, config, visits
+from kernelhub._grouped_matmul import visits
+from kernelhub._pallas.gpu import _four_bit, _launch, _tiles, config
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue

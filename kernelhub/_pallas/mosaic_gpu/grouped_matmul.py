@@ -2,7 +2,7 @@
 kernelhub/ops/grouped_matmul.py).
 
 Work: (visit, n-tile) pairs, where a visit is one segment's share of one row tile (the visit
-table of kernelhub/_pallas/gpu/visits.py, computed on the device: rows of one local group, or
+table of kernelhub/_grouped_matmul/visits.py, computed on the device: rows of one local group, or
 rows of none). A persistent grid of one program per SM walks the pairs (`plgpu.nd_loop`) in
 bands of BAND n-tiles (`kernel_parts.banded_order`): the programs running at once read the same few
 weight tiles of one group while its visits pass, so the weights come from HBM about once.
@@ -33,7 +33,8 @@ import numpy as np
 
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import gmm_problem
-from kernelhub._pallas.gpu import _tiles, visits
+from kernelhub._grouped_matmul import visits
+from kernelhub._pallas.gpu import _tiles
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
