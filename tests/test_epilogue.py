@@ -523,3 +523,17 @@ def test_checkpoint_policies_keep_or_recompute_the_pre_activation_by_its_name():
     recomputed = _kernels_in_training_step(_fused_layer, policies.nothing_saveable)
     assert kept == {"tpu": {"mosaic": 3}, "cuda": {"triton": 3}}
     assert recomputed == {"tpu": {"mosaic": 4}, "cuda": {"triton": 4}}
+
+
+def test_the_gpu_kernels_erf_polynomial_is_within_float32_rounding():
+    """kernelhub/_grouped_matmul/polynomial_erf.py against math.erf in float64, across both of
+    its pieces, their seam and the clamp."""
+    import math
+
+    from kernelhub._grouped_matmul import polynomial_erf
+
+    x = np.concatenate([np.linspace(-6.0, 6.0, 200_001),
+                        polynomial_erf.ERF_SPLIT + np.array([-1e-6, 0.0, 1e-6])]).astype(np.float32)
+    got = np.asarray(jax.jit(polynomial_erf.erf)(jnp.asarray(x)), np.float64)
+    expected = np.array([math.erf(v) for v in x.astype(np.float64)])
+    assert np.max(np.abs(got - expected)) < 2.5e-7

@@ -319,6 +319,23 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
                                  jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes, offset), 1)
 
 
+@pytest.mark.parametrize("epilogue", [{"activation": "gelu"},
+                                      {"glu": "swiglu_oai", "glu_layout": "interleaved"}])
+def test_fused_epilogues_export_for_cuda(epilogue):
+    """Mosaic GPU's layout inference takes the epilogue on the accumulator: gelu's erf (a
+    polynomial: jax 0.10.2 has no layout rule for math.erf) after a bias, GPT-OSS's gate."""
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    columns = 512 * (2 if "glu" in epilogue else 1)
+    lhs = jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((8, 256, columns), jnp.bfloat16)
+    bias = jax.ShapeDtypeStruct((8, columns), jnp.float32)
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+    _check_mosaic_only(_exported(
+        lambda lhs, rhs, bias, sizes: gmm(lhs, rhs, sizes, bias=bias,
+                                          preferred_element_type=jnp.bfloat16, **epilogue),
+        lhs, rhs, bias, sizes), 1)
+
+
 def test_existing_out_is_updated_in_place_when_compiled():
     """Expert parallelism (32 of DeepSeek-V3's 256 experts here): compiled, the output is
     existing_out's buffer, aliased, so the other experts' rows are neither read nor written

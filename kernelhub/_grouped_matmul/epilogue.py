@@ -43,8 +43,8 @@ def _silu(x: jax.Array, erf: Erf) -> jax.Array:
     return x * lax.logistic(x)
 
 
-# Written out with the primitives every kernel language lowers (Triton has no erf: its kernels
-# pass `erf=` a polynomial, kernelhub/_pallas/gpu/_tiles.py).
+# Written out with the primitives every kernel language lowers (the GPU kernels pass `erf=` a
+# polynomial, kernelhub/_grouped_matmul/polynomial_erf.py).
 ACTIVATIONS: dict[str, Callable[[jax.Array, Erf], jax.Array]] = {
     "relu": lambda x, erf: jnp.maximum(x, 0.0),
     "silu": _silu,

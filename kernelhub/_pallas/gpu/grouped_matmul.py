@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernelhub._grouped_matmul import visits
+from kernelhub._grouped_matmul import polynomial_erf, visits
 from kernelhub._pallas.gpu import _four_bit, _launch, _tiles, config
 from kernelhub._grouped_matmul.contraction_scales import (
     NO_OUTPUT_BLOCKS, NO_SCALES, ContractionScales, OutputBlockScales, take_scale_refs)
@@ -265,6 +265,6 @@ def _epilogue(spec: Epilogue, totals: list[jax.Array], sources: list[_RhsColumns
     totals = finished
     if spec.glu is None:
         (total,) = totals
-        return spec.activate(total, erf=_tiles.erf)
+        return spec.activate(total, erf=polynomial_erf.erf)
     gate, up = _tiles.deinterleaved(*totals) if spec.interleaved else totals
-    return spec.gated(gate, up, erf=_tiles.erf)
+    return spec.gated(gate, up, erf=polynomial_erf.erf)

@@ -33,8 +33,7 @@ import numpy as np
 
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import gmm_problem
-from kernelhub._grouped_matmul import visits
-from kernelhub._pallas.gpu import _tiles
+from kernelhub._grouped_matmul import polynomial_erf, visits
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
@@ -262,5 +261,5 @@ def _epilogue(spec: Epilogue, totals, shape, row_scale, column_scale, bias) -> j
             total = total + kernel_parts.broadcast_columns(bias(half), shape)
         finished.append(total)
     if spec.glu is None:
-        return spec.activate(finished[0], erf=_tiles.erf)
-    return spec.gated(*finished, erf=_tiles.erf)
+        return spec.activate(finished[0], erf=polynomial_erf.erf)
+    return spec.gated(*finished, erf=polynomial_erf.erf)
