@@ -13,9 +13,11 @@
 # epilogue: fused epilogues against the same math unfused, forward and forward + grad
 # bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
 # sweep:    a few block configs per shape (gpu_sweep.md)
-# tune:     kernelhub tune at the scoreboard's shapes (every pass, balanced and skewed sizes):
-#           tuning.json, the table to ship as kernelhub/tuning/defaults/<device kind>.json;
-#           then the scoreboard's kernelhub:triton rows again under it (roofline-tuned.*) and,
+# tune:     kernelhub tune of both Hopper kernels (mosaic, triton; or $KERNELHUB_GPU_TUNE_PLATFORMS)
+#           at the scoreboard's shapes (every pass, balanced and skewed sizes): tuning.json,
+#           the table to ship as kernelhub/tuning/defaults/<device kind>.json (its times also
+#           pick, per call, the faster kernel); then the scoreboard's rows of those kernels
+#           again under it (roofline-tuned.*; the default row is the one a plain call lowers) and,
 #           time left, kernelhub bench --tuning (tuning-bench.md)
 #
 # Time: the whole command keeps within $KERNELHUB_GPU_BUDGET seconds (default 480): each stage
@@ -162,37 +164,45 @@ for stage in "${stages[@]}"; do
     tune)
       # name:shape:groups:local groups, as the scoreboard's shapes (deepseek-v3: 32 of 256
       # experts), the fine-grained (memory-bound) ones first
+      # Both Hopper kernels at every shape, into one table: its entries' times decide, per
+      # call and pass, which of them a plain call lowers (docs/dispatch.md, "Per call").
+      read -r -a tune_platforms <<<"${KERNELHUB_GPU_TUNE_PLATFORMS:-mosaic triton}"
       if [ ${#smoke[@]} -gt 0 ]; then
         tune_shapes=("smoke:96x32x48:4:4")
-        tune_flags=(--platform triton --repeats 1 --draws 1)
+        tune_platforms=(triton)
+        tune_flags=(--repeats 1 --draws 1)
       else
         tune_shapes=("deepseek-v3:16384x7168x2048:256:32" "qwen3-moe:8192x2048x768:128:128"
                      "gpt-oss:8192x2880x5760:128:128" "mixtral:8192x4096x14336:8:8"
                      "odd:1000x520x200:7:7")
-        tune_flags=(--platform triton --repeats 5 --draws 1)
+        tune_flags=(--repeats 5 --draws 1)
       fi
       rm -f "$RESULTS/tuning.json"
       tune_started=$SECONDS
       tune_budget=$(share 60)
-      shapes_left=${#tune_shapes[@]}
+      runs_left=$((${#tune_shapes[@]} * ${#tune_platforms[@]}))
       for entry in "${tune_shapes[@]}"; do
         IFS=: read -r tune_name tune_shape tune_groups tune_local <<<"$entry"
-        # A shape stopped at its limit saves nothing (tune writes its table at the end), so
-        # none may take the others' time: twice its fair share of what is left, at most.
-        tune_left=$((tune_budget - (SECONDS - tune_started)))
-        tune_limit=$((tune_left * 2 / (shapes_left + 1)))
-        shapes_left=$((shapes_left - 1))
-        run_stage "tune-$tune_name" "$((tune_limit < tune_left ? tune_limit : tune_left))" \
-          "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" \
-          --groups "$tune_groups" --local-groups "$tune_local" --ops gmm tgmm --dtypes bf16 \
-          --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
-          --markdown "$RESULTS/tuning-$tune_name.md"
+        for tune_platform in "${tune_platforms[@]}"; do
+          # A run stopped at its limit saves nothing (tune writes its table at the end), so
+          # none may take the others' time: twice its fair share of what is left, at most.
+          tune_left=$((tune_budget - (SECONDS - tune_started)))
+          tune_limit=$((tune_left * 2 / (runs_left + 1)))
+          runs_left=$((runs_left - 1))
+          run_stage "tune-$tune_name-$tune_platform" \
+            "$((tune_limit < tune_left ? tune_limit : tune_left))" \
+            "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" --platform "$tune_platform" \
+            --groups "$tune_groups" --local-groups "$tune_local" --ops gmm tgmm --dtypes bf16 \
+            --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
+            --markdown "$RESULTS/tuning-$tune_name-$tune_platform.md"
+        done
       done
       "$PYTHON" -c "import jax; from kernelhub._grouped_matmul import tables; print('ship tuning.json as kernelhub/tuning/defaults/' + tables._file_name(jax.devices()[0].device_kind))" | tee -a "$summary"
       if [ -f "$RESULTS/tuning.json" ]; then
         # The same kernels under the table: the roofline fractions after tuning (bf16).
         export KERNELHUB_TUNING="$RESULTS/tuning.json"
-        roofline roofline-tuned "$(share 70)" --gpu-dtypes bf16 --gpu-implementations kernelhub:triton
+        roofline roofline-tuned "$(share 70)" --gpu-dtypes bf16 \
+          --gpu-implementations "${tune_platforms[@]/#/kernelhub:}"
         unset KERNELHUB_TUNING
         : >"$RESULTS/tuning-bench.md"
         for entry in "${tune_shapes[@]}"; do

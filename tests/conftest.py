@@ -14,7 +14,7 @@ import kernelhub
 from kernelhub import testing
 
 # Interpret-mode kernels run a Python-level emulation of every grid step: far fewer examples.
-EXAMPLES = {"xla": 25, "interpret": 6}
+EXAMPLES = {"xla": 16, "interpret": 5}
 # `pytest --quick`: every implementation's contract (the files below: forward and gradients
 # against the float64 reference, lax's ragged_dot, every dtype, bad input, selection), with
 # fewer drawn examples and without ahead-of-time compilations (`slow`) or the 8-device
@@ -34,6 +34,11 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    # The longest tests first (stable otherwise): pytest-xdist hands tests out in this order,
+    # and the 8-device subprocess (minutes) or a compilation handed out last would leave the
+    # other worker idle at the end.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("multidevice")
+               else 1 if item.get_closest_marker("slow") else 2)
     if not config.getoption("--quick"):
         return
     kept, left_out = [], []

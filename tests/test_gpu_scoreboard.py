@@ -168,3 +168,21 @@ def test_a_tuning_table_named_for_a_gpu_device_kind_is_picked_on_that_gpu(monkey
         assert tables.shipped_tiling(call) is None
     finally:
         tables.shipped.cache_clear()
+
+
+def test_the_default_row_is_the_platform_whose_kernel_a_plain_call_lowers():
+    """lowered_platform reads the kernels in a plain call's lowering for cuda: here (no GPU
+    table, so no per-call choice) the Triton kernel, as kernelhub.resolve says."""
+    import jax
+    import jax.numpy as jnp
+
+    import kernelhub
+    from kernelhub._cli.bench import gpu_scoreboard_calls
+
+    x = jax.ShapeDtypeStruct((128, 64), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((4, 64, 128), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((4,), jnp.int32)
+    gmm = jax.jit(lambda x, w, s: kernelhub.grouped_matmul(x, w, s))
+    assert gpu_scoreboard_calls.lowered_platform(gmm, (x, w, sizes)) == "triton"
+    # Nothing to read (a function without a kernel): None, and the registered default marks it.
+    assert gpu_scoreboard_calls.lowered_platform(jax.jit(lambda x: x * 2), (x,)) is None

@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--forward-only", action="store_true",
                         help="tune the forward pass only (default: forward and both gradients)")
     parser.add_argument("--platform", type=_arguments.platform,
-                        help="force a kernelhub platform: xla, pallas or triton (default: the "
-                             "dispatcher's choice)")
+                        help="force a kernelhub platform: xla, pallas, triton or mosaic "
+                             "(default: the dispatcher's choice); a table tuned for two of "
+                             "them also picks the faster per call (docs/dispatch.md)")
     parser.add_argument("--repeats", type=positive,
                         help="timing turns per candidate (default 5, 3 with --quick)")
     parser.add_argument("--draws", type=positive,

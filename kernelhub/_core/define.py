@@ -34,7 +34,9 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
               features: Callable[[dict[str, Any]], Iterable[str]] | None = None,
               check_values: Callable[[dict[str, Any]], None] | None = None,
               validate_reads_values: bool = True,
-              context: Callable[[], Any] | None = None) -> Any:
+              context: Callable[[], Any] | None = None,
+              measured: Callable[[dict[str, Any], Callable[[], Any]], float | None] | None = None,
+              ) -> Any:
     """Declares an op from its contract function; use as `@define_op` or `@define_op(...)`.
 
     Args:
@@ -62,6 +64,14 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
         `validate` and the selection, and reuses theirs (`check_values` still runs).
       context: with validate_reads_values=False, what else `validate` reads (a setting in
         force, say), as a hashable value; calls under another context are validated again.
+      measured: how fast an implementation ran a call, for choosing among implementations
+        per call. Called when a call is lowered for this host's own device and another
+        implementation could serve it too, with the call's arguments by name (arrays as
+        abstract values) and `trace`, a function without arguments that traces one
+        implementation's share of the call (the whole call, or a half of its VJP). Returns the
+        seconds measured on this device for that share, or None where nothing was measured.
+        When the default implementation and others have measurements, the fastest lowers.
+        A forced platform or backend is never overridden.
 
     Returns:
       The op's entry point: a function with the contract's signature and docstring that
@@ -88,6 +98,7 @@ def define_op(contract: Callable[..., Any] | None = None, /, *, validate: Valida
             check_values=check_values,
             prepare_reads_values=bool(validate_reads_values),
             context=context,
+            measured=measured,
         ))
         return _entry_point(contract, definition)
 

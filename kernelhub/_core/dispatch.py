@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from kernelhub._core import explicit_sharding, jax_internals, lowering
+from kernelhub._core import explicit_sharding, jax_internals, lowering, measured_choice
 from kernelhub._core import registry as _registry
 from kernelhub._core import runtime_checks as _runtime_checks
 from kernelhub._core import value_checks
@@ -168,7 +168,7 @@ def per_target(op: str, registry_version: int, within: Platform | None = None,
     """The choice for every target (a reason where there is none): the best of all
     implementations, or of those written in `within`. KERNELHUB_PLATFORM plays no part: a
     forced platform pins one implementation instead (`choices`)."""
-    entries = []
+    entries, alternates = [], []
     for target in lowering.TARGETS:
         backend = _registry.backend_of_target(target)
         try:
@@ -177,7 +177,19 @@ def per_target(op: str, registry_version: int, within: Platform | None = None,
         except NoImplementationError as error:
             choice = str(error)
         entries.append((target, choice))
-    return lowering.Choices(tuple(entries))
+        if isinstance(choice, KernelSpec):
+            others = measured_choice.alternates(choice, _serving(op, within, backend, features))
+            if others:
+                alternates.append((target, others))
+    return lowering.Choices(tuple(entries), tuple(alternates))
+
+
+def _serving(op: str, within: Platform | None, backend: Backend,
+             features: frozenset[str]) -> list[KernelSpec]:
+    """The implementations registered for `backend` (or any) that have `features`."""
+    return [spec for spec in _registry.implementations(op)
+            if spec.backend in (backend, Backend.ANY) and features <= spec.features
+            and (within is None or spec.platform is within)]
 
 
 def choices(op: str, platform: Platform | None, backend: Backend | None,

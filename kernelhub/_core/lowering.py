@@ -48,6 +48,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from kernelhub._core import jax_internals as internals
+from kernelhub._core import measured_choice
 from kernelhub._core.manual_axes import unify_varying
 from kernelhub._core.registry import Backend, KernelSpec, NoImplementationError, backend_of_target
 
@@ -61,6 +62,9 @@ class Choices:
     target)."""
 
     entries: tuple[tuple[str, KernelSpec | str], ...]
+    # Per target, the other implementations a call may lower instead when measurements say
+    # they are faster for it (kernelhub/_core/measured_choice.py); none for a forced choice.
+    alternates: tuple[tuple[str, tuple[KernelSpec, ...]], ...] = ()
 
     @classmethod
     def pinned(cls, spec: KernelSpec) -> Choices:
@@ -75,6 +79,9 @@ class Choices:
         if not isinstance(choice, KernelSpec):
             raise NoImplementationError(f"cannot lower for {target}: {choice}")
         return choice
+
+    def alternates_for(self, target: str) -> tuple[KernelSpec, ...]:
+        return dict(self.alternates).get(target, ())
 
     def shape_source(self) -> KernelSpec:
         """The implementation whose trace gives the output shapes (all agree); the first
@@ -382,10 +389,18 @@ def _stage_abstract(spec: KernelSpec, layout: Layout, pullbacks: tuple[int, ...]
 
 def _lowering_rule(target: str):
     def lower(ctx, *args, op, choices, layout, pullbacks, batch, stage):
-        del op
         spec = choices.of(target)
         avals = [internals.invariant(aval) for aval in ctx.avals_in]
         with internals.unchecked_manual_axes():
+            alternates = choices.alternates_for(target)
+            if alternates:
+                def trace(candidate: KernelSpec) -> None:
+                    internals.trace(_Traced(candidate, layout, pullbacks, batch, stage).function(),
+                                    avals)
+
+                spec = measured_choice.fastest(op, target, spec, alternates,
+                                               layout.arguments(avals[:layout.num_arrays]),
+                                               trace)
             traced = _Traced(spec, layout, pullbacks, batch, stage).function()
             closed = internals.without_dead_code(internals.trace(traced, avals))
             if stage == FORWARD:

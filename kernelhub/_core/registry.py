@@ -117,6 +117,12 @@ class OpDefinition:
     # `prepare` reads (a table in force, say), as a hashable value.
     prepare_reads_values: bool = True
     context: Callable[[], Any] | None = None
+    # The seconds measured for one implementation's share of a call on this host's device, or
+    # None where nothing was measured: called when a call is lowered for this host's device,
+    # with the arguments by name (arrays as abstract values) and a function that traces that
+    # implementation's share. The dispatcher lowers the fastest measured implementation
+    # (kernelhub/_core/measured_choice.py).
+    measured: Callable[[dict[str, Any], Callable[[], Any]], float | None] | None = None
 
     def features_of(self, prepared: dict[str, Any]) -> frozenset[str]:
         return frozenset() if self.features is None else frozenset(self.features(prepared))

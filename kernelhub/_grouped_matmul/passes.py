@@ -98,6 +98,7 @@ def tgmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, r
 
 def run(tilings: Tilings, call: KernelCall) -> jax.Array:
     """Makes `call` with the tiling its pass gets; a kernel's tiling error names the pass."""
+    tables.observe(call)
     tiling = tables.choose(tilings.for_pass(call.pass_name), tilings.tuning, call)
     try:
         return call.run(tiling)

@@ -287,6 +287,43 @@ def shipped_tiling(call: KernelCall) -> tuple[int, ...] | None:
     return _accepted(table.lookup(key), call, table)
 
 
+def measured_entry(table: Any, call: KernelCall) -> Entry | None:
+    """The entry whose tiling `call` runs with under `table` (a Tuning, or None for the shipped
+    tables) and whose time was measured with it; None where there is none, or where the
+    kernel would not take its tiling at this shape (the heuristic's then runs, not timed)."""
+    if not call.problem.static:
+        return None
+    key = call.key()
+    entry = table.entries.get(key) if isinstance(table, Tuning) else None
+    if entry is None:
+        entry = shipped(key.device_kind).entries.get(key)
+    if entry is None or not call.space.accepts(entry.tiling, call.problem):
+        return None
+    return entry
+
+
+class Observer:
+    """The table in force while one implementation's share of a call is traced to learn its
+    measured time (kernelhub/_grouped_matmul/measured.py): the kernel calls made
+    (kernelhub/_grouped_matmul/passes.py) are recorded in `calls`, and each gets the tiling
+    `table` gives it. A new object each time: jax's trace caches key on the table in force,
+    so the implementation is traced again rather than taken from a cache."""
+
+    def __init__(self, table: Any):
+        self.table = table
+        self.calls: list[KernelCall] = []
+
+    def tiling_for(self, call: KernelCall) -> tuple[int, ...] | None:
+        return choose(None, self.table, call)
+
+
+def observe(call: KernelCall) -> None:
+    """Records `call` when an Observer is the table in force."""
+    observer = active_table.value()
+    if isinstance(observer, Observer):
+        observer.calls.append(call)
+
+
 @functools.lru_cache(maxsize=8)
 def _from_file(path: str) -> Tuning:
     """The table KERNELHUB_TUNING names, or one line naming the variable and what is wrong."""

@@ -182,23 +182,12 @@ def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
     scale blocks along k; with `epilogue`, grouped_matmul's epilogue arguments
     (bias=True for a float32 bias; with a glu, shape.n is the output's columns and rhs has
     twice as many)."""
-    from jax.experimental import topologies
-
     dtype = jnp.dtype(dtype)
     started = time.perf_counter()
     result = CompileResult(generation, shape, dtype.name, backward, False, 0.0)
-    # libtpu takes a machine-wide lock unless told otherwise, so a second process (a parallel
-    # test worker, a job using the local TPU) would make this fail. Compiling for a topology
-    # touches no chip, so sharing is safe. Read once, when this process first loads libtpu.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
-        topology = topologies.get_topology_desc(topology_name=TOPOLOGIES[generation], platform="tpu")
-        device = topology.devices[0]
-        # The kernels read the target chip from the default device while tracing (hardware.py).
-        with jax.default_device(device):
-            lowered = step_function(shape, dtype, backward, quantized, block_size,
-                                    epilogue, quantized_lhs).lower(
-                *argument_specs(shape, dtype, backward, device, epilogue))
+        lowered = _lowered(generation, shape, dtype, backward, quantized, block_size, epilogue,
+                           quantized_lhs)
         compiled = lowered.compile()
         result.compiled = True
         text = compiled.as_text()
@@ -212,6 +201,33 @@ def compile_for(generation: str, shape: MoeShape, dtype: Any = jnp.bfloat16,
         result.details = traceback.format_exc()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _lowered(generation: str, shape: MoeShape, dtype: Any, backward: bool, quantized: Any,
+             block_size: int | None, epilogue: dict[str, Any] | None,
+             quantized_lhs: bool) -> Any:
+    """The step lowered for one chip of `generation` (compile_for's arguments)."""
+    from jax.experimental import topologies
+
+    # libtpu takes a machine-wide lock unless told otherwise, so a second process (a parallel
+    # test worker, a job using the local TPU) would make this fail. Compiling for a topology
+    # touches no chip, so sharing is safe. Read once, when this process first loads libtpu.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    topology = topologies.get_topology_desc(topology_name=TOPOLOGIES[generation], platform="tpu")
+    device = topology.devices[0]
+    # The kernels read the target chip from the default device while tracing (hardware.py).
+    with jax.default_device(device):
+        return step_function(shape, dtype, backward, quantized, block_size, epilogue,
+                             quantized_lhs).lower(
+            *argument_specs(shape, dtype, backward, device, epilogue))
+
+
+def lowered_tiles(generation: str, shape: MoeShape,
+                  dtype: Any = jnp.bfloat16) -> dict[str, tuple[int, int, int]]:
+    """The tiles of each kernel in the bf16 step (forward and VJP) for `generation`, from its
+    lowering alone: what compile_for reports, without the compilation's seconds."""
+    lowered = _lowered(generation, shape, jnp.dtype(dtype), True, None, None, None, True)
+    return kernel_tiles(lowered.as_text())
 
 
 def kernel_tiles(hlo_text: str) -> dict[str, tuple[int, int, int]]:

@@ -25,6 +25,7 @@ from kernelhub._core.errors import ShapeError
 from kernelhub.ops import _checks
 from kernelhub.ops._group_values import check_call, group_check
 from kernelhub._grouped_matmul.groups import NO_OFFSET
+from kernelhub._grouped_matmul.measured import measured_seconds
 from kernelhub._grouped_matmul.problem import require_static
 from kernelhub._grouped_matmul.ragged_modes import Mode, contraction_group, plan
 from kernelhub import _qwix
@@ -337,7 +338,7 @@ def _runtime_check(arguments: dict[str, Any], op: str = NAME) -> None:
 
 
 @define_op(validate=prepare, runtime_check=_runtime_check, check_values=_check_values,
-           validate_reads_values=False, features=_checks.features)
+           validate_reads_values=False, features=_checks.features, measured=measured_seconds)
 def ragged_dot_general(
     lhs: Shaped[ArrayIn, "..."] | QuantizedArray | QwixQArray,
     rhs: Shaped[ArrayIn, "..."] | QuantizedArray | QwixQArray,
@@ -435,7 +436,7 @@ def _simple_check_values(arguments: dict[str, Any]) -> None:
 
 @define_op(name=SIMPLE_NAME, validate=_simple_prepare, runtime_check=_simple_runtime_check,
            check_values=_simple_check_values, validate_reads_values=False,
-           features=_checks.features)
+           features=_checks.features, measured=measured_seconds)
 def ragged_dot(
     lhs: Shaped[ArrayIn, "m k"] | QuantizedArray | QwixQArray,
     rhs: Shaped[ArrayIn, "local_groups k n"] | QuantizedArray | QwixQArray,

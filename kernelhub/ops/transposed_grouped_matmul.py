@@ -13,6 +13,7 @@ from kernelhub._core.define import define_op
 from kernelhub._core.errors import ShapeError
 from kernelhub._core.dispatch import note_values_read
 from kernelhub._grouped_matmul import names
+from kernelhub._grouped_matmul.measured import measured_seconds
 from kernelhub._grouped_matmul.tables import active as active_tuning
 from kernelhub.ops import _checks
 from kernelhub.ops._group_values import value_hooks
@@ -74,7 +75,8 @@ _check_values, _runtime_check = value_hooks(
 
 
 @define_op(validate=_prepare, runtime_check=_runtime_check, features=_checks.features,
-           check_values=_check_values, validate_reads_values=False, context=active_tuning)
+           check_values=_check_values, validate_reads_values=False, context=active_tuning,
+           measured=measured_seconds)
 def transposed_grouped_matmul(
     lhs: Real[ArrayIn, "k m"] | QuantizedArray | QwixQArray,
     rhs: Real[ArrayIn, "m n"] | QuantizedArray | QwixQArray,

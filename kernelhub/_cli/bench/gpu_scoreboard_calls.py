@@ -17,7 +17,7 @@ same values and scales, so every implementation multiplies the same numbers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernelhub
+import kernelhub.export
 from kernelhub._cli._group_sizes import group_sizes
 from kernelhub._cli.bench import gpu_tokamax
 from kernelhub._cli.bench.gpu_measurement import Shape
@@ -151,11 +152,46 @@ def default_platform(op: str, dtype: str) -> str | None:
         return None
 
 
+def _pass_function(call: Callable[..., Any], pass_name: str, shape: Any) -> Callable[..., Any]:
+    """`call` (an op's entry point) jitted as the pass makes it."""
+    if pass_name == "forward":
+        return jax.jit(lambda x, w, s: call(
+            x, w, s, preferred_element_type=OUT, group_offset=shape.offset))
+    if pass_name == "lhs_gradient":
+        return jax.jit(lambda dy, w, s: call(
+            dy, w, s, preferred_element_type=OUT, group_offset=shape.offset,
+            transpose_rhs=True))
+    return jax.jit(lambda xt, dy, s: call(
+        xt, dy, s, preferred_element_type=OUT, group_offset=shape.offset,
+        num_actual_groups=shape.local))
+
+
+# The kernel calls of each GPU platform in a lowering (kernelhub.export.kernels_by_platform).
+_KERNEL_PLATFORM = {"mosaic_gpu": "mosaic", "triton": "triton"}
+
+
+def lowered_platform(fn: Callable[..., Any], args: Sequence[Any]) -> str | None:
+    """The platform whose kernels a plain call's lowering for this GPU holds: per call, a
+    shipped or active table can pick another than `kernelhub.resolve`'s (docs/dispatch.md,
+    "Per call"). None where that cannot be told (no GPU here, or no kernel in it)."""
+    try:
+        exported = kernelhub.export.export(fn, *args, platforms=("cuda",))
+        kinds = kernelhub.export.kernels_by_platform(exported).get("cuda", {})
+    except Exception:  # noqa: BLE001 - then the registered default marks the row
+        return None
+    found = {_KERNEL_PLATFORM[kind] for kind in kinds if kind in _KERNEL_PLATFORM}
+    return found.pop() if len(found) == 1 else None
+
+
 def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
                     operands: PassOperands) -> list[Call]:
     op = PASS_OP[pass_name]
     shape = ops.shape
+    args = (*operands.ours, ops.sizes)
     default = default_platform(op, dtype)
+    if jax.default_backend() == "gpu":
+        default = lowered_platform(_pass_function(kernelhub.get(op), pass_name, shape),
+                                   args) or default
     rows = ops.local
     calls = []
     for platform in kernelhub_platforms(op):
@@ -165,20 +201,9 @@ def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
         except Exception as error:  # noqa: BLE001 - the row says why
             calls.append(Call(implementation, note=_reason(error)))
             continue
-        if pass_name == "forward":
-            fn = jax.jit(lambda x, w, s, call=call: call(
-                x, w, s, preferred_element_type=OUT, group_offset=shape.offset))
-        elif pass_name == "lhs_gradient":
-            fn = jax.jit(lambda dy, w, s, call=call: call(
-                dy, w, s, preferred_element_type=OUT, group_offset=shape.offset,
-                transpose_rhs=True))
-        else:
-            fn = jax.jit(lambda xt, dy, s, call=call: call(
-                xt, dy, s, preferred_element_type=OUT, group_offset=shape.offset,
-                num_actual_groups=shape.local))
+        fn = _pass_function(call, pass_name, shape)
         cut = (lambda out: out) if pass_name == "rhs_gradient" else (lambda out: out[rows])
-        calls.append(Call(implementation, fn, (*operands.ours, ops.sizes),
-                          default=platform == default, cut=cut))
+        calls.append(Call(implementation, fn, args, default=platform == default, cut=cut))
     return calls
 
 
