@@ -252,3 +252,13 @@ def test_each_half_of_the_gradient_takes_its_faster_kernels(twin):
     assert set(twin) == {"gmm transposed", "tgmm"}
     np.testing.assert_allclose(dx, expected_dx, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(dw, expected_dw, rtol=1e-4, atol=1e-3)
+
+
+def test_a_cpu_host_has_no_alternates_and_pays_nothing():
+    """On a CPU the only non-interpreting implementation is XLA's: no target has alternates,
+    so lowering traces nothing more (the interpreters are never alternates)."""
+    from kernelhub._core import dispatch
+
+    for op in (names.GROUPED_MATMUL, names.TRANSPOSED_GROUPED_MATMUL):
+        choices = dispatch.per_target(op, _registry.version())
+        assert choices.alternates_for("cpu") == ()
