@@ -186,3 +186,14 @@ def test_the_default_row_is_the_platform_whose_kernel_a_plain_call_lowers():
     assert gpu_scoreboard_calls.lowered_platform(gmm, (x, w, sizes)) == "triton"
     # Nothing to read (a function without a kernel): None, and the registered default marks it.
     assert gpu_scoreboard_calls.lowered_platform(jax.jit(lambda x: x * 2), (x,)) is None
+
+
+def test_the_lowering_is_read_only_where_a_table_can_choose(monkeypatch):
+    """The shipped CPU table times one implementation (xla): no export per pass is spent;
+    a table named by KERNELHUB_TUNING may hold two kernels' times."""
+    from kernelhub._cli.bench import gpu_scoreboard_calls
+
+    monkeypatch.delenv("KERNELHUB_TUNING", raising=False)
+    assert not gpu_scoreboard_calls._tables_may_choose()
+    monkeypatch.setenv("KERNELHUB_TUNING", "/tmp/table.json")
+    assert gpu_scoreboard_calls._tables_may_choose()

@@ -73,6 +73,41 @@ def test_gmm_group_offset_existing_out_and_transpose_rhs():
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
+def test_gmm_gradients_with_offset_existing_out_a_nan_elsewhere_and_wrapping_sums():
+    """Under jit (the sizes unknown when tracing): local groups 1..2 of 4 with existing_out,
+    a NaN in a row of group 0; the output and the gradients of lhs, rhs and existing_out
+    against float64, the NaN's row exactly 0 in d lhs. Then sizes whose int32 running sums
+    wrap: group 1 takes every row after group 0's, as saturating sums say."""
+    rng = np.random.default_rng(3)
+    m, k, n = 96, 24, 40
+    sizes = np.array([20, 30, 0, 40], np.int32)
+    lhs = np.asarray(_values(rng, (m, k), jnp.float32)).copy()
+    lhs[5, 3] = np.nan
+    rhs = _values(rng, (2, k, n), jnp.float32)
+    existing = _values(rng, (m, n), jnp.float32)
+    d_out = _values(rng, (m, n), jnp.float32)
+    gmm = _mosaic(GMM)
+
+    @jax.jit
+    def step(lhs, rhs, existing, sizes):
+        out, pullback = jax.vjp(lambda l, r, e: gmm(l, r, sizes, group_offset=jnp.int32(1),
+                                                    existing_out=e), lhs, rhs, existing)
+        return out, pullback(d_out)
+
+    out, (d_lhs, d_rhs, d_existing) = step(jnp.asarray(lhs), rhs, existing, jnp.asarray(sizes))
+    assert_close(out, reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing),
+                 jnp.float32, contraction=k)
+    expected = reference.gmm_vjp(lhs, rhs, sizes, d_out, group_offset=1, has_existing=True)
+    for got, want, terms in zip((d_lhs, d_rhs, d_existing), expected, (n, 40, 1)):
+        assert_close(got, want, jnp.float32, contraction=terms)
+    assert not np.asarray(d_lhs)[5].any()
+
+    wrapping = np.array([20, 2**31 - 1, 2**31 - 1, 1], np.int32)
+    out, _ = step(jnp.asarray(lhs), rhs, existing, jnp.asarray(wrapping))
+    assert_close(out, reference.gmm(lhs, rhs, wrapping, group_offset=1, existing_out=existing),
+                 jnp.float32, contraction=k)
+
+
 @pytest.mark.parametrize("glu_layout", ["interleaved", "concatenated"])
 def test_gmm_glu_with_bias(glu_layout):
     """A gated unit on the accumulators (two per tile), the group's bias added first, in both

@@ -17,6 +17,7 @@ same values and scales, so every implementation multiplies the same numbers.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 
 import kernelhub
 import kernelhub.export
+import kernelhub.tuning
 from kernelhub._cli._group_sizes import group_sizes
 from kernelhub._cli.bench import gpu_tokamax
 from kernelhub._cli.bench.gpu_measurement import Shape
@@ -183,13 +185,23 @@ def lowered_platform(fn: Callable[..., Any], args: Sequence[Any]) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def _tables_may_choose() -> bool:
+    """Whether a tuning table can make a plain call lower another kernel than resolve's here:
+    one named by KERNELHUB_TUNING, or one shipped for this GPU with entries of two kernels.
+    Else the lowering is not read (an export per pass costs the run's GPU seconds)."""
+    if os.environ.get("KERNELHUB_TUNING"):
+        return True
+    table = kernelhub.tuning.shipped(jax.devices()[0].device_kind)
+    return len({key.implementation for key in table.entries}) > 1
+
+
 def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
                     operands: PassOperands) -> list[Call]:
     op = PASS_OP[pass_name]
     shape = ops.shape
     args = (*operands.ours, ops.sizes)
     default = default_platform(op, dtype)
-    if jax.default_backend() == "gpu":
+    if jax.default_backend() == "gpu" and _tables_may_choose():
         default = lowered_platform(_pass_function(kernelhub.get(op), pass_name, shape),
                                    args) or default
     rows = ops.local
