@@ -409,8 +409,15 @@ def _differentiated_reference(reference, arguments: dict[str, Any], differentiab
         def of(*values):
             return reference(**{**arguments, **{n: v for n, v in zip(differentiable, values)}})
 
+        primals = [jnp.asarray(arguments[n]) for n in differentiable]
         try:
-            _, pullback = jax.vjp(of, *(jnp.asarray(arguments[n]) for n in differentiable))
+            try:
+                # Jitted: one compilation of the reference and one of its pullback, not one
+                # per operation. A reference that reads a differentiable value (a Python
+                # branch on it) cannot be jitted, and runs op by op.
+                _, pullback = jax.vjp(jax.jit(of), *primals)
+            except jax.errors.ConcretizationTypeError:
+                _, pullback = jax.vjp(of, *primals)
         except (TypeError, jax.errors.TracerArrayConversionError) as error:
             raise TypeError(
                 "the reference cannot be differentiated by jax (write it with jax.numpy, or pass "

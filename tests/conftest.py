@@ -24,6 +24,7 @@ import kernelhub  # noqa: E402
 from kernelhub import testing  # noqa: E402
 
 # Interpret-mode kernels run a Python-level emulation of every grid step: far fewer examples.
+# (16 draw every size pattern of tests/strategies.py for gmm; 13 is the least that does.)
 EXAMPLES = {"xla": 16, "interpret": 4}
 # `pytest --quick`: every implementation's contract (the files below: forward and gradients
 # against the float64 reference, lax's ragged_dot, every dtype, bad input, selection), with

@@ -7,11 +7,16 @@ with and without an activation, which kernelhub applies itself (its `activation=
 The interpret-mode kernels (Pallas and Triton emulated on the CPU, about 2 s a case) take a
 slice of the products: test_vjp's smaller problem with each activation; for test_quantized each
 dtype with each activation, both operand kinds, every tiling of lhs and of rhs at least once.
+The compiled implementations take test_quantized's every (dtype, lhs tiling, rhs tiling), 40 of
+its 240 cases, with the activation and the operand kind turning so that every pair of values of
+any two of its five parameters is met (CI's time: the whole product took 158 s of its 20
+minutes; it passed whole on 2026-11-26). KERNELHUB_TEST_WHOLE_PRODUCTS=1 runs all 240.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -47,18 +52,30 @@ def ragged_dot_on(gmm):
 # qwix's QArray and tokamax's AsQArray in turn, and so every lhs and rhs tiling in turn.
 _A_TILES = (None, (1, 128), (1, 16), (256, 1), (16, 1))
 _B_TILES = ((1, 1, 16), (1, 1, 128), (1, 256, 1), (1, 16, 1))
+_ACTIVATIONS = (None, test_base.relu, jax.nn.tanh)
+_DTYPES = ("int8", "int4")
 INTERPRET_SLICE = [
     dict(dtype=dtype, a_tile_shape=_A_TILES[i % len(_A_TILES)],
          b_tile_shape=_B_TILES[i % len(_B_TILES)], use_as_qarray=bool(i % 2),
          activation=activation)
     for i, (dtype, activation) in enumerate(
-        itertools.product(("int8", "int4"), (None, test_base.relu, jax.nn.tanh)))]
+        itertools.product(_DTYPES, _ACTIVATIONS))]
+
+
+# test_quantized on the compiled implementations: every (dtype, a tiling, b tiling), the
+# activation and the operand kind turning with them so that every pair of any two parameters'
+# values is met (checked in test_the_quantized_slice_meets_every_pair).
+COMPILED_SLICE = [
+    dict(dtype=dtype, a_tile_shape=a_tile, b_tile_shape=b_tile,
+         use_as_qarray=bool((a + b + d) % 2), activation=_ACTIVATIONS[(a + 2 * b + d) % 3])
+    for (d, dtype), (a, a_tile), (b, b_tile) in itertools.product(
+        enumerate(_DTYPES), enumerate(_A_TILES), enumerate(_B_TILES))]
+WHOLE_PRODUCTS = os.environ.get("KERNELHUB_TEST_WHOLE_PRODUCTS") == "1"
 
 
 # test_vjp's product with m=128 only (it also draws m=1024: the same code at 8x the rows, for CI's
 # time) on the compiled implementations; its smallest problem with each activation on the
 # interpret kernels.
-_ACTIVATIONS = (None, test_base.relu, jax.nn.tanh)
 VJP_CASES = [dict(num_groups=8, m=128, k=k, n=n, activation=activation)
              for k, n, activation in itertools.product((128, 64), (256, 128), _ACTIVATIONS)]
 VJP_SLICE = [dict(num_groups=8, m=128, k=64, n=128, activation=activation)
@@ -76,8 +93,9 @@ def _test_class(spec: kernelhub.KernelSpec) -> type:
         def test_vjp(self, num_groups, m, k, n, activation):
             self._test_vjp(num_groups, m, k, n, activation)
 
-        if spec.interpret_only:
-            @parameterized.parameters(*INTERPRET_SLICE)
+        if not WHOLE_PRODUCTS or spec.interpret_only:
+            @parameterized.parameters(*(INTERPRET_SLICE if spec.interpret_only
+                                        else COMPILED_SLICE))
             def test_quantized(self, dtype, a_tile_shape, b_tile_shape, use_as_qarray,
                                activation):
                 self._test_quantized(dtype, dtype, a_tile_shape, b_tile_shape, use_as_qarray,
@@ -85,10 +103,11 @@ def _test_class(spec: kernelhub.KernelSpec) -> type:
 
     # Only the gradient and quantized tests (the others exercise tokamax's own options:
     # checkify, configs), as parameterized above; test_quantized's whole product on the
-    # compiled implementations.
+    # compiled implementations with KERNELHUB_TEST_WHOLE_PRODUCTS=1.
     own = set(vars(Test))
     for name in set(dir(test_base.RaggedDotTestBase)) | own:
-        kept = name in own or (not spec.interpret_only and name.startswith("test_quantized"))
+        kept = name in own or (WHOLE_PRODUCTS and not spec.interpret_only
+                                and name.startswith("test_quantized"))
         if name.startswith("test") and not kept:
             setattr(Test, name, None)
     Test.__name__ = Test.__qualname__ = (
@@ -100,3 +119,12 @@ for _spec in runnable_implementations(GMM):
     _cls = _test_class(_spec)
     globals()[_cls.__name__] = _cls
 del _spec, _cls
+
+
+def test_the_quantized_slice_meets_every_pair():
+    values = dict(dtype=_DTYPES, a_tile_shape=_A_TILES, b_tile_shape=_B_TILES,
+                  use_as_qarray=(False, True), activation=_ACTIVATIONS)
+    for first, second in itertools.combinations(values, 2):
+        met = {(repr(case[first]), repr(case[second])) for case in COMPILED_SLICE}
+        assert len(met) == len(values[first]) * len(values[second]), (first, second)
+    assert len({(c["dtype"], c["a_tile_shape"], c["b_tile_shape"]) for c in COMPILED_SLICE}) == 40

@@ -564,8 +564,7 @@ EIGHT_BIT_WGMMA = (".e4m3", ".e5m2", ".s8")
 INT4, E2M1 = jnp.int4, jnp.float4_e2m1fn
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True])
-@pytest.mark.parametrize("lhs_dtype, rhs_dtype, forward_wgmma", [
+_QUANTIZED_PAIRS = [
     (E4M3, E4M3, "f32.e4m3.e4m3"),
     (E5M2, E5M2, "f32.e5m2.e5m2"),
     (E4M3, E5M2, "f32.e4m3.e5m2"),
@@ -576,7 +575,16 @@ INT4, E2M1 = jnp.int4, jnp.float4_e2m1fn
     (INT4, INT4, "s32.s8.s8"),  # N-major (not transposed): bf16, asserted below
     (E2M1, E2M1, "f32.e4m3.e4m3"),
     (None, INT4, "f32.bf16.bf16"),
-])
+]
+# Every pair with N-major weights; K-major (transpose_rhs) where the path differs: 8-bit tiles
+# straight from memory to the tensor cores (e4m3, e5m2 beside it, int8) and int4's 8-bit wgmma.
+# Weight-only pairs, e5m2 x e5m2 and e2m1 transposed also passed (2026-11-26), left out of CI.
+_K_MAJOR = {(E4M3, E4M3), (E4M3, E5M2), (INT8, INT8), (INT4, INT4)}
+
+
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, forward_wgmma, transpose_rhs", [
+    (lhs, rhs, wgmma, transpose) for transpose in (False, True)
+    for lhs, rhs, wgmma in _QUANTIZED_PAIRS if not transpose or (lhs, rhs) in _K_MAJOR])
 def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmma,
                                               transpose_rhs):
     """Quantized operands (one scale per row and column, applied around the kernels) exported
