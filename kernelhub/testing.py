@@ -247,7 +247,8 @@ def check_implementations(
         with a seeded numpy Generator; or a hypothesis strategy of `Case`.
       reference_vjp: `reference_vjp(cotangent, /, **arguments) -> {name: gradient}` for the
         floating array arguments, in float64. When None, the reference is differentiated with
-        jax in float64 (it must then be written with jax.numpy).
+        jax in float64 (it must then be written with jax.numpy): jitted, or op by op when it
+        reads a value on the host.
       gradients: whether to check `jax.vjp` too (for ops with floating array arguments).
       check: called as `check(arguments, output)` on every forward result, for properties
         beyond closeness (exact zeros, dtypes); an AssertionError it raises is a failure.

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import strategies as st
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 import kernelhub
 from kernelhub import testing
@@ -159,3 +159,28 @@ def test_importable_without_pytest_or_hypothesis():
             "print(testing.default_tolerance('float32'))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_reference_reading_its_integer_arguments_on_the_host_is_differentiated_too():
+    """The harness differentiates a jax.numpy reference jitted; one that reads a value on the
+    host (here an int() of a jnp sum of its integer argument) cannot be jitted, and is
+    differentiated op by op instead."""
+    def repeat_sum(x: Float[Array, "n"], times: Int[Array, "r"]) -> Float[Array, "n"]:
+        """x * sum(times)."""
+
+    declared = kernelhub.define_op(repeat_sum, name=f"repeat_sum_{next(_names)}")
+    try:
+        kernelhub.register(declared, "xla", "any")(lambda x, times: x * jnp.sum(times).astype(x.dtype))
+
+        def host_reference(x, times):
+            return x * int(jnp.sum(times))
+
+        def case(rng):
+            return testing.Case(jnp.asarray(rng.normal(size=5), jnp.float32),
+                                jnp.asarray(rng.integers(0, 4, size=3), jnp.int32))
+
+        report = testing.check_implementations(declared, host_reference, case, examples=2)
+        report.assert_ok()
+        assert "gradient of x" in report.implementations[0].results
+    finally:
+        _registry.remove_op(declared)
