@@ -200,6 +200,23 @@ def test_tgmm_float32_isolates_other_groups_nan():
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
 
 
+def test_tgmm_programs_storing_while_they_sum_their_next_tiles():
+    """27 output tiles on the interpreter's 2 programs: each program's tile stores are in
+    flight while it sums its next tile, read existing_out into the same shared memory, and
+    all land (every tile checked, the last one included)."""
+    rng = np.random.default_rng(8)
+    k, m, n = 130, 75, 40
+    sizes = np.array([20, 0, 31, 24], np.int32)
+    lhs, rhs = _values(rng, (k, m), jnp.bfloat16), _values(rng, (m, n), jnp.bfloat16)
+    existing = _values(rng, (3, k, n), jnp.float32)
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=(32, 64, 16),
+                        group_offset=jnp.int32(1), num_actual_groups=3, existing_out=existing)
+    expected = reference.tgmm(lhs, rhs, sizes, group_offset=1, num_actual_groups=3,
+                              existing_out=existing)
+    assert_close(out, expected, jnp.float32, contraction=m)
+    np.testing.assert_array_equal(np.asarray(out)[0], np.asarray(existing)[0])
+
+
 # ---------------------------------------------------------------- kernelhub.testing
 
 

@@ -10,7 +10,8 @@ dtype with each activation, both operand kinds, every tiling of lhs and of rhs a
 The compiled implementations take test_quantized's every (dtype, lhs tiling, rhs tiling), 40 of
 its 240 cases, with the activation and the operand kind turning so that every pair of values of
 any two of its five parameters is met (CI's time: the whole product took 158 s of its 20
-minutes; it passed whole on 2026-11-26). KERNELHUB_TEST_WHOLE_PRODUCTS=1 runs all 240.
+minutes; it passed whole on 2026-11-26), and test_vjp's 6 of 12 cases meeting every pair.
+KERNELHUB_TEST_WHOLE_PRODUCTS=1 runs both whole.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ INTERPRET_SLICE = [
 
 # test_quantized on the compiled implementations: every (dtype, a tiling, b tiling), the
 # activation and the operand kind turning with them so that every pair of any two parameters'
-# values is met (checked in test_the_quantized_slice_meets_every_pair).
+# values is met (checked in test_the_slices_meet_every_pair).
 COMPILED_SLICE = [
     dict(dtype=dtype, a_tile_shape=a_tile, b_tile_shape=b_tile,
          use_as_qarray=bool((a + b + d) % 2), activation=_ACTIVATIONS[(a + 2 * b + d) % 3])
@@ -74,10 +75,13 @@ WHOLE_PRODUCTS = os.environ.get("KERNELHUB_TEST_WHOLE_PRODUCTS") == "1"
 
 
 # test_vjp's product with m=128 only (it also draws m=1024: the same code at 8x the rows, for CI's
-# time) on the compiled implementations; its smallest problem with each activation on the
-# interpret kernels.
+# time) on the compiled implementations, 6 of its 12 (k, n, activation) cases: every pair of
+# any two of them (tanh where k and n are the other's size); its smallest problem with each
+# activation on the interpret kernels. KERNELHUB_TEST_WHOLE_PRODUCTS=1 runs the 12.
 VJP_CASES = [dict(num_groups=8, m=128, k=k, n=n, activation=activation)
-             for k, n, activation in itertools.product((128, 64), (256, 128), _ACTIVATIONS)]
+             for (i, k), (j, n), (a, activation) in itertools.product(
+                 enumerate((128, 64)), enumerate((256, 128)), enumerate(_ACTIVATIONS))
+             if WHOLE_PRODUCTS or (a == 2) == (i != j)]
 VJP_SLICE = [dict(num_groups=8, m=128, k=64, n=128, activation=activation)
              for activation in _ACTIVATIONS]
 
@@ -121,10 +125,14 @@ for _spec in runnable_implementations(GMM):
 del _spec, _cls
 
 
-def test_the_quantized_slice_meets_every_pair():
+def test_the_slices_meet_every_pair():
     values = dict(dtype=_DTYPES, a_tile_shape=_A_TILES, b_tile_shape=_B_TILES,
                   use_as_qarray=(False, True), activation=_ACTIVATIONS)
     for first, second in itertools.combinations(values, 2):
         met = {(repr(case[first]), repr(case[second])) for case in COMPILED_SLICE}
         assert len(met) == len(values[first]) * len(values[second]), (first, second)
     assert len({(c["dtype"], c["a_tile_shape"], c["b_tile_shape"]) for c in COMPILED_SLICE}) == 40
+    vjp = [(c["k"], c["n"], repr(c["activation"])) for c in VJP_CASES]
+    for first, second in itertools.combinations(range(3), 2):
+        assert len({(c[first], c[second]) for c in vjp}) == (4 if first == 0 and second == 1
+                                                             else 6), (first, second)

@@ -407,8 +407,13 @@ def test_offsets_are_64_bit_exactly_for_operands_of_2_31_elements(op, lhs_shape,
 # ---------------------------------------------------------------- PTX for Hopper, without a GPU
 
 
+# Qwen3-MoE's kernels also compiled to PTX (2026-11-26); CI's time keeps DeepSeek-V3 for the
+# fine-grained shapes (test_lowers_for_cuda lowers all four).
+PTX_SHAPES = [shape for shape in MOE_SHAPES if shape[0] != "qwen3-moe"]
+
+
 @pytest.mark.parametrize("op", [GMM, TGMM])
-@pytest.mark.parametrize("shape", MOE_SHAPES, ids=[s[0] for s in MOE_SHAPES])
+@pytest.mark.parametrize("shape", PTX_SHAPES, ids=[s[0] for s in PTX_SHAPES])
 def test_compiles_to_hopper_ptx(shape, op):
     """The kernels of forward and backward compile for sm_90 within shared memory, on tensor
     cores, with vectorised pipelined loads. Needs the `triton` package (else skipped)."""

@@ -9,7 +9,9 @@ memory by TMA, `stages` chunks in flight, and wgmma adds them into a float32 acc
 group's chunks only the first and the last can hold other groups' rows; there a select sets
 those rows to exact zeros in shared memory, in both tiles (so a NaN in another group's row stays
 out of this sum). An empty group runs no chunk. The tile, plus existing_out's when given, is
-stored whole by one TMA copy: every output element is written once, by one program.
+stored whole by one TMA copy: every output element is written once, by one program. The store
+runs while the program sums its next tile (one shared-memory tile per program holds the result
+in flight; only writing the next result waits for it).
 
 float32 and fp8 wgmma read both operands K-major: rhs [m, n] of those types is transposed to
 [n, m] first (a copy).
@@ -69,6 +71,23 @@ def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, group
 
     out_ref = refs[-1]
     existing_ref = refs[0] if has_existing else None
+    pl.run_scoped(functools.partial(_loop, bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref,
+                                    blocks=blocks, groups=groups, k_tiles=k_tiles,
+                                    n_tiles=n_tiles, rhs_k_major=rhs_k_major,
+                                    interpret=interpret),
+                  plgpu.SMEM((blocks.block_k, blocks.block_n), out_ref.dtype), plgpu.Barrier())
+
+
+def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
+          blocks: config.BlockConfig, groups: int, k_tiles: int, n_tiles: int,
+          rhs_k_major: bool, interpret: bool) -> None:
+    """The program's share of the output tiles. One shared-memory tile holds each result
+    while TMA stores it; the next tile's sums run while that store is in flight (a group of a
+    fine-grained MoE sums few rows into each tile: its store costs as much as its loads), and
+    only the write of the next result waits for it."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     shape = (bk, bn)
 
@@ -129,17 +148,17 @@ def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, group
         else:
             total = pl.run_scoped(accumulate, plgpu.ACC(shape))
         where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
+        # The previous tile's store has read tile_smem before it is written again.
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        if existing_ref is None:
+            tile_smem[...] = total.astype(out_ref.dtype)
+        else:
+            plgpu.copy_gmem_to_smem(existing_ref.at[where], tile_smem, barrier)
+            plgpu.barrier_wait(barrier)
+            kept = tile_smem[...].astype(jnp.float32)
+            tile_smem[...] = (total + kept).astype(out_ref.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
 
-        def store(tile_smem, barrier):
-            if existing_ref is None:
-                tile_smem[...] = total.astype(out_ref.dtype)
-            else:
-                plgpu.copy_gmem_to_smem(existing_ref.at[where], tile_smem, barrier)
-                plgpu.barrier_wait(barrier)
-                kept = tile_smem[...].astype(jnp.float32)
-                tile_smem[...] = (total + kept).astype(out_ref.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-        pl.run_scoped(store, plgpu.SMEM(shape, out_ref.dtype), plgpu.Barrier())
+    # The last store completes before the kernel ends.
+    plgpu.wait_smem_to_gmem(0)
