@@ -414,8 +414,9 @@ def _differentiated_reference(reference, arguments: dict[str, Any], differentiab
         try:
             try:
                 # Jitted: one compilation of the reference and one of its pullback, not one
-                # per operation. A reference that reads a differentiable value (a Python
-                # branch on it) cannot be jitted, and runs op by op.
+                # per operation. A reference that reads on the host a value it computed with
+                # jax from its other arguments (int(jnp.sum(sizes))) cannot be jitted; op by
+                # op those values are concrete.
                 _, pullback = jax.vjp(jax.jit(of), *primals)
             except jax.errors.ConcretizationTypeError:
                 _, pullback = jax.vjp(of, *primals)
