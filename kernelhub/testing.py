@@ -10,8 +10,8 @@
     report.assert_ok()                           # or print(report)
 
 Every implementation that can run on this machine is called (the interpret-mode kernels
-included), forward and, for ops with floating inputs, through `jax.vjp`; each result is
-compared with the reference computed in float64 on the same inputs. The report gives, per
+included): forward as a user calls it, and, for ops with floating inputs, through `jax.vjp` and
+its pullback under one `jax.jit`; each result is compared with the reference computed in float64 on the same inputs. The report gives, per
 implementation, the worst error of each output and gradient next to the tolerance of its dtype.
 
 The error of a result `a` against the reference `e` is max |a - e| / (|e| + rms(e)): relative
@@ -25,6 +25,7 @@ Needs no pytest; hypothesis only when `problems` is a hypothesis strategy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -375,14 +376,9 @@ def _check_case(definition, pinned, case: Case, index: int, report: Implementati
     if not gradients or not differentiable:
         return
 
-    def with_values(*values):
-        return pinned(**{**arguments, **dict(zip(differentiable, values))})
-
-    primals = [jnp.asarray(arguments[name]) for name in differentiable]
-    output, pullback = jax.vjp(with_values, *primals)
     rng = np.random.default_rng([seed, index, 1])
-    cotangent = jax.tree.map(lambda leaf: _cotangent_like(leaf, rng), output)
-    grads = dict(zip(differentiable, pullback(cotangent)))
+    cotangent = jax.tree.map(lambda leaf: _cotangent_like(leaf, rng), output)  # the forward's tree
+    grads = dict(zip(differentiable, _pullback_of(pinned.resolve(), arguments, differentiable, cotangent)))
     for name in differentiable:
         if grads[name].dtype != jnp.asarray(arguments[name]).dtype:
             raise TypeError(f"the gradient of {name} has dtype {grads[name].dtype}, the "
@@ -402,6 +398,47 @@ def _cotangent_like(leaf: jax.Array, rng: np.random.Generator) -> jax.Array:
     if not jnp.issubdtype(leaf.dtype, jnp.inexact):
         return np.zeros(leaf.shape, jax.dtypes.float0)
     return jnp.asarray(rng.standard_normal(leaf.shape), leaf.dtype)
+
+
+def _pullback_of(spec: KernelSpec, arguments: dict[str, Any], differentiable: list[str],
+                 cotangent: Any) -> tuple:
+    """jax.vjp of the pinned implementation with respect to the `differentiable` arguments,
+    pulled back from `cotangent`, as one jitted program: one compilation, where running them
+    eagerly compiles the forward with its residuals and the backward apart. Cases of the same
+    shapes and static arguments share it."""
+    leaves, structure = jax.tree.flatten(cotangent)
+    # float0 leaves (integer outputs) are no jit arguments: made inside from their shapes.
+    float0_shapes = tuple(leaf.shape if leaf.dtype == jax.dtypes.float0 else None for leaf in leaves)
+    given = [leaf for leaf, shape in zip(leaves, float0_shapes) if shape is None]
+    primals = [jnp.asarray(arguments[name]) for name in differentiable]
+    arrays = {name: value for name, value in arguments.items()
+              if name not in differentiable and isinstance(value, (jax.Array, np.ndarray))}
+    statics = tuple((name, value) for name, value in arguments.items()
+                    if name not in differentiable and name not in arrays)
+    layout = dict(spec=spec, names=tuple(differentiable), structure=structure,
+                  float0_shapes=float0_shapes)
+    try:
+        hash(statics)
+    except TypeError:  # an unhashable argument: a program for this case alone
+        return jax.jit(functools.partial(_pullback, statics=(), **layout))(
+            primals, {**arrays, **dict(statics)}, given)
+    return _shared_pullback(primals, arrays, given, statics=statics, **layout)
+
+
+def _pullback(primals, arrays, given, *, spec, names, structure, float0_shapes, statics):
+    pinned = _dispatch.Pinned(spec)
+
+    def of(*values):
+        return pinned(**dict(statics), **arrays, **dict(zip(names, values)))
+
+    supplied = iter(given)
+    leaves = [next(supplied) if shape is None else np.zeros(shape, jax.dtypes.float0)
+              for shape in float0_shapes]
+    return jax.vjp(of, *primals)[1](jax.tree.unflatten(structure, leaves))
+
+
+_shared_pullback = jax.jit(
+    _pullback, static_argnames=("spec", "names", "structure", "float0_shapes", "statics"))
 
 
 def _differentiated_reference(reference, arguments: dict[str, Any], differentiable: list[str],

@@ -23,9 +23,10 @@ import pytest  # noqa: E402
 import kernelhub  # noqa: E402
 from kernelhub import testing  # noqa: E402
 
-# Interpret-mode kernels run a Python-level emulation of every grid step: far fewer examples.
-# (16 draw every size pattern of tests/strategies.py for gmm; 13 is the least that does.)
-EXAMPLES = {"xla": 16, "interpret": 4}
+# Interpret-mode kernels run a Python-level emulation of every grid step: fewer examples. The
+# contract tests cycle through the size patterns of tests/strategies.py: each pattern twice on
+# XLA, once on each interpreter.
+EXAMPLES = {"xla": 12, "interpret": 6}
 # `pytest --quick`: every implementation's contract (the files below: forward and gradients
 # against the float64 reference, lax's ragged_dot, every dtype, bad input, selection), with
 # fewer drawn examples and without ahead-of-time compilations (`slow`) or the 8-device

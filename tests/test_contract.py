@@ -7,6 +7,8 @@ own ops, so it runs on every test run.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 import reference
 from conftest import assert_close, call, implementation_params, max_examples
 from kernelhub import testing
-from strategies import Problem, normal, problems, sizes_for
+from strategies import PATTERNS, Problem, normal, problems, sizes_for
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
@@ -60,7 +62,7 @@ def gmm_exact_rows(arguments, out) -> None:
 @pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_gmm_forward_and_gradients(spec):
     report = testing.check_implementations(
-        GMM, gmm_reference, problems().map(gmm_case), reference_vjp=gmm_reference_vjp,
+        GMM, gmm_reference, problems(patterns=itertools.cycle(PATTERNS)).map(gmm_case), reference_vjp=gmm_reference_vjp,
         check=gmm_exact_rows, implementations=[spec], examples=max_examples(spec))
     report.assert_ok()
 
@@ -102,7 +104,7 @@ def tgmm_exact_empty_groups(arguments, out) -> None:
 @pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_tgmm_forward_and_gradients(spec):
     report = testing.check_implementations(
-        TGMM, tgmm_reference, problems(transposable=False).map(tgmm_case),
+        TGMM, tgmm_reference, problems(transposable=False, patterns=itertools.cycle(PATTERNS)).map(tgmm_case),
         reference_vjp=tgmm_reference_vjp, check=tgmm_exact_empty_groups, implementations=[spec],
         examples=max_examples(spec))
     report.assert_ok()

@@ -2,6 +2,9 @@
 
 The reference dequantizes in numpy float64 from the stored values and scales (its own
 repetition of scales over blocks, not kernelhub's) and runs the float64 reference products.
+
+The products of implementation, dtype, block size and quantized operand are sliced so that
+every pair of values meets (tests/slices.py; KERNELHUB_TEST_WHOLE_PRODUCTS=1 runs them whole).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from conftest import assert_close, implementation_params
 from kernelhub import QuantizedArray, quantize
 from kernelhub._grouped_matmul import names
 from kernelhub.ops import _checks
+from slices import all_pairs
 from strategies import normal
 
 GMM = "grouped_matmul"
@@ -146,10 +150,8 @@ def gmm_arrays(rng, m, k, n, groups, transpose_rhs=False):
     return jnp.asarray(lhs), jnp.asarray(rhs)
 
 
-@pytest.mark.parametrize("spec", quantized_implementations(GMM))
-@pytest.mark.parametrize("dtype", QUANTIZED)
-@pytest.mark.parametrize("block_size", [None, 16])
-@pytest.mark.parametrize("quantized", ["both", "rhs", "lhs"])
+@pytest.mark.parametrize("spec, dtype, block_size, quantized", all_pairs(
+    quantized_implementations(GMM), QUANTIZED, [None, 16], ["both", "rhs", "lhs"]))
 def test_gmm_of_quantized_operands_is_the_product_of_their_dequantized_values(
         spec, dtype, block_size, quantized):
     rng = np.random.default_rng(3)
@@ -298,9 +300,8 @@ def test_int8_sums_longer_than_int32_holds_stay_exact(op, spec):
     np.testing.assert_array_equal(np.asarray(out, np.float64), float(2**21 * 1025))
 
 
-@pytest.mark.parametrize("spec", quantized_implementations(TGMM))
-@pytest.mark.parametrize("dtype", QUANTIZED)
-@pytest.mark.parametrize("block_size", [None, 16])
+@pytest.mark.parametrize("spec, dtype, block_size", all_pairs(
+    quantized_implementations(TGMM), QUANTIZED, [None, 16]))
 def test_tgmm_of_quantized_operands(spec, dtype, block_size):
     rng = np.random.default_rng(5)
     k, m, n = 24, 300, 16  # many small groups (the batched head) and a large one past it
@@ -320,9 +321,8 @@ def test_tgmm_of_quantized_operands(spec, dtype, block_size):
     np.testing.assert_array_equal(np.asarray(out)[8], np.asarray(existing)[8])  # group 10: empty
 
 
-@pytest.mark.parametrize("spec", quantized_implementations(GMM))
-@pytest.mark.parametrize("transpose_rhs", [False, True])
-@pytest.mark.parametrize("block_size", [None, 16])
+@pytest.mark.parametrize("spec, transpose_rhs, block_size", all_pairs(
+    quantized_implementations(GMM), [False, True], [None, 16]))
 def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs, block_size):
     """jax.grad through quantize and gmm: the gradients of the product of the dequantized
     operands, reaching the float inputs unchanged."""

@@ -7,17 +7,16 @@ with and without an activation, which kernelhub applies itself (its `activation=
 The interpret-mode kernels (Pallas and Triton emulated on the CPU, about 2 s a case) take a
 slice of the products: test_vjp's smaller problem with each activation; for test_quantized each
 dtype with each activation, both operand kinds, every tiling of lhs and of rhs at least once.
-The compiled implementations take test_quantized's every (dtype, lhs tiling, rhs tiling), 40 of
-its 240 cases, with the activation and the operand kind turning so that every pair of values of
-any two of its five parameters is met (CI's time: the whole product took 158 s of its 20
-minutes; it passed whole on 2026-11-26), and test_vjp's 6 of 12 cases meeting every pair.
+The compiled implementations take 20 of test_quantized's 240 cases, in which every pair of
+values of any two of its five parameters meets (each lhs tiling with each rhs tiling, each
+tiling with each dtype, activation and operand kind; CI's time: the whole product took 158 s of
+its 20 minutes; it passed whole on 2026-11-26), and test_vjp's 6 of 12 cases meeting every pair.
 KERNELHUB_TEST_WHOLE_PRODUCTS=1 runs both whole.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ import pytest
 
 import kernelhub
 from conftest import runnable_implementations
+from slices import WHOLE_PRODUCTS, all_pairs_indices
 
 test_base = pytest.importorskip("tokamax._src.ops.ragged_dot.test_base")
 quantization = pytest.importorskip("tokamax._src.quantization")
@@ -63,15 +63,13 @@ INTERPRET_SLICE = [
         itertools.product(_DTYPES, _ACTIVATIONS))]
 
 
-# test_quantized on the compiled implementations: every (dtype, a tiling, b tiling), the
-# activation and the operand kind turning with them so that every pair of any two parameters'
-# values is met (checked in test_the_slices_meet_every_pair).
+# test_quantized on the compiled implementations: every pair of values of any two of its five
+# parameters meets (tests/slices.py; checked in test_the_slices_meet_every_pair).
+_QUANTIZED_AXES = dict(dtype=_DTYPES, a_tile_shape=_A_TILES, b_tile_shape=_B_TILES,
+                       use_as_qarray=(False, True), activation=_ACTIVATIONS)
 COMPILED_SLICE = [
-    dict(dtype=dtype, a_tile_shape=a_tile, b_tile_shape=b_tile,
-         use_as_qarray=bool((a + b + d) % 2), activation=_ACTIVATIONS[(a + 2 * b + d) % 3])
-    for (d, dtype), (a, a_tile), (b, b_tile) in itertools.product(
-        enumerate(_DTYPES), enumerate(_A_TILES), enumerate(_B_TILES))]
-WHOLE_PRODUCTS = os.environ.get("KERNELHUB_TEST_WHOLE_PRODUCTS") == "1"
+    {name: values[i] for (name, values), i in zip(_QUANTIZED_AXES.items(), case)}
+    for case in all_pairs_indices([len(values) for values in _QUANTIZED_AXES.values()])]
 
 
 # test_vjp's product with m=128 only (it also draws m=1024: the same code at 8x the rows, for CI's
@@ -126,12 +124,9 @@ del _spec, _cls
 
 
 def test_the_slices_meet_every_pair():
-    values = dict(dtype=_DTYPES, a_tile_shape=_A_TILES, b_tile_shape=_B_TILES,
-                  use_as_qarray=(False, True), activation=_ACTIVATIONS)
-    for first, second in itertools.combinations(values, 2):
+    for first, second in itertools.combinations(_QUANTIZED_AXES, 2):
         met = {(repr(case[first]), repr(case[second])) for case in COMPILED_SLICE}
-        assert len(met) == len(values[first]) * len(values[second]), (first, second)
-    assert len({(c["dtype"], c["a_tile_shape"], c["b_tile_shape"]) for c in COMPILED_SLICE}) == 40
+        assert len(met) == len(_QUANTIZED_AXES[first]) * len(_QUANTIZED_AXES[second]), (first, second)
     vjp = [(c["k"], c["n"], repr(c["activation"])) for c in VJP_CASES]
     for first, second in itertools.combinations(range(3), 2):
         assert len({(c[first], c[second]) for c in vjp}) == (4 if first == 0 and second == 1
