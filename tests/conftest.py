@@ -85,6 +85,19 @@ def call(spec: kernelhub.KernelSpec):
     return kernelhub.get(spec.op, platform=spec.platform)
 
 
+def jitted_vjp(f, primals: tuple, cotangent):
+    """`f(*primals)` and its cotangents of `primals` pulled back from `cotangent`, as one jitted
+    program: run eagerly, jax.vjp of a composite (quantization's scales, say) compiles each of
+    its jax.numpy operations apart, a few hundred small programs. (Eager calls have tests of
+    their own: tests/test_eager.py.)"""
+
+    def run(primals, cotangent):
+        out, pullback = jax.vjp(f, *primals)
+        return out, pullback(cotangent)
+
+    return jax.jit(run)(tuple(primals), cotangent)
+
+
 def max_examples(spec: kernelhub.KernelSpec) -> int:
     return EXAMPLES["interpret" if spec.interpret_only else "xla"]
 

@@ -18,7 +18,7 @@ import pytest
 
 import kernelhub
 import reference
-from conftest import assert_close, implementation_params
+from conftest import assert_close, implementation_params, jitted_vjp
 from kernelhub import QuantizedArray, quantize
 from strategies import normal
 
@@ -200,8 +200,7 @@ def test_gmm_formats_with_offset_existing_out_transposed_rhs_and_gradients(spec)
             return gmm(quantized(x, form, 1), quantized(w, form, 2), jnp.asarray(sizes),
                        group_offset=1, existing_out=existing, transpose_rhs=True)
 
-        out, pullback = jax.vjp(f, lhs, rhs_t)
-        d_lhs, d_rhs = pullback(d_out)
+        out, (d_lhs, d_rhs) = jitted_vjp(f, (lhs, rhs_t), d_out)
         ql, qr = dequantized(quantized(lhs, form, 1)), dequantized(quantized(rhs_t, form, 2))
         assert_close(out, reference.gmm(ql, qr, sizes, group_offset=1, existing_out=existing,
                                         transpose_rhs=True), jnp.float32, contraction=k)

@@ -341,7 +341,7 @@ def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs, block
         q_rhs = quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=block_size)
         return jnp.sum(gmm(q_lhs, q_rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs) * d_out)
 
-    d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+    d_lhs, d_rhs = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
     q_lhs = dequantized(quantize(lhs, jnp.int8, axis=1, block_size=block_size))
     q_rhs = dequantized(quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=block_size))
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out,
@@ -382,9 +382,9 @@ def test_gmm_gradients_with_scale_blocks_along_output_axes(spec):
     q_lhs, q_rhs = (dequantized(q) for q in quantized(lhs, rhs))
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out, group_offset=1)
     for tiling in _OUTPUT_BLOCK_TILINGS["gmm"].get(spec.platform.value, [None]):
-        d_lhs, d_rhs = jax.grad(lambda a, b: jnp.sum(
+        d_lhs, d_rhs = jax.jit(jax.grad(lambda a, b: jnp.sum(
             gmm(*quantized(a, b), jnp.asarray(sizes), group_offset=1, tiling=tiling) * d_out),
-            argnums=(0, 1))(lhs, rhs)
+            argnums=(0, 1)))(lhs, rhs)
         assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
         assert_close(d_rhs, want_rhs, jnp.float32, contraction=m)
 
@@ -406,9 +406,9 @@ def test_tgmm_gradients_with_scale_blocks_along_output_axes(spec):
     q_lhs, q_rhs = (dequantized(q) for q in quantized(lhs, rhs))
     want_lhs, want_rhs, _ = reference.tgmm_vjp(q_lhs, q_rhs, sizes, d_out)
     for tiling in _OUTPUT_BLOCK_TILINGS["tgmm"].get(spec.platform.value, [None]):
-        d_lhs, d_rhs = jax.grad(lambda a, b: jnp.sum(
+        d_lhs, d_rhs = jax.jit(jax.grad(lambda a, b: jnp.sum(
             tgmm(*quantized(a, b), jnp.asarray(sizes), tiling=tiling) * d_out),
-            argnums=(0, 1))(lhs, rhs)
+            argnums=(0, 1)))(lhs, rhs)
         assert_close(d_lhs, want_lhs, jnp.float32, contraction=n * 4)
         assert_close(d_rhs, want_rhs, jnp.float32, contraction=k * 4)
 
@@ -437,7 +437,7 @@ def test_block_scaled_weights_are_never_dequantized_whole_in_the_backward(platfo
     weights = "x".join(map(str, rhs.shape))
     assert f"tensor<{weights}xf8E4M3FN>) -> tensor<{weights}xf32>" not in program
     assert "QuantizedArray" in str(jax.make_jaxpr(loss)(lhs, rhs))  # a jaxpr holding one prints
-    d_lhs = jax.grad(loss, argnums=0)(lhs, rhs)
+    d_lhs = jax.jit(jax.grad(loss, argnums=0))(lhs, rhs)
     q_lhs = dequantized(quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=128))
     q_rhs = dequantized(quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=128))
     out = reference.gmm(q_lhs, q_rhs, np.asarray(sizes), transpose_rhs=transpose_rhs)
@@ -464,7 +464,7 @@ def test_tgmm_gradients_pass_straight_through_quantize(spec, block_size):
         q_rhs = quantize(rhs, jnp.int8, axis=0, block_size=block_size)
         return jnp.sum(tgmm(q_lhs, q_rhs, jnp.asarray(sizes)) * d_out)
 
-    d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+    d_lhs, d_rhs = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
     q_lhs = dequantized(quantize(lhs, jnp.float8_e5m2, axis=1, block_size=block_size))
     q_rhs = dequantized(quantize(rhs, jnp.int8, axis=0, block_size=block_size))
     want_lhs, want_rhs, _ = reference.tgmm_vjp(q_lhs, q_rhs, sizes, d_out)

@@ -14,7 +14,7 @@ import pytest
 
 import kernelhub
 import reference
-from conftest import assert_close
+from conftest import assert_close, jitted_vjp
 from kernelhub import quantized_training as qt
 from strategies import normal
 
@@ -47,8 +47,7 @@ def test_every_pass_is_quantized_along_its_own_contraction(platform):
         return qt.grouped_matmul(x, w, sizes, recipe=qt.MXFP8, group_offset=jnp.int32(1),
                                  platform=platform)
 
-    out, pullback = jax.vjp(f, lhs, rhs)
-    d_lhs, d_rhs = pullback(d_out)
+    out, (d_lhs, d_rhs) = jitted_vjp(f, (lhs, rhs), d_out)
     want = reference.gmm(dequantized(lhs, "mxfp8", 1), dequantized(rhs, "mxfp8", 1), SIZES,
                          group_offset=1)
     assert_close(out, want, jnp.float32, contraction=K)
@@ -82,8 +81,7 @@ def test_an_unquantized_backward_is_the_float_gradient_of_the_quantized_forward(
         return qt.grouped_matmul(x, w, sizes, recipe=qt.MXFP8_FORWARD, group_offset=offset,
                                  bias=b, glu="silu")
 
-    out, pullback = jax.vjp(f, lhs, gate_up, bias)
-    d_lhs, d_w, d_bias = pullback(d_out)
+    out, (d_lhs, d_w, d_bias) = jitted_vjp(f, (lhs, gate_up, bias), d_out)
     q_lhs, q_w = dequantized(lhs, "mxfp8", 1), dequantized(gate_up, "mxfp8", 1)
     want = reference.gmm(q_lhs, q_w, SIZES, group_offset=1, bias=bias, glu="silu")
     assert_close(out, want, jnp.float32, contraction=K)
@@ -105,9 +103,9 @@ def test_transposed_weights_and_per_channel_int8():
     rhs_t = jnp.swapaxes(rhs, 1, 2)
     sizes = jnp.asarray(SIZES)
     recipe = qt.Recipe(jnp.int8, jnp.int8)
-    out, pullback = jax.vjp(lambda x, w: qt.grouped_matmul(x, w, sizes, recipe=recipe,
-                                                            transpose_rhs=True), lhs, rhs_t)
-    d_lhs, d_rhs = pullback(d_out)
+    out, (d_lhs, d_rhs) = jitted_vjp(
+        lambda x, w: qt.grouped_matmul(x, w, sizes, recipe=recipe, transpose_rhs=True),
+        (lhs, rhs_t), d_out)
     want = reference.gmm(dequantized(lhs, jnp.int8, 1), dequantized(rhs_t, jnp.int8, 2), SIZES,
                          transpose_rhs=True)
     assert_close(out, want, jnp.float32, contraction=K)

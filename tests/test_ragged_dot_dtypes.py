@@ -182,16 +182,18 @@ def test_gradients_follow_lax(spec):
         return jnp.sum(fn(x, w, sizes, preferred_element_type=jnp.float32))
 
     # An integer operand takes no gradient (float0, as lax's with allow_int); the other its own.
-    d_x, d_w = jax.grad(lambda x, w: loss(ragged_dot, x, w), argnums=(0, 1), allow_int=True)(x, w8)
-    e_x, e_w = jax.grad(lambda x, w: loss(lax.ragged_dot, x, w), argnums=(0, 1),
-                        allow_int=True)(x, w8)
+    # Jitted: eagerly, every jax.numpy operation of the composite compiles on its own.
+    d_x, d_w = jax.jit(jax.grad(lambda x, w: loss(ragged_dot, x, w), argnums=(0, 1),
+                                allow_int=True))(x, w8)
+    e_x, e_w = jax.jit(jax.grad(lambda x, w: loss(lax.ragged_dot, x, w), argnums=(0, 1),
+                                allow_int=True))(x, w8)
     assert d_w.dtype == e_w.dtype == jax.dtypes.float0
     assert d_x.dtype == e_x.dtype == jnp.bfloat16
     _check_float(d_x, _f64(e_x), jnp.bfloat16)
     # A raw fp8 operand's gradient is fp8, as lax's: summed in float32, rounded once.
     x8, w = x.astype(jnp.float8_e4m3fn), _values(rng, (4, K, N), jnp.bfloat16)
-    d_x, d_w = jax.grad(lambda x, w: loss(ragged_dot, x, w), argnums=(0, 1))(x8, w)
-    e_x, e_w = jax.grad(lambda x, w: loss(lax.ragged_dot, x, w), argnums=(0, 1))(x8, w)
+    d_x, d_w = jax.jit(jax.grad(lambda x, w: loss(ragged_dot, x, w), argnums=(0, 1)))(x8, w)
+    e_x, e_w = jax.jit(jax.grad(lambda x, w: loss(lax.ragged_dot, x, w), argnums=(0, 1)))(x8, w)
     assert (d_x.dtype, d_w.dtype) == (e_x.dtype, e_w.dtype) == (x8.dtype, w.dtype)
     _check_float(d_x, _f64(e_x), jnp.float8_e4m3fn)
     _check_float(d_w, _f64(e_w), jnp.bfloat16)
