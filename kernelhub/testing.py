@@ -411,17 +411,18 @@ def _pullback_of(spec: KernelSpec, arguments: dict[str, Any], differentiable: li
     float0_shapes = tuple(leaf.shape if leaf.dtype == jax.dtypes.float0 else None for leaf in leaves)
     given = [leaf for leaf, shape in zip(leaves, float0_shapes) if shape is None]
     primals = [jnp.asarray(arguments[name]) for name in differentiable]
+    # jax arrays are traced; anything else (numpy arrays included) is a constant of the program.
     arrays = {name: value for name, value in arguments.items()
-              if name not in differentiable and isinstance(value, (jax.Array, np.ndarray))}
+              if name not in differentiable and isinstance(value, jax.Array)}
     statics = tuple((name, value) for name, value in arguments.items()
                     if name not in differentiable and name not in arrays)
     layout = dict(spec=spec, names=tuple(differentiable), structure=structure,
                   float0_shapes=float0_shapes)
     try:
         hash(statics)
-    except TypeError:  # an unhashable argument: a program for this case alone
-        return jax.jit(functools.partial(_pullback, statics=(), **layout))(
-            primals, {**arrays, **dict(statics)}, given)
+    except TypeError:  # an unhashable constant (a numpy array): a program for this case alone
+        return jax.jit(functools.partial(_pullback, statics=statics, **layout))(
+            primals, arrays, given)
     return _shared_pullback(primals, arrays, given, statics=statics, **layout)
 
 

@@ -184,3 +184,17 @@ def test_a_reference_reading_its_integer_arguments_on_the_host_is_differentiated
         assert "gradient of x" in report.implementations[0].results
     finally:
         _registry.remove_op(declared)
+
+
+
+def test_cases_of_one_shape_share_one_compiled_gradient(op):
+    """Gradients are pulled back through one jitted program per implementation, shapes and
+    static arguments: cases that differ only in their values compile it once."""
+    def same_shape(rng):
+        return testing.Case(jnp.asarray(rng.normal(size=6), jnp.float32),
+                            jnp.asarray(rng.normal(size=6), jnp.float32))
+
+    before = testing._shared_pullback._cache_size()
+    testing.check_implementations(op, reference, same_shape, examples=4).assert_ok()
+    assert testing._shared_pullback._cache_size() == before + 1
+
