@@ -12,7 +12,8 @@ import os
 from collections.abc import Sequence
 
 import pytest
-from _pytest.mark.structures import ParameterSet
+
+_PARAM = type(pytest.param(None))  # pytest's ParameterSet, without its private module
 
 WHOLE_PRODUCTS = os.environ.get("KERNELHUB_TEST_WHOLE_PRODUCTS") == "1"
 
@@ -40,7 +41,7 @@ def all_pairs(*axes: Sequence) -> list:
     """pytest params over the product of `axes` (values or pytest.param of one value each) that
     meet every pair of values of any two axes; ids joined from the values' ids."""
     def value_and_id(value):
-        if isinstance(value, ParameterSet):
+        if isinstance(value, _PARAM):
             return value.values[0], value.id
         return value, getattr(value, "__name__", None) or str(value)
 
