@@ -11,8 +11,9 @@
 
 Every implementation that can run on this machine is called (the interpret-mode kernels
 included): forward as a user calls it, and, for ops with floating inputs, through `jax.vjp` and
-its pullback under one `jax.jit`; each result is compared with the reference computed in float64 on the same inputs. The report gives, per
-implementation, the worst error of each output and gradient next to the tolerance of its dtype.
+its pullback under one `jax.jit`; each result is compared with the reference computed in
+float64 on the same inputs. The report gives, per implementation, the worst error of each
+output and gradient next to the tolerance of its dtype.
 
 The error of a result `a` against the reference `e` is max |a - e| / (|e| + rms(e)): relative
 where values are large, and relative to the result's typical size where they are near 0, so
@@ -378,7 +379,8 @@ def _check_case(definition, pinned, case: Case, index: int, report: Implementati
 
     rng = np.random.default_rng([seed, index, 1])
     cotangent = jax.tree.map(lambda leaf: _cotangent_like(leaf, rng), output)  # the forward's tree
-    grads = dict(zip(differentiable, _pullback_of(pinned.resolve(), arguments, differentiable, cotangent)))
+    grads = dict(zip(differentiable,
+                     _pullback_of(pinned.resolve(), arguments, differentiable, cotangent)))
     for name in differentiable:
         if grads[name].dtype != jnp.asarray(arguments[name]).dtype:
             raise TypeError(f"the gradient of {name} has dtype {grads[name].dtype}, the "
@@ -408,7 +410,8 @@ def _pullback_of(spec: KernelSpec, arguments: dict[str, Any], differentiable: li
     shapes and static arguments share it."""
     leaves, structure = jax.tree.flatten(cotangent)
     # float0 leaves (integer outputs) are no jit arguments: made inside from their shapes.
-    float0_shapes = tuple(leaf.shape if leaf.dtype == jax.dtypes.float0 else None for leaf in leaves)
+    float0_shapes = tuple(leaf.shape if leaf.dtype == jax.dtypes.float0 else None
+                          for leaf in leaves)
     given = [leaf for leaf, shape in zip(leaves, float0_shapes) if shape is None]
     primals = [jnp.asarray(arguments[name]) for name in differentiable]
     # jax arrays are traced; anything else (numpy arrays included) is a constant of the program.
