@@ -18,7 +18,7 @@ import pytest
 
 import kernelhub
 import reference
-from conftest import assert_close, call, implementation_params
+from conftest import assert_close, call, implementation_params, jitted_vjp
 from kernelhub import tuning
 from kernelhub.cli import main as cli_main
 from kernelhub._grouped_matmul import active_table, tables as _table
@@ -45,8 +45,7 @@ def _gmm_vjp(gmm, lhs, rhs, existing, d_out):
     def forward(lhs, rhs, existing):
         return gmm(lhs, rhs, jnp.asarray(SIZES), group_offset=OFFSET, existing_out=existing)
 
-    out, pullback = jax.vjp(forward, lhs, rhs, existing)
-    return out, pullback(jnp.asarray(d_out))
+    return jitted_vjp(forward, (lhs, rhs, existing), jnp.asarray(d_out))
 
 
 def _assert_matches_reference(out, grads, lhs, rhs, existing, d_out):
@@ -133,8 +132,7 @@ def test_tgmm_per_pass_tilings_change_no_result(spec):
     def vjp(tiling):
         forward = lambda a, b, e: tgmm(a, b, jnp.asarray(SIZES), tiling=tiling,  # noqa: E731
                                        group_offset=OFFSET, num_actual_groups=3, existing_out=e)
-        out, pullback = jax.vjp(forward, lhs, rhs, existing)
-        return out, pullback(jnp.asarray(d_out))
+        return jitted_vjp(forward, (lhs, rhs, existing), jnp.asarray(d_out))
 
     recorder = _autotune.Recorder()
     with active_table.activated(recorder):
