@@ -4,13 +4,29 @@
 # with the dependencies its image does not have. They go to .gpu-wheels/ (ignored by git), which
 # the device call carries: run(command="scripts/gpu_bench.sh", carry=[".gpu-wheels"]).
 #
-# Pinned: the versions the CPU test environment holds (tokamax 0.0.12 needs qwix and pydantic;
-# the GPU image has absl-py, flax, numpy, protobuf, tqdm, jaxtyping and typing-extensions).
+# Pinned: the versions the CPU test environment holds (tokamax needs qwix and pydantic; the
+# GPU image has absl-py, flax, numpy, protobuf, tqdm, jaxtyping and typing-extensions).
 # Python 3.12 x86-64 wheels, as the GPU image's python3 takes them. About 5 MB.
+#
+# tokamax: PyPI's newest, 0.0.12, runs on jax 0.10 only. On the GPU image's jax 0.11.2 (the
+# H100 run of 2026-11-27) its Triton kernel calls pl.dot, which jax 0.11 removed, and its
+# Mosaic kernel passes plgpu.Mesh an out_shape it no longer takes. tokamax's GitHub main
+# (0.0.13, requiring jax>=0.11) is built into a wheel instead when TOKAMAX_SOURCE names a
+# checkout of it (github.com/openxla/tokamax; this machine has PyPI but no GitHub):
+#   TOKAMAX_SOURCE=/path/to/tokamax scripts/gpu_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-WHEELS=(tokamax==0.0.12 qwix==0.1.8 pydantic==2.14.4 pydantic-core==2.50.5
+TOKAMAX=tokamax==0.0.12
+if [ -n "${TOKAMAX_SOURCE:-}" ]; then
+  # A pure-Python wheel; this host's python may be older than the >=3.12 it asks for.
+  rm -f .gpu-wheels/tokamax-*.whl
+  "${PYTHON:-python3}" -m pip wheel --no-deps --ignore-requires-python -w .gpu-wheels \
+    "$TOKAMAX_SOURCE"
+  TOKAMAX=
+fi
+
+WHEELS=(${TOKAMAX} qwix==0.1.8 pydantic==2.14.4 pydantic-core==2.50.5
         annotated-types==0.8.0 typing-inspection==0.4.5 einshape==1.0 immutabledict==4.3.1
         tensorboardX==2.6.5 typeguard==2.13.3 beartype==0.23.1)
 

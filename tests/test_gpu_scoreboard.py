@@ -6,6 +6,7 @@ mode runs them: docs/gpu.md)."""
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 
 import pytest
@@ -94,6 +95,26 @@ def test_a_run_out_of_time_writes_every_row_with_its_reason(tmp_path):
                    if (r["dtype"], r["shape"], r["groups"], r["pass"]) == key) == 1
     table = (tmp_path / "roofline.md").read_text()
     assert "| bf16 | smoke-shard | skewed | rhs_gradient |" in table and "peak: H100 SXM" in table
+
+
+def test_a_second_process_merges_its_implementations_into_the_table(tmp_path):
+    """gpu_bench.sh measures the Mosaic GPU kernels in a process of their own (a fault in one
+    kernel ends its process): the second run keeps the first's rows and adds its own."""
+    run = functools.partial(gpu_scoreboard.run_scoreboard, tmp_path, SMOKE_SHAPES[:1], ("bf16",),
+                            reps=1, warmup=0, smoke=True, budget=0.0, compile_threads=1)
+    first = run(exclude=("kernelhub:mosaic",))
+    assert "kernelhub:mosaic" not in {row["implementation"] for row in first["rows"]}
+    second = run(only=("kernelhub:mosaic", "lax.ragged_dot"), merge=True)
+    written = json.loads((tmp_path / "roofline.json").read_text())
+    assert written == json.loads(json.dumps(second))
+    keys = [(r["dtype"], r["shape"], r["groups"], r["pass"], r["implementation"])
+            for r in written["rows"]]
+    problems = 2 * 3  # one shape: two patterns, three passes
+    # lax.ragged_dot's rows replaced (not doubled), one kernelhub:mosaic row per problem added
+    assert len(keys) == len(set(keys)) == len(first["rows"]) + problems
+    assert {r["implementation"] for r in written["rows"]} == (
+        {r["implementation"] for r in first["rows"]} | {"kernelhub:mosaic"})
+    assert "kernelhub:mosaic" in (tmp_path / "roofline.md").read_text()
 
 
 def test_a_pass_is_checked_against_the_reference_and_tokamax_against_its_vjp():

@@ -11,6 +11,8 @@ platform="mosaic" resolves to the compiled kernels and the same tests run them.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +24,7 @@ import reference
 from conftest import assert_close
 from kernelhub import testing
 from kernelhub._grouped_matmul.problem import Kernel, Problem
-from kernelhub._pallas.mosaic_gpu import config
+from kernelhub._pallas.mosaic_gpu import config, tuning_space
 from kernelhub.quantization import quantize
 
 GMM = "grouped_matmul"
@@ -214,7 +216,7 @@ def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
     sizes = np.array([0, m, 0, 0], np.int32)
     lhs, rhs = _values(rng, (k, m), jnp.bfloat16), _values(rng, (m, n), jnp.bfloat16)
     existing = _values(rng, (3, k, n), jnp.float32)
-    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=(32, 64, 16),
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 16),
                         group_offset=jnp.int32(1), num_actual_groups=3, existing_out=existing)
     expected = reference.tgmm(lhs, rhs, sizes, group_offset=1, num_actual_groups=3,
                               existing_out=existing)
@@ -309,10 +311,37 @@ def test_heuristic_gives_small_groups_64_row_tiles():
     ((64, 64, 512), r"\[16, 256\]"),
     ((64, 64, 64, 9), "stages=9"),
     ((64, 64), "tuple of ints"),
+    ((64, 64, 32), "multiple of 128 bytes"),  # bf16 rows of 64 bytes: TMA's stores
+    ((128, 256, 256, 8), "shared memory"),
 ])
 def test_invalid_tiling_names_the_rule(tiling, rule):
     with pytest.raises(ValueError, match=rule):
         config.from_tiling(tiling, _problem(Kernel.GMM, 256, 256, 256, 4))
+
+
+@pytest.mark.parametrize("tiling, dtype, rule", [
+    ((32, 64, 64), "bfloat16", "64 rows at a time"),  # block_m, masked in wgmma's layout
+    ((64, 64, 32), "float32", "tiled \\[block_n, block_m\\]"),
+    ((64, 128, 256, 3), "bfloat16", "shared memory"),  # 278560 bytes with a float32 tile
+])
+def test_invalid_tgmm_tiling_names_the_rule(tiling, dtype, rule):
+    problem = Problem(Kernel.TGMM, 512, 256, 384, 4, 4, dtype, dtype, "float32", False)
+    with pytest.raises(ValueError, match=rule):
+        config.from_tiling(tiling, problem)
+
+
+def test_tiles_fitted_to_tiny_problems_keep_every_rule():
+    """The heuristic and every tuning candidate, fitted to problems smaller than any tile
+    (the contract tests' shapes): legal for each kernel and dtype, and within shared memory."""
+    for kernel, dtype, out in itertools.product(Kernel, ("bfloat16", "float32", "float16"),
+                                                ("float32", "bfloat16")):
+        for m, k, n in ((20, 24, 6), (8, 16, 8), (512, 256, 384)):
+            problem = Problem(kernel, m, k, n, 3, 3, dtype, dtype, out, False)
+            for tiling in [config.heuristic(problem).as_tiling(),
+                           *tuning_space._candidates(problem)]:
+                blocks = config.from_tiling(tiling, problem)
+                assert config.shared_memory_bytes(blocks, problem) <= config.SHARED_MEMORY_BYTES
+                assert blocks.block_n >= config.min_columns(problem)
 
 
 def test_fp8_contraction_step_is_at_least_one_wgmma():
@@ -374,6 +403,29 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
     _check_mosaic_only(_exported(with_gradients, lhs, rhs, sizes, offset, d_out), 3)
     _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
                                  jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes, offset), 1)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
+    """The contract tests' tiny shapes (20 x 24 x 6: every block fitted down to its least), a
+    forward with existing_out and a traced group_offset and its gradients, both weight
+    layouts: Mosaic GPU's layout inference takes tgmm's masks in wgmma's layout (64-row
+    tiles) and the kernels fit shared memory. (The first H100 run found both broken.)"""
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    m, k, n, groups = 20, 24, 6, 3
+    sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
+    for transpose_rhs in (False, True):
+        def with_gradients(lhs, rhs, existing, offset, sizes, transpose_rhs=transpose_rhs):
+            out, pullback = jax.vjp(
+                lambda l, r, e: gmm(l, r, sizes, group_offset=offset, existing_out=e,
+                                    transpose_rhs=transpose_rhs), lhs, rhs, existing)
+            return out, pullback(out)
+
+        weights = (groups - 1, n, k) if transpose_rhs else (groups - 1, k, n)
+        _check_mosaic_only(_exported(
+            with_gradients, jax.ShapeDtypeStruct((m, k), dtype),
+            jax.ShapeDtypeStruct(weights, dtype), jax.ShapeDtypeStruct((m, n), jnp.float32),
+            jax.ShapeDtypeStruct((), jnp.int32), sizes), 3)
 
 
 @pytest.mark.parametrize("epilogue", [{"activation": "gelu"},

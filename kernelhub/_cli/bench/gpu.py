@@ -72,6 +72,12 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
                        help="roofline: only these rows' implementations, e.g. kernelhub:triton "
                             "(again under KERNELHUB_TUNING, to compare a tuning table); default "
                             "all")
+    group.add_argument("--gpu-exclude", nargs="+", metavar="NAME", default=[],
+                       help="roofline: leave these implementations out, e.g. kernelhub:mosaic")
+    group.add_argument("--gpu-merge", action="store_true",
+                       help="roofline: keep the rows already in the folder's roofline.json, "
+                            "replacing those this run measures (one table from several "
+                            "processes)")
     group.add_argument("--gpu-compile-threads", type=int, default=8, metavar="N",
                        help="roofline: executables compiled at once (default 8; 1: one at a time)")
     group.add_argument("--gpu-tables", nargs="+", choices=TABLES, default=list(TABLES),
@@ -164,7 +170,9 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
             reps, warmup, smoke, budget=getattr(args, "gpu_budget", None),
             only=tuple(args.gpu_implementations) if getattr(args, "gpu_implementations", None)
             else None,
-            compile_threads=getattr(args, "gpu_compile_threads", 8))
+            compile_threads=getattr(args, "gpu_compile_threads", 8),
+            exclude=tuple(getattr(args, "gpu_exclude", None) or ()),
+            merge=bool(getattr(args, "gpu_merge", False)))
         print(f"wrote {folder / 'roofline.json'} and roofline.md")
     if "sweep" in parts:
         sweep = [row for shape in shapes for row in sweep_shape(shape, dtype, reps, warmup)]

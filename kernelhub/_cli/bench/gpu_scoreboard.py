@@ -48,9 +48,15 @@ def folder_name(device_kind: str, date: datetime.date | None = None) -> str:
 
 def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...], reps: int,
                    warmup: int, smoke: bool, budget: float | None = None,
-                   only: tuple[str, ...] | None = None, compile_threads: int = 4) -> dict[str, Any]:
-    """Measures every row, writing the files into `out` as it goes; returns the document."""
+                   only: tuple[str, ...] | None = None, compile_threads: int = 4,
+                   exclude: tuple[str, ...] = (), merge: bool = False) -> dict[str, Any]:
+    """Measures every row, writing the files into `out` as it goes; returns the document.
+    `only` keeps the implementations it names, `exclude` leaves those out. With `merge` the
+    rows of `out`'s roofline.json stay, but for the problems and implementations measured
+    now: a second process adds its implementations to the first's table (gpu_bench.sh runs
+    the Mosaic GPU kernels so, where a fault in one cannot cost the other rows)."""
     started = time.monotonic()
+    earlier = _earlier_rows(out) if merge else []
     device_kind = jax.devices()[0].device_kind
     peak = gpu_roofline.peak_for(device_kind)
     peak_named = None if peak is None else f"{peak.name} (spec sheet)"
@@ -70,9 +76,12 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
         "timing": (f"median of up to {reps} turns after compile + {warmup} warm-up calls, "
                    "implementations timed in turns in one process"),
         "mode": "smoke (interpret mode, tiny shapes: not a measurement)" if smoke else "full",
-        "implementations": "all" if only is None else list(only),
+        "implementations": ("all" if only is None else list(only)) if not exclude else {
+            "of": "all" if only is None else list(only), "excluding": list(exclude)},
         "rows": [],
     }
+    if merge:
+        document["merged"] = "rows of implementations measured in another process are kept"
     out.mkdir(parents=True, exist_ok=True)
     compiled: dict[Any, Any] = {}
     for dtype in dtypes:
@@ -88,11 +97,13 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                             gpu_roofline.row(shape.name, pattern, problem, name, default, peak,
                                              None, note)
                             for name, default in gpu_scoreboard_calls.implementation_names(
-                                pass_name, dtype, tokamax_names, only)]
+                                pass_name, dtype, tokamax_names, only)
+                            if name not in exclude]
                         continue
                     operands = operands or gpu_scoreboard_calls.make_operands(shape, pattern)
-                    calls = gpu_scoreboard_calls.calls(operands, pass_name, dtype,
-                                                       tokamax_names, only)
+                    calls = [call for call in gpu_scoreboard_calls.calls(
+                        operands, pass_name, dtype, tokamax_names, only)
+                        if call.implementation not in exclude]
                     for call, seconds, note in measure(calls, reps, warmup, compiled,
                                                        (shape.name, pass_name, dtype),
                                                        compile_threads):
@@ -103,9 +114,28 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                         print(gpu_scoreboard_report.one_line(record), flush=True)
                     # How long a pass takes (compiling, mostly) sizes the next run's budget.
                     print(f"  [{time.monotonic() - started:.0f} s]", flush=True)
-                    write(out, document)
+                    write(out, _merged(earlier, document))
+    document = _merged(earlier, document)
     write(out, document, plot=True)
     return document
+
+
+def _row_key(row: dict[str, Any]) -> tuple:
+    return (row["dtype"], row["shape"], row["groups"], row["pass"], row["implementation"])
+
+
+def _earlier_rows(out: Path) -> list[dict[str, Any]]:
+    path = out / "roofline.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
+def _merged(earlier: list[dict[str, Any]], document: dict[str, Any]) -> dict[str, Any]:
+    """`document` with the earlier rows that none of its own replaces, earlier first."""
+    if not earlier:
+        return document
+    replaced = {_row_key(row) for row in document["rows"]}
+    kept = [row for row in earlier if _row_key(row) not in replaced]
+    return {**document, "rows": kept + document["rows"]}
 
 
 def _problem(shape: Shape, pattern: str, pass_name: str, dtype: str) -> PassProblem:

@@ -4,10 +4,20 @@ A `tiling` is `(block_m, block_k, block_n[, stages])` (megablox's order; `m` is 
 axis for both ops: gmm's output rows, tgmm's summed rows), a callable `(m, k, n) -> tuple |
 None`, or None for the heuristic. `stages` is how many TMA loads the pipeline keeps in flight.
 
-What Hopper's instructions fix: a warpgroup's wgmma writes 64 rows at a time, so the output
-tile's rows (gmm's block_m, tgmm's block_k) are 64 or 128; its columns (block_n) at most 256;
-the contraction block at least 32 bytes per row (one wgmma step of 16-bit values is 16 of
-them). The heuristic reads shapes and dtypes only, never group sizes.
+What Hopper fixes (each rule below found by lowering or running on an H100):
+- a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
+  tgmm's block_k) are 64 or 128; its columns (block_n) at most 256;
+- the contraction block is at least 32 bytes per row (one wgmma step of 16-bit values is 16
+  of them);
+- gmm's TMA stores a visit's rows starting at any row of the shared-memory tile, and TMA reads
+  shared memory only at 128-byte aligned addresses: an output row is a multiple of 128 bytes
+  (block_n of 64 for 16-bit outputs, 32 for float32);
+- tgmm zeroes other groups' rows of its [block_m, block_n] weight-side tile in registers, in
+  wgmma's operand layout, whose tiles are 64 rows: block_m is at least 64, and block_n too
+  where that tile is stored K-major ([block_n, block_m]: float32 and fp8);
+- the pipeline's stages, the output tile and a little more fit one block's 227 KiB of shared
+  memory.
+The heuristic reads shapes and dtypes only, never group sizes.
 """
 
 from __future__ import annotations
@@ -29,7 +39,17 @@ MAX_STAGES = 8
 SWIZZLE_BYTES = 128
 # One wgmma instruction's contraction: 16 values of 16 bits, 32 of 8 bits.
 MIN_STEP_BYTES = 32
+# TMA's shared-memory side is addressed in 128-byte units: gmm's output rows are a whole one.
+TMA_ROW_BYTES = 128
+# Rows of a tile of wgmma's operand layout (tgmm's register masks).
+LAYOUT_ROWS = 64
+# Shared memory one block may take on Hopper (227 KiB), and what the kernels take beside the
+# pipeline and the output tile (barriers, the epilogue's vectors).
+SHARED_MEMORY_BYTES = 232448
+SHARED_MEMORY_SLACK = 4096
 TILING_FORM = "(block_m, block_k, block_n[, stages])"
+# Types whose wgmma reads the B operand K-major only.
+K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +80,11 @@ def contraction_block(kernel: Kernel) -> str:
     return "block_m" if kernel is Kernel.TGMM else "block_k"
 
 
-def validate(config: BlockConfig, kernel: Kernel, source: Any) -> BlockConfig:
-    """Raises a ValueError naming the broken rule; `source` is what the user passed."""
+def validate(config: BlockConfig, problem: Problem, source: Any,
+             weight_tiles: int = 1) -> BlockConfig:
+    """Raises a ValueError naming the broken rule; `source` is what the user passed,
+    `weight_tiles` the weight tiles a gmm step loads (2 for a gated unit)."""
+    kernel = problem.kernel
     rows = output_rows_block(kernel)
     for name in ("block_m", "block_k", "block_n"):
         size = getattr(config, name)
@@ -78,7 +101,44 @@ def validate(config: BlockConfig, kernel: Kernel, source: Any) -> BlockConfig:
     if not 1 <= config.stages <= MAX_STAGES:
         raise ValueError(f"tiling {source!r}: stages={config.stages} must lie in "
                          f"[1, {MAX_STAGES}]")
+    name = contraction_block(kernel)
+    if getattr(config, name) < min_contraction(problem):
+        raise ValueError(f"tiling {source!r}: {name}={getattr(config, name)} is the "
+                         f"contraction step, at least {min_contraction(problem)} here: "
+                         + ("tgmm zeroes other groups' rows of it in wgmma's layout, "
+                            f"{LAYOUT_ROWS} rows at a time" if kernel is Kernel.TGMM else
+                            f"wgmma takes {MIN_STEP_BYTES} bytes at a time"))
+    if config.block_n < min_columns(problem):
+        raise ValueError(f"tiling {source!r}: block_n={config.block_n} must be at least "
+                         f"{min_columns(problem)} here: " + (
+                             f"an output row is a multiple of {TMA_ROW_BYTES} bytes, where "
+                             f"TMA stores from (a {problem.out_dtype} output)"
+                             if kernel is not Kernel.TGMM else
+                             f"{problem.rhs_dtype} weights are tiled [block_n, block_m], and "
+                             f"tgmm masks them in wgmma's layout, {LAYOUT_ROWS} rows at a time"))
+    needed = shared_memory_bytes(config, problem, weight_tiles)
+    if needed > SHARED_MEMORY_BYTES:
+        raise ValueError(f"tiling {source!r}: its {config.stages} stages and output tile take "
+                         f"{needed} bytes of shared memory, over Hopper's "
+                         f"{SHARED_MEMORY_BYTES} per block; take fewer stages or smaller "
+                         f"blocks")
     return config
+
+
+def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
+    """What a kernel with these blocks allocates at its peak, SHARED_MEMORY_SLACK included:
+    `stages` tiles of each operand (`weight_tiles` weight tiles per gmm step), and the output
+    tile. tgmm keeps its output tile beside the pipeline (its store stays in flight); gmm's
+    takes the pipeline's place once the sums are done."""
+    width = operand_bytes(problem)
+    out_width = np.dtype(problem.out_dtype).itemsize
+    bm, bk, bn = config.block_m, config.block_k, config.block_n
+    stages = max(config.stages, 2)
+    if problem.kernel is Kernel.TGMM:
+        peak = stages * (bk * bm + bm * bn) * width + bk * bn * out_width
+    else:
+        peak = max(stages * (bm * bk + weight_tiles * bk * bn) * width, bm * bn * out_width)
+    return peak + SHARED_MEMORY_SLACK
 
 
 def check_static(problem: Problem) -> None:
@@ -91,26 +151,22 @@ def check_static(problem: Problem) -> None:
                              f"symbolic dimension {getattr(problem, name)}")
 
 
-def from_tiling(tiling: Any, problem: Problem) -> BlockConfig:
-    """The config a call uses: `tiling` when it names one, else the heuristic's."""
+def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockConfig:
+    """The config a call uses: `tiling` when it names one, else the heuristic's.
+    `weight_tiles`: 2 for a gated unit's gmm (two accumulators, two weight tiles a step)."""
     check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
-        return heuristic(problem)
+        return _stages_that_fit(heuristic(problem), problem, weight_tiles)
     if isinstance(chosen, BlockConfig):
-        return validate(chosen, problem.kernel, chosen)
+        return validate(chosen, problem, chosen, weight_tiles)
     if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 4 or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in chosen):
         raise ValueError(f"tiling {chosen!r} must be a tuple of ints {TILING_FORM}")
     values = [int(v) for v in chosen]
-    stages = values[3] if len(values) == 4 else heuristic(problem).stages
-    config = validate(BlockConfig(*values[:3], stages), problem.kernel, chosen)
-    name = contraction_block(problem.kernel)
-    if getattr(config, name) < min_contraction(problem):
-        raise ValueError(f"tiling {chosen!r}: {name}={getattr(config, name)} is the "
-                         f"contraction step, which wgmma takes {MIN_STEP_BYTES} bytes at a "
-                         f"time: at least {min_contraction(problem)} for these operands")
-    return config
+    stages = values[3] if len(values) == 4 else _stages_that_fit(
+        BlockConfig(*values[:3], heuristic(problem).stages), problem, weight_tiles).stages
+    return validate(BlockConfig(*values[:3], stages), problem, chosen, weight_tiles)
 
 
 def operand_bytes(problem: Problem) -> int:
@@ -137,7 +193,16 @@ def kernel_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype:
 
 
 def min_contraction(problem: Problem) -> int:
-    return max(MIN_BLOCK, MIN_STEP_BYTES // operand_bytes(problem))
+    least = max(MIN_BLOCK, MIN_STEP_BYTES // operand_bytes(problem))
+    return max(least, LAYOUT_ROWS) if problem.kernel is Kernel.TGMM else least
+
+
+def min_columns(problem: Problem) -> int:
+    """The least block_n (the rules in this module's docstring)."""
+    if problem.kernel is not Kernel.TGMM:
+        return max(MIN_BLOCK, TMA_ROW_BYTES // np.dtype(problem.out_dtype).itemsize)
+    k_major = kernel_dtype(problem.lhs_dtype, problem.rhs_dtype).name in K_MAJOR_ONLY
+    return LAYOUT_ROWS if k_major else MIN_BLOCK
 
 
 def heuristic(problem: Problem) -> BlockConfig:
@@ -159,15 +224,28 @@ def heuristic(problem: Problem) -> BlockConfig:
 
 def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
     """`config` with each block but the output rows cut to the smallest power of two covering
-    its dimension (at least MIN_BLOCK), and 64 output rows where 64 cover them."""
+    its dimension (at least its rule's least), 64 output rows where 64 cover them, and fewer
+    stages where shared memory needs it."""
     sizes = {"block_m": problem.m, "block_k": problem.k, "block_n": problem.n}
     rows = output_rows_block(problem.kernel)
+    least = {contraction_block(problem.kernel): min_contraction(problem),
+             "block_n": min_columns(problem)}
     fitted_blocks = {}
     for name, size in sizes.items():
         block = getattr(config, name)
-        least = min_contraction(problem) if name == contraction_block(problem.kernel) else MIN_BLOCK
         if name == rows:
             fitted_blocks[name] = 64 if size <= 64 else block
         else:
-            fitted_blocks[name] = max(least, min(block, _next_power_of_two(size)))
-    return dataclasses.replace(config, **fitted_blocks)
+            floor = least.get(name, MIN_BLOCK)
+            fitted_blocks[name] = max(floor, min(block, _next_power_of_two(size)))
+    return _stages_that_fit(dataclasses.replace(config, **fitted_blocks), problem)
+
+
+def _stages_that_fit(config: BlockConfig, problem: Problem,
+                     weight_tiles: int = 1) -> BlockConfig:
+    """`config` with its stages cut (not below 2) until shared memory holds it."""
+    stages = config.stages
+    while stages > 2 and shared_memory_bytes(dataclasses.replace(config, stages=stages),
+                                             problem, weight_tiles) > SHARED_MEMORY_BYTES:
+        stages -= 1
+    return dataclasses.replace(config, stages=stages)

@@ -39,8 +39,6 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 # n-tiles per band of the schedule (the weights' tiles read at once).
 BAND = 8
-# Types whose wgmma reads the B operand K-major only.
-K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
@@ -57,8 +55,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     out_dtype = jnp.dtype(preferred_element_type)
     problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
                           transpose_rhs)
-    blocks = config.from_tiling(tiling, problem)
     spec = epilogue.spec
+    blocks = config.from_tiling(tiling, problem, weight_tiles=2 if spec.glu is not None else 1)
     m, k, local_groups = problem.m, problem.k, problem.local_groups
     n_out = spec.output_columns(problem.n)
     halves = 2 if spec.glu is not None else 1
@@ -66,7 +64,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
 
     dtype = config.kernel_dtype(lhs.dtype, rhs.dtype)
     lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
-    if dtype.name in K_MAJOR_ONLY and not transpose_rhs:
+    if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs:
         rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]

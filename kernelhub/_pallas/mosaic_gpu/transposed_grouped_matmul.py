@@ -27,7 +27,6 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul.groups import local_bounds
 from kernelhub._grouped_matmul.problem import tgmm_problem
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts
-from kernelhub._pallas.mosaic_gpu.grouped_matmul import K_MAJOR_ONLY
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 
@@ -49,7 +48,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n, bn)
     lhs = padded(lhs.astype(dtype), {0: k_p, 1: m_p})
     rhs = padded(rhs.astype(dtype), {0: m_p, 1: n_p})
-    rhs_k_major = dtype.name in K_MAJOR_ONLY
+    rhs_k_major = dtype.name in config.K_MAJOR_ONLY
     if rhs_k_major:
         rhs = rhs.T
     existing = () if existing_out is None else (padded(existing_out, {1: k_p, 2: n_p}),)
