@@ -2,14 +2,18 @@
 # The GPU run in one command, on a machine with an NVIDIA GPU and jax[cuda] installed (no
 # network needed; kernelhub is used from this checkout through PYTHONPATH):
 #
-#   scripts/gpu_bench.sh                 # tests, then the roofline scoreboard (under 8 minutes)
+#   scripts/gpu_bench.sh                 # tests, then the roofline scoreboard (under 9 minutes)
 #   scripts/gpu_bench.sh tune            # or any of: tests roofline epilogue bench sweep tune
 #
 # tests:    tests/test_contract.py, tests/test_triton_gpu.py (and tests/test_mosaic_gpu.py when
 #           present) with the real kernels, the GPU as jax's default backend (extra pytest
-#           arguments in $KERNELHUB_GPU_PYTEST_ARGS, e.g. "-k triton -x")
+#           arguments in $KERNELHUB_GPU_PYTEST_ARGS, e.g. "-k triton -x"): the Mosaic GPU
+#           kernels' tests in a process of their own, after the others (tests-mosaic and
+#           tests-others run one part alone)
 # roofline: the scoreboard: every pass of kernelhub's implementations, cuBLAS dense,
-#           lax.ragged_dot and tokamax against the chip's roofline (roofline.json/.md/.png)
+#           lax.ragged_dot and tokamax against the chip's roofline (roofline.json/.md/.png);
+#           kernelhub:mosaic in a second process merged into the same files; the formats in
+#           $KERNELHUB_GPU_DTYPES (default "bf16 fp8")
 # epilogue: fused epilogues against the same math unfused, forward and forward + grad
 # bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
 # sweep:    a few block configs per shape (gpu_sweep.md)
@@ -20,7 +24,7 @@
 #           again under it (roofline-tuned.*; the default row is the one a plain call lowers) and,
 #           time left, kernelhub bench --tuning (tuning-bench.md)
 #
-# Time: the whole command keeps within $KERNELHUB_GPU_BUDGET seconds (default 480): each stage
+# Time: the whole command keeps within $KERNELHUB_GPU_BUDGET seconds (default 500): each stage
 # gets a share of what is left, and is stopped when it runs over (what it wrote stays: the
 # scoreboard rewrites its files after every pass, and the rows it had no time for say so).
 #
@@ -152,7 +156,7 @@ MOSAIC=kernelhub:mosaic
 
 for stage in "${stages[@]}"; do
   case $stage in
-    tests)
+    tests|tests-others|tests-mosaic)
       if "$PYTHON" -c "import pytest, hypothesis" 2>/dev/null; then
         files=(tests/test_contract.py tests/test_triton_gpu.py tests/test_gpu_scoreboard.py)
         mosaic_files=(tests/test_contract.py)
@@ -162,25 +166,31 @@ for stage in "${stages[@]}"; do
         per_test=()
         "$PYTHON" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 240)
         # About 40% of the budget in all: the scoreboard after them is what this run is for.
-        # shellcheck disable=SC2086  # the extra arguments are meant to split
-        run_stage tests "$(share 24)" "$PYTHON" -m pytest -q -p no:cacheprovider "${workers[@]}" \
-          "${per_test[@]}" "${files[@]}" -k "not mosaic" --durations=15 \
-          --junitxml="$RESULTS/tests.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
-        # One process, no workers: the first fault's test is the last one named in the log.
-        # shellcheck disable=SC2086
-        run_stage tests-mosaic "$(share 21)" "$PYTHON" -m pytest -v -p no:cacheprovider \
-          "${per_test[@]}" "${mosaic_files[@]}" -k "mosaic or test_mosaic_gpu" --durations=15 \
-          --junitxml="$RESULTS/tests-mosaic.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
+        if [ "$stage" != tests-mosaic ]; then
+          # shellcheck disable=SC2086  # the extra arguments are meant to split
+          run_stage tests "$(share 24)" "$PYTHON" -m pytest -q -p no:cacheprovider \
+            "${workers[@]}" "${per_test[@]}" "${files[@]}" -k "not mosaic" --durations=15 \
+            --junitxml="$RESULTS/tests.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
+        fi
+        if [ "$stage" != tests-others ]; then
+          # One process, no workers: the first fault's test is the last one named in the log.
+          # shellcheck disable=SC2086
+          run_stage tests-mosaic "$(share 21)" "$PYTHON" -m pytest -v -p no:cacheprovider \
+            "${per_test[@]}" "${mosaic_files[@]}" -k mosaic --durations=15 \
+            --junitxml="$RESULTS/tests-mosaic.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
+        fi
       else
         note "tests: skipped, pytest or hypothesis is not installed here"
         failed=1
       fi
       ;;
     roofline)
-      roofline roofline "$(($(left) * 70 / 100))" --gpu-exclude "$MOSAIC"
+      read -r -a roofline_dtypes <<<"${KERNELHUB_GPU_DTYPES:-bf16 fp8}"
+      roofline roofline "$(($(left) * 70 / 100))" --gpu-exclude "$MOSAIC" \
+        --gpu-dtypes "${roofline_dtypes[@]}"
       # lax.ragged_dot again beside them: the reference their results are checked against.
       roofline roofline "$(($(left) - 15))" --gpu-merge --gpu-implementations "$MOSAIC" \
-        lax.ragged_dot
+        lax.ragged_dot --gpu-dtypes "${roofline_dtypes[@]}"
       ;;
     epilogue)
       # Fused against unfused epilogues, forward and forward + grad (issue #35's GPU rows).
@@ -249,7 +259,7 @@ for stage in "${stages[@]}"; do
       fi
       ;;
     *)
-      note "unknown stage $stage (expected tests, roofline, bench, sweep or tune)"
+      note "unknown stage $stage (expected tests, tests-others, tests-mosaic, roofline, epilogue, bench, sweep or tune)"
       failed=1
       ;;
   esac
