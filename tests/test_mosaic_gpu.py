@@ -173,6 +173,39 @@ def test_gmm_fp8_with_row_and_column_scales(dtypes, transpose_rhs):
     assert_close(out, expected, jnp.float32, contraction=k)
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit(transpose_rhs):
+    """compute_warpgroups=2: a memory warpgroup feeding two compute warpgroups, each of half
+    the columns, on the interpreter's two programs (each walks several work items, so the
+    pipeline runs on across them). Local groups 1..2 of 4 with existing_out (the other rows
+    kept bitwise), unaligned groups, rows past the sum; then a gated unit with a bias, whose
+    two accumulators per warpgroup read two weight tiles a step."""
+    rng = np.random.default_rng(9)
+    m, k, n = 150, 80, 96
+    sizes = np.array([20, 50, 3, 60], np.int32)  # groups 1, 2 local: rows 20..73
+    weights = (2, n, k) if transpose_rhs else (2, k, n)
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, weights, jnp.bfloat16)
+    existing = _values(rng, (m, n), jnp.float32)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 64, 2, 2),
+                       group_offset=jnp.int32(1), existing_out=existing,
+                       transpose_rhs=transpose_rhs)
+    expected = reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing,
+                             transpose_rhs=transpose_rhs)
+    assert_close(out, expected, jnp.float32, contraction=k)
+    kept = np.r_[0:20, 73:m]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+    gate_up = _values(rng, (4, 2 * n, k) if transpose_rhs else (4, k, 2 * n), jnp.bfloat16)
+    bias = _values(rng, (4, 2 * n), jnp.float32)
+    out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), tiling=(64, 64, 128, 3, 2), bias=bias,
+                       glu="silu", transpose_rhs=transpose_rhs,
+                       preferred_element_type=jnp.bfloat16)
+    expected = reference.gmm(lhs, gate_up, sizes, bias=bias, glu="silu",
+                             transpose_rhs=transpose_rhs)
+    assert_close(out, expected, jnp.bfloat16, contraction=k)
+    assert np.all(np.asarray(out)[133:] == 0)
+
+
 # ---------------------------------------------------------------- transposed_grouped_matmul
 
 
@@ -319,6 +352,17 @@ def test_invalid_tiling_names_the_rule(tiling, rule):
         config.from_tiling(tiling, _problem(Kernel.GMM, 256, 256, 256, 4))
 
 
+@pytest.mark.parametrize("tiling, kernel, rule", [
+    ((64, 64, 128, 4, 3), Kernel.GMM, "must be 1 or 2"),
+    ((64, 128, 128, 4, 2), Kernel.TGMM, "gmm only"),
+    ((64, 64, 64, 4, 2), Kernel.GMM, "compute warpgroups' halves"),  # 32 bf16 columns each
+])
+def test_invalid_warp_specialized_tiling_names_the_rule(tiling, kernel, rule):
+    problem = Problem(kernel, 512, 256, 384, 4, 4, "bfloat16", "bfloat16", "bfloat16", False)
+    with pytest.raises(ValueError, match=rule):
+        config.from_tiling(tiling, problem)
+
+
 @pytest.mark.parametrize("tiling, dtype, rule", [
     ((32, 64, 64), "bfloat16", "64 rows at a time"),  # block_m, masked in wgmma's layout
     ((64, 64, 32), "float32", "tiled \\[block_n, block_m\\]"),
@@ -426,6 +470,30 @@ def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
             with_gradients, jax.ShapeDtypeStruct((m, k), dtype),
             jax.ShapeDtypeStruct(weights, dtype), jax.ShapeDtypeStruct((m, n), jnp.float32),
             jax.ShapeDtypeStruct((), jnp.int32), sizes), 3)
+
+
+def test_warp_specialized_gmm_exports_for_cuda():
+    """compute_warpgroups=2 at Qwen3-MoE's shape: three warpgroups a program; the forward with
+    bf16 weights in both layouts, and fp8 (K-major: a transposed view of each warpgroup's
+    half of the weight tile) with a gated unit's two weight tiles a step."""
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    m, k, n, experts = 8192, 2048, 768, 128
+    sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
+    for transpose_rhs in (False, True):
+        weights = (experts, n, k) if transpose_rhs else (experts, k, n)
+        exported = _exported(
+            lambda lhs, rhs, sizes, t=transpose_rhs: gmm(
+                lhs, rhs, sizes, tiling=(64, 64, 256, 4, 2), transpose_rhs=t,
+                preferred_element_type=jnp.bfloat16),
+            jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct(weights, jnp.bfloat16), sizes)
+        _check_mosaic_only(exported, 1)
+    fp8 = jnp.float8_e4m3fn
+    _check_mosaic_only(_exported(
+        lambda lhs, rhs, sizes: gmm(lhs, rhs, sizes, tiling=(64, 128, 128, 3, 2), glu="silu",
+                                    transpose_rhs=True, preferred_element_type=jnp.bfloat16),
+        jax.ShapeDtypeStruct((m, k), fp8), jax.ShapeDtypeStruct((experts, 2 * n, k), fp8),
+        sizes), 1)
 
 
 @pytest.mark.parametrize("epilogue", [{"activation": "gelu"},

@@ -1,8 +1,11 @@
 """Tiles of the Mosaic GPU grouped matmuls: the heuristic and the `tiling` override.
 
-A `tiling` is `(block_m, block_k, block_n[, stages])` (megablox's order; `m` is the grouped
-axis for both ops: gmm's output rows, tgmm's summed rows), a callable `(m, k, n) -> tuple |
-None`, or None for the heuristic. `stages` is how many TMA loads the pipeline keeps in flight.
+A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups]])` (megablox's order;
+`m` is the grouped axis for both ops: gmm's output rows, tgmm's summed rows), a callable
+`(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is how many TMA loads the
+pipeline keeps in flight. `compute_warpgroups=2` (gmm only) warp-specializes the program: a
+memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
+(warp_specialized.py).
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -47,7 +50,7 @@ LAYOUT_ROWS = 64
 # pipeline and the output tile (barriers, the epilogue's vectors).
 SHARED_MEMORY_BYTES = 232448
 SHARED_MEMORY_SLACK = 4096
-TILING_FORM = "(block_m, block_k, block_n[, stages])"
+TILING_FORM = "(block_m, block_k, block_n[, stages[, compute_warpgroups]])"
 # Types whose wgmma reads the B operand K-major only.
 K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
 
@@ -58,9 +61,16 @@ class BlockConfig:
     block_k: int
     block_n: int
     stages: int = 4
+    compute_warpgroups: int = 1
 
-    def as_tiling(self) -> tuple[int, int, int, int]:
-        return (self.block_m, self.block_k, self.block_n, self.stages)
+    def as_tiling(self) -> tuple[int, ...]:
+        tiling = (self.block_m, self.block_k, self.block_n, self.stages)
+        return tiling if self.compute_warpgroups == 1 else (*tiling, self.compute_warpgroups)
+
+    @property
+    def warpgroup_columns(self) -> int:
+        """The output columns one compute warpgroup sums."""
+        return self.block_n // self.compute_warpgroups
 
 
 def _power_of_two(value: int) -> bool:
@@ -101,6 +111,12 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
     if not 1 <= config.stages <= MAX_STAGES:
         raise ValueError(f"tiling {source!r}: stages={config.stages} must lie in "
                          f"[1, {MAX_STAGES}]")
+    if config.compute_warpgroups not in (1, 2):
+        raise ValueError(f"tiling {source!r}: compute_warpgroups={config.compute_warpgroups} "
+                         f"must be 1 or 2")
+    if config.compute_warpgroups == 2 and kernel is Kernel.TGMM:
+        raise ValueError(f"tiling {source!r}: compute_warpgroups=2 is written for gmm only; "
+                         f"tgmm takes 1")
     name = contraction_block(kernel)
     if getattr(config, name) < min_contraction(problem):
         raise ValueError(f"tiling {source!r}: {name}={getattr(config, name)} is the "
@@ -108,9 +124,11 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
                          + ("tgmm zeroes other groups' rows of it in wgmma's layout, "
                             f"{LAYOUT_ROWS} rows at a time" if kernel is Kernel.TGMM else
                             f"wgmma takes {MIN_STEP_BYTES} bytes at a time"))
-    if config.block_n < min_columns(problem):
+    if config.warpgroup_columns < min_columns(problem):
+        each = "" if config.compute_warpgroups == 1 else (
+            f" for each of the {config.compute_warpgroups} compute warpgroups' halves")
         raise ValueError(f"tiling {source!r}: block_n={config.block_n} must be at least "
-                         f"{min_columns(problem)} here: " + (
+                         f"{min_columns(problem) * config.compute_warpgroups}{each} here: " + (
                              f"an output row is a multiple of {TMA_ROW_BYTES} bytes, where "
                              f"TMA stores from (a {problem.out_dtype} output)"
                              if kernel is not Kernel.TGMM else
@@ -136,6 +154,9 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
     stages = max(config.stages, 2)
     if problem.kernel is Kernel.TGMM:
         peak = stages * (bk * bm + bm * bn) * width + bk * bn * out_width
+    elif config.compute_warpgroups > 1:
+        # The compute warpgroups' output tiles stay beside the pipeline.
+        peak = stages * (bm * bk + weight_tiles * bk * bn) * width + bm * bn * out_width
     else:
         peak = max(stages * (bm * bk + weight_tiles * bk * bn) * width, bm * bn * out_width)
     return peak + SHARED_MEMORY_SLACK
@@ -160,13 +181,15 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockCo
         return _stages_that_fit(heuristic(problem), problem, weight_tiles)
     if isinstance(chosen, BlockConfig):
         return validate(chosen, problem, chosen, weight_tiles)
-    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 4 or not all(
+    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 5 or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in chosen):
         raise ValueError(f"tiling {chosen!r} must be a tuple of ints {TILING_FORM}")
     values = [int(v) for v in chosen]
-    stages = values[3] if len(values) == 4 else _stages_that_fit(
-        BlockConfig(*values[:3], heuristic(problem).stages), problem, weight_tiles).stages
-    return validate(BlockConfig(*values[:3], stages), problem, chosen, weight_tiles)
+    warpgroups = values[4] if len(values) == 5 else 1
+    stages = values[3] if len(values) >= 4 else _stages_that_fit(
+        BlockConfig(*values[:3], heuristic(problem).stages, warpgroups), problem,
+        weight_tiles).stages
+    return validate(BlockConfig(*values[:3], stages, warpgroups), problem, chosen, weight_tiles)
 
 
 def operand_bytes(problem: Problem) -> int:
@@ -229,7 +252,7 @@ def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
     sizes = {"block_m": problem.m, "block_k": problem.k, "block_n": problem.n}
     rows = output_rows_block(problem.kernel)
     least = {contraction_block(problem.kernel): min_contraction(problem),
-             "block_n": min_columns(problem)}
+             "block_n": min_columns(problem) * config.compute_warpgroups}
     fitted_blocks = {}
     for name, size in sizes.items():
         block = getattr(config, name)

@@ -34,7 +34,7 @@ import numpy as np
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import gmm_problem
 from kernelhub._grouped_matmul import polynomial_erf, visits
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts, warp_specialized
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 # n-tiles per band of the schedule (the weights' tiles read at once).
@@ -66,6 +66,12 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
     if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs:
         rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
+    if interpret and transpose_rhs and blocks.compute_warpgroups > 1:
+        # The interpreter's wgmma takes no transposed view, and the warp-specialized body's
+        # per-warpgroup transposes into a scratch tile deadlock its barriers (jax 0.10.2): it
+        # gets the weights [G, k, n] instead (its wgmma does not insist on K-major B). The
+        # compiled kernel keeps the transposed view; export checks that it lowers.
+        rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), False
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
     if spec.interleaved:
@@ -86,16 +92,24 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
                                fill_uncomputed=not aliased)
     num_visits = table.shape[1]
     n_tiles = n_p // bn
-    body = functools.partial(
-        _body, blocks=blocks, k_tiles=k_p // bk, n_tiles=n_tiles, num_visits=num_visits,
+    shared = dict(
+        blocks=blocks, k_tiles=k_p // bk, n_tiles=n_tiles, num_visits=num_visits,
         n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, spec=spec,
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret)
+    threads = None
+    if blocks.compute_warpgroups == 1:
+        body = functools.partial(_body, **shared)
+    else:
+        body = functools.partial(warp_specialized.body, **shared, band=min(BAND, n_tiles),
+                                 epilogue_fn=_epilogue)
+        threads = dict(num_threads=warp_specialized.COMPUTE_WARPGROUPS + 1,
+                       thread_name=warp_specialized.WG_AXIS)
     copied = () if existing is None or aliased else (existing,)
     out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *copied),
                               (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
-                              starting_as=existing if aliased else None)
+                              starting_as=existing if aliased else None, threads=threads)
     return out if (m_p, n_p) == (m, n_out) else out[:m, :n_out]
 
 

@@ -28,14 +28,16 @@ SM_AXIS = "sm"
 
 def launch(body: Callable[..., None], operands: Sequence[jax.Array],
            out_shape: tuple[int, ...], out_dtype, interpret: bool, name: str,
-           starting_as: jax.Array | None = None) -> jax.Array:
+           starting_as: jax.Array | None = None, threads: dict | None = None) -> jax.Array:
     """Runs `body(*operand_refs, out_ref)` on a persistent grid of one program per SM; the
     body spreads its work over them with `plgpu.nd_loop(..., collective_axes=SM_AXIS)`.
 
     With `starting_as` (compiled only) the output is that array's buffer, aliased (a ref the
     kernel updates in place, XLA copying it only when the caller does not donate it):
     the kernel writes only what it changes. Otherwise the output starts undefined and the
-    kernel writes all of it."""
+    kernel writes all of it.
+    `threads` (num_threads, thread_name) runs that many warpgroups per program (warp
+    specialization)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -43,7 +45,8 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
     if starting_as is not None:
         if interpret:
             raise ValueError("the interpreter takes no aliased output")
-        mesh = plgpu.Mesh(grid=(_sm_count(),), grid_names=(SM_AXIS,), kernel_name=name)
+        mesh = plgpu.Mesh(grid=(_sm_count(),), grid_names=(SM_AXIS,), kernel_name=name,
+                          **(threads or {}))
         kernel = pl.kernel(body, out_type=(), mesh=mesh, compiler_params=params)
         # run_state: the ref lives only inside, so the call stays a pure function.
         return pl.run_state(lambda out_ref: kernel(*operands, out_ref))(starting_as)
@@ -56,6 +59,7 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
         compiler_params=params,
         interpret=jax_internals.mosaic_gpu_interpret_params() if interpret else None,
         kernel_name=name,
+        **(threads or {}),
     )
     if not interpret:
         return kernel(*operands)
@@ -160,11 +164,12 @@ def broadcast_columns(vector: jax.Array, shape: tuple[int, int]) -> jax.Array:
 
 
 def store_rows(tile_smem, out_gmem: Callable[[jax.Array, int], object], first: jax.Array,
-               count: jax.Array, block_rows: int) -> None:
+               count: jax.Array, block_rows: int, wait: bool = True) -> None:
     """Stores rows [first, first + count) of the shared-memory tile (count in [0, block_rows])
     with TMA: one copy per set bit of count, largest first, each of a power-of-two rows
     (a TMA box has a static shape, the count is known only on the device). `out_gmem(row,
-    rows)` is the GMEM destination of `rows` rows from tile row `row`."""
+    rows)` is the GMEM destination of `rows` rows from tile row `row`. With `wait` the copies
+    have read the tile when this returns; without, the caller waits before writing it."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -178,4 +183,5 @@ def store_rows(tile_smem, out_gmem: Callable[[jax.Array, int], object], first: j
             plgpu.copy_smem_to_gmem(tile_smem.at[pl.ds(offset, rows)], out_gmem(offset, rows))
 
         offset = offset + (count & rows)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    if wait:
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)

@@ -1,7 +1,8 @@
 """The Mosaic GPU kernels' candidate tiles for kernelhub.tuning.
 
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
-64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 5 stages in flight;
+64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 5 stages in flight,
+and for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py);
 each fitted to the problem as the heuristic's own is, and kept only where it is legal.
 """
 
@@ -11,19 +12,22 @@ from kernelhub._grouped_matmul.passes import TuningSpace
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import config
 
-# (output rows, contraction in 128-byte rows, columns, stages)
+# (output rows, contraction in 128-byte rows, columns, stages, compute warpgroups)
 _CANDIDATES = (
-    (64, 1, 128, 4), (64, 1, 256, 3), (64, 2, 128, 3), (128, 1, 128, 4), (128, 1, 256, 3),
-    (128, 2, 128, 3), (128, 1, 64, 5), (64, 1, 64, 5),
+    (64, 1, 128, 4, 1), (64, 1, 256, 3, 1), (64, 2, 128, 3, 1), (128, 1, 128, 4, 1),
+    (128, 1, 256, 3, 1), (128, 2, 128, 3, 1), (128, 1, 64, 5, 1), (64, 1, 64, 5, 1),
+    (64, 1, 256, 4, 2), (128, 1, 256, 3, 2), (64, 1, 128, 5, 2),
 )
 
 
-def _tiling(rows: int, contraction: int, columns: int, stages: int,
+def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: int,
             problem: Problem) -> config.BlockConfig:
     step = contraction * config.SWIZZLE_BYTES // config.operand_bytes(problem)
     if problem.kernel is Kernel.TGMM:
-        return config.BlockConfig(block_m=step, block_k=rows, block_n=columns, stages=stages)
-    return config.BlockConfig(block_m=rows, block_k=step, block_n=columns, stages=stages)
+        return config.BlockConfig(block_m=step, block_k=rows, block_n=columns, stages=stages,
+                                  compute_warpgroups=warpgroups)
+    return config.BlockConfig(block_m=rows, block_k=step, block_n=columns, stages=stages,
+                              compute_warpgroups=warpgroups)
 
 
 def _candidates(problem: Problem) -> list[tuple[int, ...]]:

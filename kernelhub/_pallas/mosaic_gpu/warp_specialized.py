@@ -1,0 +1,176 @@
+"""gmm's body with warp specialization: the tiling's fifth entry, `compute_warpgroups=2`.
+
+The same work as grouped_matmul.py's body ((visit, n-tile) pairs on a persistent grid, in bands),
+split between three warpgroups of each program:
+- the memory warpgroup issues the TMA loads of the lhs and weight tiles, `stages` ahead, and
+  runs on past the end of a work item into the next one's loads;
+- each of the two compute warpgroups multiplies the row tile by its half of the block_n
+  columns into its own float32 accumulator (two for a gated unit), runs the epilogue on it,
+  and stores the visit's rows of its half from its own shared-memory tile.
+
+So loads continue while a work item's epilogue and stores run, and a pipeline is not drained
+and filled again between work items. Shared memory that the warpgroups use is allocated once
+for the program, outside the work loop: the pipeline's buffers, an output tile per compute
+warpgroup, and the epilogue's vectors with a barrier per compute warpgroup.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kernelhub._grouped_matmul import visits
+from kernelhub._grouped_matmul.epilogue import Epilogue
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+
+COMPUTE_WARPGROUPS = 2
+# Registers the memory warpgroup keeps (it only issues copies): the rest go to the others.
+MEMORY_REGISTERS = 40
+WG_AXIS = "wg"
+
+
+def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
+         n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
+         spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
+         has_bias: bool, has_existing: bool, interpret: bool, band: int,
+         epilogue_fn) -> None:
+    """The kernel body; arguments as grouped_matmul._body's, `epilogue_fn` its epilogue."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    refs = list(refs)
+    out_ref = refs.pop()
+    existing_ref = refs.pop() if has_existing else None
+    row_scale_ref = refs.pop(0) if has_row_scale else None
+    column_scale_ref = refs.pop(0) if has_column_scale else None
+    bias_ref = refs.pop(0) if has_bias else None
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
+    shape = (bm, part)
+
+    def rhs_spec(column_tile):
+        if transpose_rhs:
+            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i))
+        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile))
+
+    def pipeline(step, context, column_tiles=(0,) * halves):
+        return plgpu.emit_pipeline_warp_specialized(
+            step, grid=(k_tiles,), memory_registers=MEMORY_REGISTERS,
+            in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i)),
+                      *[rhs_spec(c) for c in column_tiles]],
+            wg_axis=WG_AXIS, num_compute_wgs=COMPUTE_WARPGROUPS,
+            max_concurrent_steps=max(blocks.stages, 2), compute_context=context)
+
+    ignored = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the body
+    # The weights' full row of column tiles: the pipeline's buffers only need its shape.
+    group_rhs = rhs_ref.at[0]
+    scoped = dict(
+        allocations=pipeline(ignored, ignored).get_allocations(lhs_ref, *[group_rhs] * halves),
+        tiles=plgpu.SMEM((COMPUTE_WARPGROUPS, bm, part), out_ref.dtype),
+        barriers=plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),
+        rows_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, bm), jnp.float32),
+        columns_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, 2 * halves, part), jnp.float32),
+    )
+    if transpose_rhs and interpret:
+        raise ValueError("the interpreted warp-specialized gmm takes weights [G, k, n]: "
+                         "grouped_matmul.py transposes them before the call")
+
+    @functools.partial(pl.run_scoped, **scoped, collective_axes=WG_AXIS)
+    def _program(allocations, tiles, barriers, rows_smem, columns_smem):
+        wg = jax.lax.axis_index(WG_AXIS)
+        computing = wg < COMPUTE_WARPGROUPS
+        tile_smem = tiles.at[wg]
+        barrier = barriers.at[wg]
+
+        def load(src, smem):
+            plgpu.copy_gmem_to_smem(src, smem, barrier)
+            plgpu.barrier_wait(barrier)
+            return smem[...].astype(jnp.float32)
+
+        @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
+        def _work(info):
+            visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles, band)
+            tile = table_ref[visits.TILE, visit]
+            group = table_ref[visits.GROUP, visit]
+            first_row = tile * bm
+            start = jnp.maximum(table_ref[visits.START, visit], first_row)
+            end = jnp.minimum(table_ref[visits.END, visit], first_row + bm)
+            # This compute warpgroup's first column of the output.
+            first_col = n_tile * bn + wg * part
+
+            def store_tile():
+                # In flight while the next work item's sums run: whoever writes the tile next
+                # waits for it first.
+                kernel_parts.store_rows(
+                    tile_smem,
+                    lambda row, rows: out_ref.at[pl.ds(first_row + row, rows),
+                                                 pl.ds(first_col, part)],
+                    start - first_row, end - start, bm, wait=False)
+
+            def store(result):
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                tile_smem[...] = result
+                plgpu.commit_smem()
+                store_tile()
+
+            def context(run):
+                def with_accumulators(*accs):
+                    totals = run(tuple(accs))
+                    totals = tuple(acc[...] for acc in totals)
+                    if plain:
+                        (result,) = totals
+                    else:
+                        row_scale = None if row_scale_ref is None else load(
+                            row_scale_ref.at[pl.ds(first_row, bm)], rows_smem.at[wg])
+
+                        def columns(ref, slot, half):
+                            return load(ref.at[group, pl.ds(first_col + half * n_half, part)],
+                                        columns_smem.at[wg, 2 * half + slot])
+
+                        result = epilogue_fn(
+                            spec, totals, shape, row_scale,
+                            None if column_scale_ref is None else functools.partial(
+                                columns, column_scale_ref, 0),
+                            None if bias_ref is None else functools.partial(
+                                columns, bias_ref, 1))
+                    store(result.astype(out_ref.dtype))
+
+                pl.run_scoped(with_accumulators, *[plgpu.ACC(shape) for _ in range(halves)])
+
+            def step(_, lhs_smem, *rest):
+                rhs_smems, accs = rest[:-1], rest[-1]
+                for acc, rhs_smem in zip(accs, rhs_smems):
+                    if transpose_rhs:
+                        right = kernel_parts.k_major_operand(
+                            rhs_smem.at[pl.ds(wg * part, part), :], None)
+                    else:
+                        right = rhs_smem.at[:, pl.ds(wg * part, part)]
+                    plgpu.wgmma(acc, lhs_smem, right)
+                plgpu.wgmma_wait(0)
+                return accs
+
+            @pl.when(group >= 0)
+            def _compute():
+                column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
+                group_rhs = rhs_ref.at[group]
+                rhs_views = [group_rhs.at[pl.ds(c * bn, bn), :] if transpose_rhs
+                             else group_rhs.at[:, pl.ds(c * bn, bn)] for c in column_tiles]
+                pipeline(step, context)(lhs_ref.at[pl.ds(first_row, bm), :], *rhs_views,
+                                        allocations=allocations)
+
+            @pl.when((group == visits.FILL) & computing)
+            def _fill():
+                if existing_ref is None:
+                    store(jnp.zeros(shape, out_ref.dtype))
+                else:
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    plgpu.copy_gmem_to_smem(
+                        existing_ref.at[pl.ds(first_row, bm), pl.ds(first_col, part)],
+                        tile_smem, barrier)
+                    plgpu.barrier_wait(barrier)
+                    store_tile()
+
+        # The last stores complete before the kernel ends.
+        plgpu.wait_smem_to_gmem(0)
