@@ -134,14 +134,9 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    # refs: the row scale, the column scale and the bias when given, existing_out when given,
-    # the output.
-    refs = list(refs)
-    out_ref = refs.pop()
-    existing_ref = refs.pop() if has_existing else None
-    row_scale_ref = refs.pop(0) if has_row_scale else None
-    column_scale_ref = refs.pop(0) if has_column_scale else None
-    bias_ref = refs.pop(0) if has_bias else None
+    row_scale_ref, column_scale_ref, bias_ref, existing_ref, out_ref = (
+        kernel_parts.gmm_operand_refs(refs, has_row_scale, has_column_scale, has_bias,
+                                      has_existing))
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     shape = (bm, bn)
 

@@ -1,5 +1,5 @@
-"""What both Mosaic GPU kernels share: the persistent launch, padding to whole tiles, vectors
-loaded beside a tile, and the store of a tile's rows.
+"""What the Mosaic GPU kernels share: the persistent launch, padding to whole tiles, vectors
+loaded beside a tile, the store of a tile's rows, and gmm's refs in launch order.
 
 Every tile is whole: operands are padded with zeros to multiples of the blocks where their
 sizes are not (a copy, only then; the MoE shapes kernelhub is tuned for need none). TMA would
@@ -185,3 +185,17 @@ def store_rows(tile_smem, out_gmem: Callable[[jax.Array, int], object], first: j
         offset = offset + (count & rows)
     if wait:
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def gmm_operand_refs(refs, has_row_scale: bool, has_column_scale: bool, has_bias: bool,
+                     has_existing: bool) -> tuple:
+    """gmm's refs after (table, lhs, rhs), in launch order: the row scale, the column scale
+    and the bias when given, existing_out when given, the output. Returns them as (row_scale,
+    column_scale, bias, existing, out), None for those not given."""
+    refs = list(refs)
+    out_ref = refs.pop()
+    existing_ref = refs.pop() if has_existing else None
+    row_scale_ref = refs.pop(0) if has_row_scale else None
+    column_scale_ref = refs.pop(0) if has_column_scale else None
+    bias_ref = refs.pop(0) if has_bias else None
+    return row_scale_ref, column_scale_ref, bias_ref, existing_ref, out_ref

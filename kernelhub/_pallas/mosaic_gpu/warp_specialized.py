@@ -40,12 +40,9 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    refs = list(refs)
-    out_ref = refs.pop()
-    existing_ref = refs.pop() if has_existing else None
-    row_scale_ref = refs.pop(0) if has_row_scale else None
-    column_scale_ref = refs.pop(0) if has_column_scale else None
-    bias_ref = refs.pop(0) if has_bias else None
+    row_scale_ref, column_scale_ref, bias_ref, existing_ref, out_ref = (
+        kernel_parts.gmm_operand_refs(refs, has_row_scale, has_column_scale, has_bias,
+                                      has_existing))
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bm, part)
