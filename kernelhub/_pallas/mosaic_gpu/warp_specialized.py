@@ -47,21 +47,22 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bm, part)
 
-    def rhs_spec(column_tile):
-        if transpose_rhs:
-            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i))
-        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile))
+    if transpose_rhs and interpret:
+        raise ValueError("the interpreted warp-specialized gmm takes weights [G, k, n]: "
+                         "grouped_matmul.py transposes them before the call")
+    # Each work item hands the pipeline views already cut to its row tile and column tiles.
+    rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, i)) if transpose_rhs else
+                plgpu.BlockSpec((bk, bn), lambda i: (i, 0)))
 
-    def pipeline(step, context, column_tiles=(0,) * halves):
+    def pipeline(step, context):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_tiles,), memory_registers=MEMORY_REGISTERS,
-            in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i)),
-                      *[rhs_spec(c) for c in column_tiles]],
+            in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i)), *[rhs_spec] * halves],
             wg_axis=WG_AXIS, num_compute_wgs=COMPUTE_WARPGROUPS,
             max_concurrent_steps=max(blocks.stages, 2), compute_context=context)
 
     ignored = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the body
-    # The weights' full row of column tiles: the pipeline's buffers only need its shape.
+    # One group's weights stand for all: the pipeline's buffers depend on dtypes and blocks.
     group_rhs = rhs_ref.at[0]
     scoped = dict(
         allocations=pipeline(ignored, ignored).get_allocations(lhs_ref, *[group_rhs] * halves),
@@ -70,9 +71,6 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
         rows_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, bm), jnp.float32),
         columns_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, 2 * halves, part), jnp.float32),
     )
-    if transpose_rhs and interpret:
-        raise ValueError("the interpreted warp-specialized gmm takes weights [G, k, n]: "
-                         "grouped_matmul.py transposes them before the call")
 
     @functools.partial(pl.run_scoped, **scoped, collective_axes=WG_AXIS)
     def _program(allocations, tiles, barriers, rows_smem, columns_smem):
