@@ -186,7 +186,6 @@ def test_a_reference_reading_its_integer_arguments_on_the_host_is_differentiated
         _registry.remove_op(declared)
 
 
-
 def test_cases_of_one_shape_share_one_compiled_gradient(op):
     """Gradients are pulled back through one jitted program per implementation, shapes and
     static arguments: cases that differ only in their values compile it once."""
@@ -197,4 +196,3 @@ def test_cases_of_one_shape_share_one_compiled_gradient(op):
     before = testing._shared_pullback._cache_size()
     testing.check_implementations(op, reference, same_shape, examples=4).assert_ok()
     assert testing._shared_pullback._cache_size() == before + 1
-

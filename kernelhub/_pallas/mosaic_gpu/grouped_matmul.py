@@ -144,12 +144,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
     def _work(info):
         visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles,
                                                   min(BAND, n_tiles))
-        tile = table_ref[visits.TILE, visit]
-        group = table_ref[visits.GROUP, visit]
-        first_row = tile * bm
-        # The visit's segment, cut to its tile: the rows it stores.
-        start = jnp.maximum(table_ref[visits.START, visit], first_row)
-        end = jnp.minimum(table_ref[visits.END, visit], first_row + bm)
+        tile, group, first_row, start, end = kernel_parts.visit_rows(table_ref, visit, bm)
         first_col = n_tile * bn
 
         def store(result):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub._core import jax_internals
+from kernelhub._grouped_matmul import visits
 
 # Streaming multiprocessors of an H100 SXM and an H200: the persistent grid, one program each.
 HOPPER_SMS = 132
@@ -145,12 +146,29 @@ def load_vector(src, smem_shape: tuple[int], dtype):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def scope(smem, barrier):
-        plgpu.copy_gmem_to_smem(src, smem, barrier)
-        plgpu.barrier_wait(barrier)
-        return smem[...].astype(jnp.float32)
+    return pl.run_scoped(lambda smem, barrier: load_vector_through(src, smem, barrier),
+                         plgpu.SMEM(smem_shape, dtype), plgpu.Barrier())
 
-    return pl.run_scoped(scope, plgpu.SMEM(smem_shape, dtype), plgpu.Barrier())
+
+def load_vector_through(src, smem, barrier):
+    """load_vector through shared memory and a barrier the caller holds."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    plgpu.copy_gmem_to_smem(src, smem, barrier)
+    plgpu.barrier_wait(barrier)
+    return smem[...].astype(jnp.float32)
+
+
+def visit_rows(table_ref, visit, block_rows: int):
+    """(tile, group, first_row, start, end) of a gmm work item's visit (visits.py's table):
+    its row tile, the group (or visits.FILL), the tile's first row, and the rows [start, end)
+    of the visit's segment inside that tile, the rows it stores."""
+    tile = table_ref[visits.TILE, visit]
+    group = table_ref[visits.GROUP, visit]
+    first_row = tile * block_rows
+    start = jnp.maximum(table_ref[visits.START, visit], first_row)
+    end = jnp.minimum(table_ref[visits.END, visit], first_row + block_rows)
+    return tile, group, first_row, start, end
 
 
 def broadcast_rows(vector: jax.Array, shape: tuple[int, int]) -> jax.Array:

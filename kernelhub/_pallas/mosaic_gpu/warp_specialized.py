@@ -80,18 +80,13 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
         barrier = barriers.at[wg]
 
         def load(src, smem):
-            plgpu.copy_gmem_to_smem(src, smem, barrier)
-            plgpu.barrier_wait(barrier)
-            return smem[...].astype(jnp.float32)
+            return kernel_parts.load_vector_through(src, smem, barrier)
 
         @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
         def _work(info):
             visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles, band)
-            tile = table_ref[visits.TILE, visit]
-            group = table_ref[visits.GROUP, visit]
-            first_row = tile * bm
-            start = jnp.maximum(table_ref[visits.START, visit], first_row)
-            end = jnp.minimum(table_ref[visits.END, visit], first_row + bm)
+            _, group, first_row, start, end = kernel_parts.visit_rows(table_ref, visit,
+                                                                     bm)
             # This compute warpgroup's first column of the output.
             first_col = n_tile * bn + wg * part
 
