@@ -117,6 +117,23 @@ def test_a_second_process_merges_its_implementations_into_the_table(tmp_path):
     assert "kernelhub:mosaic" in (tmp_path / "roofline.md").read_text()
 
 
+def test_a_merge_keeps_measured_rows_over_rows_the_budget_left_unmeasured():
+    """The first H100 merge lost lax.ragged_dot's measured rows to the second process's
+    'budget spent' rows; a row without a time replaces only another without one."""
+    def record(implementation, seconds, shape="a"):
+        return {"dtype": "bf16", "shape": shape, "groups": "balanced", "pass": "forward",
+                "implementation": implementation, "seconds": seconds}
+
+    earlier = [record("lax.ragged_dot", 2.0), record("kernelhub:triton", 1.0),
+               record("lax.ragged_dot", None, shape="b")]
+    later = {"rows": [record("lax.ragged_dot", None), record("kernelhub:mosaic", None),
+                      record("lax.ragged_dot", 3.0, shape="b")]}
+    merged = gpu_scoreboard._merged(earlier, later)["rows"]
+    assert sorted((r["shape"], r["implementation"], r["seconds"]) for r in merged) == [
+        ("a", "kernelhub:mosaic", None), ("a", "kernelhub:triton", 1.0),
+        ("a", "lax.ragged_dot", 2.0), ("b", "lax.ragged_dot", 3.0)]
+
+
 def test_a_pass_is_checked_against_the_reference_and_tokamax_against_its_vjp():
     pytest.importorskip("tokamax")
     from kernelhub._cli.bench import gpu_scoreboard_calls
@@ -218,3 +235,76 @@ def test_the_lowering_is_read_only_where_a_table_can_choose(monkeypatch):
     assert not gpu_scoreboard_calls._tables_may_choose()
     monkeypatch.setenv("KERNELHUB_TUNING", "/tmp/table.json")
     assert gpu_scoreboard_calls._tables_may_choose()
+
+
+def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tmp_path):
+    """gpu_scoreboard_table files each measured pass under the keys a plain call and a
+    training step look up on that GPU (both ops), with the heuristic's tiling (what ran) and
+    the mean of the balanced and skewed times; what was not measured gets no entry."""
+    from kernelhub._cli.bench import gpu_scoreboard_table
+    from kernelhub._grouped_matmul import tables
+    from kernelhub._pallas.gpu import config as triton_config
+    from kernelhub._pallas.mosaic_gpu import config as mosaic_config
+
+    kind = "NVIDIA H100 80GB HBM3"
+    seconds = {"triton": 1e-3, "mosaic": 2e-3}
+    rows = [{"dtype": "bf16", "shape": shape.name, "groups": groups, "pass": pass_name,
+             "implementation": f"kernelhub:{platform}",
+             "seconds": None if (shape.name, platform) == ("smoke-shard", "mosaic") else
+             base * (1 + index) * (1.5 if groups == "skewed" else 1.0)}
+            for shape in SMOKE_SHAPES for platform, base in seconds.items()
+            for index, pass_name in enumerate(gpu_roofline.PASSES)
+            for groups in ("balanced", "skewed")]
+    rows.append({**rows[0], "dtype": "fp8", "seconds": 9.0})  # not a bf16 problem: ignored
+    document = {"gpu": kind, "date": "2026-11-27T06:06:35", "jax": "0.11.2", "rows": rows}
+    made = gpu_scoreboard_table.table(document, SMOKE_SHAPES)
+    made.save(tmp_path / "table.json")
+    entries = tables.load(tmp_path / "table.json").entries
+    assert {key.device_kind for key in entries} == {kind}
+    heuristics = {"triton": triton_config.heuristic, "mosaic": mosaic_config.heuristic}
+    kernel_of_pass = {"forward": "gmm", "lhs_gradient": "gmm_t", "rhs_gradient": "tgmm"}
+    for key, entry in entries.items():
+        assert entry.tiling == entry.default_tiling == heuristics[key.implementation](
+            key.problem).as_tiling()
+        assert entry.candidates == ((entry.tiling, entry.tuned_ms),)
+    plain = {(key.implementation, key.problem.local_groups, key.pass_name): entry.tuned_ms
+             for key, entry in entries.items() if key.op == "grouped_matmul"}
+    for platform, base in seconds.items():
+        for index, pass_name in enumerate(gpu_roofline.PASSES):
+            assert plain[(platform, 4, pass_name)] == pytest.approx(base * 1e3 * (1 + index) * 1.25)
+            assert [key.problem.kernel.value for key in entries
+                    if (key.implementation, key.problem.local_groups, key.pass_name,
+                        key.op) == (platform, 4, pass_name, "grouped_matmul")] == [
+                kernel_of_pass[pass_name]]
+    assert ("triton", 2, "forward") in plain and ("mosaic", 2, "forward") not in plain
+    # tgmm's own forward is the scoreboard's rhs_gradient problem.
+    tgmm_forward = [entry.tuned_ms for key, entry in entries.items()
+                    if key.op == "transposed_grouped_matmul" and key.pass_name == "forward"
+                    and key.implementation == "triton" and key.problem.local_groups == 4]
+    assert tgmm_forward == [pytest.approx(seconds["triton"] * 1e3 * 3 * 1.25)]
+
+
+def test_a_table_tuned_for_gmm_is_completed_with_tgmms_keys_of_the_same_kernels():
+    """scripts/gpu_bench.sh tunes `--ops gmm` only: its three kernels are also tgmm's (tgmm's
+    forward is gmm's weight gradient, its gradients gmm's two other kernels), so completed()
+    files the same entries under tgmm's keys."""
+    from kernelhub._cli.bench import gpu_scoreboard_table
+    from kernelhub._grouped_matmul import tables
+
+    kind = "NVIDIA H100 80GB HBM3"
+    shape = SMOKE_SHAPES[1]
+    step, args = gpu_scoreboard_table._training_step("grouped_matmul", shape, "triton")
+    gmm_entries = {}
+    for index, call in enumerate(gpu_scoreboard_table.recorded(step, *args)):
+        tiling = tuple(call.space.default(call.problem))
+        key = tables.TuningKey.of(kind, "triton", call.op, call.pass_name, call.problem)
+        gmm_entries[key] = tables.Entry(tiling, tiling, 1.0 + index, 1.0 + index, "balanced")
+    assert len(gmm_entries) == 3
+    done = gpu_scoreboard_table.completed(tables.Tuning(gmm_entries), (shape,))
+    added = {key: entry for key, entry in done.entries.items() if key not in gmm_entries}
+    assert {(key.op, key.pass_name, key.problem.kernel.value) for key in added} == {
+        ("transposed_grouped_matmul", "forward", "tgmm"),
+        ("transposed_grouped_matmul", "lhs_gradient", "gmm_t"),
+        ("transposed_grouped_matmul", "rhs_gradient", "gmm")}
+    by_kernel = {key.problem: entry for key, entry in gmm_entries.items()}
+    assert all(by_kernel[key.problem] == entry for key, entry in added.items())

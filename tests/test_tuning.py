@@ -278,6 +278,27 @@ def test_shipped_cpu_table_is_well_formed():
         assert entry.tiling[0] & (entry.tiling[0] - 1) == 0  # xla: a power-of-two chunk
 
 
+def test_shipped_h100_table_times_both_hopper_kernels_on_tilings_they_take():
+    """nvidia-h100-80gb-hbm3.json (made from the 2026-11-27 scoreboard by
+    kernelhub/_cli/bench/gpu_scoreboard_table.py): for every key one kernel has, the other has
+    it too (else the per-call choice could not compare them), each on a tiling its compiled
+    kernel accepts at that problem."""
+    from kernelhub._pallas.gpu import tuning_space as triton_space
+    from kernelhub._pallas.mosaic_gpu import tuning_space as mosaic_space
+
+    shipped = tuning.shipped("NVIDIA H100 80GB HBM3")
+    spaces = {"triton": triton_space.space("triton"), "mosaic": mosaic_space.space("mosaic")}
+    by_implementation = {}
+    for key, entry in shipped.entries.items():
+        assert key.device_kind == "NVIDIA H100 80GB HBM3"
+        assert spaces[key.implementation].accepts(entry.tiling, key.problem)
+        assert entry.tuned_ms > 0
+        by_implementation.setdefault(key.implementation, set()).add(
+            (key.op, key.pass_name, key.problem))
+    assert by_implementation["triton"] == by_implementation["mosaic"]
+    assert len(by_implementation["triton"]) == 30  # 5 shapes x 2 ops x 3 passes
+
+
 def test_table_round_trips_through_a_file(tmp_path):
     key = tuning.TuningKey("cpu", "xla", "grouped_matmul", "forward", tuning.KernelProblem(
         "gmm", 4096, 1024, 1024, 64, 64, "bfloat16", "bfloat16", "bfloat16", False))

@@ -130,12 +130,17 @@ def _earlier_rows(out: Path) -> list[dict[str, Any]]:
 
 
 def _merged(earlier: list[dict[str, Any]], document: dict[str, Any]) -> dict[str, Any]:
-    """`document` with the earlier rows that none of its own replaces, earlier first."""
+    """`document` with the earlier rows that none of its own replaces, earlier first. A row
+    without a time (its run's budget was spent) replaces no measured row: the second process
+    running out of time must not erase what the first measured."""
     if not earlier:
         return document
-    replaced = {_row_key(row) for row in document["rows"]}
+    measured_before = {_row_key(row) for row in earlier if row["seconds"] is not None}
+    own = [row for row in document["rows"]
+           if row["seconds"] is not None or _row_key(row) not in measured_before]
+    replaced = {_row_key(row) for row in own}
     kept = [row for row in earlier if _row_key(row) not in replaced]
-    return {**document, "rows": kept + document["rows"]}
+    return {**document, "rows": kept + own}
 
 
 def _problem(shape: Shape, pattern: str, pass_name: str, dtype: str) -> PassProblem:

@@ -1,0 +1,199 @@
+"""A tuning table from a scoreboard run: what each GPU kernel measured at the scoreboard's
+shapes, with the tiling it ran (its heuristic's), so that a plain call on that GPU lowers the
+kernel measured faster for it (docs/dispatch.md, "Per call").
+
+The scoreboard times each pass as one kernel call; a table entry is filed by op, pass and the
+kernel's problem (kernelhub/_grouped_matmul/tables.py). Tracing the scoreboard's calls and a
+training step's (forward and both gradients, of gmm and of tgmm) under a recorder gives every
+key; a key gets an entry where its kernel's problem is one the scoreboard measured. An entry's
+time is the mean over the balanced and skewed rows. No tiling is tuned here: `kernelhub tune`
+does that, and its table, merged over this one, replaces these entries.
+
+    python -m kernelhub._cli.bench.gpu_scoreboard_table benchmarks/gpu/<run>/roofline.json \
+        --output kernelhub/tuning/defaults/<device kind>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import kernelhub
+import kernelhub.tuning
+from kernelhub._cli.bench import gpu_scoreboard_calls
+from kernelhub._cli.bench.gpu_measurement import SHAPES, Shape
+from kernelhub._cli.bench.gpu_roofline import PASSES
+from kernelhub._grouped_matmul import active_table
+from kernelhub._grouped_matmul.passes import KernelCall
+from kernelhub._grouped_matmul.tables import Entry, Tuning, TuningKey, _file_name
+from kernelhub.tuning._autotune import Recorder
+
+# The GPU kernels' platforms; on a CPU host the same kernels trace as their interpreters,
+# whose problems and heuristics are the compiled kernels' (only the implementation's name
+# differs, "-interpret").
+PLATFORMS = ("triton", "mosaic")
+_INTERPRETED = "-interpret"
+
+
+def recorded(fn: Callable[..., Any], *args: Any) -> list[KernelCall]:
+    """The kernel calls `fn` makes for `args` (traced, not run), each with its problem."""
+    recorder = Recorder()
+    with active_table.activated(recorder):
+        jax.eval_shape(fn, *args)
+    return list(recorder.calls.values())
+
+
+def _abstract(args: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args)
+
+
+def _scoreboard_arguments(shape: Shape, pass_name: str) -> tuple[Any, ...]:
+    """The abstract operands the scoreboard gives kernelhub in `pass_name`, bf16 (no arrays
+    are made: the shapes are the GPU's, far over a CPU's patience)."""
+    m, k, n, g = shape.m, shape.k, shape.n, shape.local
+    bf16 = jnp.bfloat16
+    sizes = jax.ShapeDtypeStruct((shape.experts,), jnp.int32)
+    if pass_name == "forward":
+        left, right = (m, k), (g, k, n)
+    elif pass_name == "lhs_gradient":
+        left, right = (m, n), (g, k, n)
+    else:
+        left, right = (k, m), (m, n)
+    return (jax.ShapeDtypeStruct(left, bf16), jax.ShapeDtypeStruct(right, bf16), sizes)
+
+
+def _training_step(op: str, shape: Shape, platform: str) -> tuple[Callable[..., Any], tuple]:
+    """A loss's gradient through one call of `op`, as an MoE layer trains it (bf16 results)."""
+    call = kernelhub.get(op, platform=platform)
+    sharded = {} if shape.local == shape.experts else {"group_offset": shape.offset}
+    if op == "grouped_matmul":
+        args = ((shape.m, shape.k), (shape.local, shape.k, shape.n))
+    else:
+        args = ((shape.k, shape.m), (shape.m, shape.n))
+        if sharded:
+            sharded["num_actual_groups"] = shape.local
+
+    def loss(lhs, rhs, group_sizes):
+        out = call(lhs, rhs, group_sizes, preferred_element_type=jnp.bfloat16, **sharded)
+        return jnp.sum(out.astype(jnp.float32))
+
+    arrays = tuple(jax.ShapeDtypeStruct(a, jnp.bfloat16) for a in args)
+    sizes = jax.ShapeDtypeStruct((shape.experts,), jnp.int32)
+    return jax.grad(loss, argnums=(0, 1)), (*arrays, sizes)
+
+
+def _compiled_name(implementation: str) -> str:
+    return implementation.removesuffix(_INTERPRETED)
+
+
+def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES) -> Tuning:
+    """The entries a scoreboard document (roofline.json) gives its GPU's kernels."""
+    device = document["gpu"]
+    times: dict[str, dict[tuple[str, str, str], list[float]]] = {}
+    for row in document["rows"]:
+        if row["dtype"] == "bf16" and row["seconds"] is not None and \
+                row["implementation"].startswith("kernelhub:"):
+            platform = row["implementation"].split(":", 1)[1]
+            times.setdefault(platform, {}).setdefault(
+                (row["shape"], row["pass"], row["groups"]), []).append(row["seconds"] * 1e3)
+    entries: dict[TuningKey, Entry] = {}
+    for platform in PLATFORMS:
+        measured = times.get(platform, {})
+        for shape in shapes:
+            # The problem each of the scoreboard's passes ran, and its time in ms.
+            by_problem = {}
+            for pass_name in PASSES:
+                rows = [ms for (name, pass_, _), values in measured.items()
+                        if name == shape.name and pass_ == pass_name for ms in values]
+                if not rows:
+                    continue
+                op = gpu_scoreboard_calls.PASS_OP[pass_name]
+                fn = gpu_scoreboard_calls._pass_function(
+                    kernelhub.get(op, platform=platform), pass_name, shape)
+                (call,) = recorded(fn, *_scoreboard_arguments(shape, pass_name))
+                by_problem[call.problem] = (statistics.fmean(rows), call)
+            if not by_problem:
+                continue
+            groups = (f"the scoreboard of {document['date'][:10]} (jax {document['jax']}): "
+                      f"the mean of its balanced and skewed rows")
+            for op in ("grouped_matmul", "transposed_grouped_matmul"):
+                step, step_args = _training_step(op, shape, platform)
+                for call in recorded(step, *step_args):
+                    if call.problem not in by_problem:
+                        continue
+                    ms, _ = by_problem[call.problem]
+                    tiling = tuple(call.space.default(call.problem))
+                    key = TuningKey.of(device, _compiled_name(call.space.implementation),
+                                       call.op, call.pass_name, call.problem)
+                    entries[key] = Entry(tiling, tiling, ms, ms, groups, ((tiling, ms),))
+    return Tuning(entries, f"the scoreboard of {document['date'][:10]} on {device}")
+
+
+def completed(tuned: Tuning, shapes: tuple[Shape, ...] = SHAPES) -> Tuning:
+    """`tuned` with an entry for every key a training step of either op looks up at `shapes`
+    whose kernel problem one of its entries has under another op or pass (tgmm's forward is
+    gmm's weight gradient): `kernelhub tune --ops gmm` then serves both ops, in half the time."""
+    by_problem = {(key.device_kind, key.implementation, key.problem): entry
+                  for key, entry in tuned.entries.items()}
+    devices = {key.device_kind for key in tuned.entries}
+    entries = dict(tuned.entries)
+    for shape in shapes:
+        for platform in PLATFORMS:
+            for op in ("grouped_matmul", "transposed_grouped_matmul"):
+                step, step_args = _training_step(op, shape, platform)
+                for call in recorded(step, *step_args):
+                    implementation = _compiled_name(call.space.implementation)
+                    for device in devices:
+                        key = TuningKey.of(device, implementation, call.op, call.pass_name,
+                                           call.problem)
+                        entry = by_problem.get((device, implementation, key.problem))
+                        if entry is not None and key not in entries:
+                            entries[key] = entry
+    return Tuning(entries, tuned.source)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("roofline", type=Path, nargs="?",
+                        help="a scoreboard run's roofline.json")
+    parser.add_argument("--complete", type=Path, metavar="TABLE",
+                        help="instead: add to a tuned table (kernelhub tune --output) the keys "
+                             "of the other op whose kernel problems it has (completed())")
+    parser.add_argument("--over-shipped", action="store_true",
+                        help="with --complete: keep the shipped table's entries for the table's "
+                             "GPU where the tuned one has none (the file to ship)")
+    parser.add_argument("--output", type=Path,
+                        help="where to write the table (default: the file name that "
+                             "kernelhub/tuning/defaults gives the run's GPU, in this folder; "
+                             "with --complete, the table itself)")
+    args = parser.parse_args(argv)
+    if (args.roofline is None) == (args.complete is None):
+        parser.error("give a roofline.json or --complete TABLE")
+    if args.complete is not None:
+        before = kernelhub.tuning.load(args.complete)
+        made = completed(before)
+        if args.over_shipped:
+            for device in sorted({key.device_kind for key in made.entries}):
+                made = kernelhub.tuning.shipped(device).merged(made)
+        output = args.output or args.complete
+        made.save(output)
+        print(f"{len(before)} entries tuned, {len(made)} in all, written to {output}")
+        return 0
+    import json
+
+    document = json.loads(args.roofline.read_text())
+    made = table(document)
+    output = args.output or Path(_file_name(document["gpu"]))
+    made.save(output)
+    print(f"{len(made)} entries for {document['gpu']} written to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
