@@ -280,9 +280,8 @@ def test_shipped_cpu_table_is_well_formed():
 
 def test_shipped_h100_table_times_both_hopper_kernels_on_tilings_they_take():
     """nvidia-h100-80gb-hbm3.json (made from the 2026-11-27 scoreboard by
-    kernelhub/_cli/bench/gpu_scoreboard_table.py): for every key one kernel has, the other has
-    it too (else the per-call choice could not compare them), each on a tiling its compiled
-    kernel accepts at that problem."""
+    kernelhub/_cli/bench/gpu_scoreboard_table.py): each key's tiling is one its compiled kernel
+    accepts, and every Mosaic GPU key has a Triton entry to be compared with."""
     from kernelhub._pallas.gpu import tuning_space as triton_space
     from kernelhub._pallas.mosaic_gpu import tuning_space as mosaic_space
 
@@ -295,8 +294,10 @@ def test_shipped_h100_table_times_both_hopper_kernels_on_tilings_they_take():
         assert entry.tuned_ms > 0
         by_implementation.setdefault(key.implementation, set()).add(
             (key.op, key.pass_name, key.problem))
-    assert by_implementation["triton"] == by_implementation["mosaic"]
+    assert by_implementation["mosaic"] <= by_implementation["triton"]
     assert len(by_implementation["triton"]) == 30  # 5 shapes x 2 ops x 3 passes
+    # GPT-OSS's Mosaic rows are left out: the heuristic's tiles there changed after the run.
+    assert len(by_implementation["mosaic"]) == 24
 
 
 def test_table_round_trips_through_a_file(tmp_path):

@@ -92,13 +92,17 @@ def _compiled_name(implementation: str) -> str:
     return implementation.removesuffix(_INTERPRETED)
 
 
-def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES) -> Tuning:
-    """The entries a scoreboard document (roofline.json) gives its GPU's kernels."""
+def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES,
+          without: tuple[tuple[str, str], ...] = ()) -> Tuning:
+    """The entries a scoreboard document (roofline.json) gives its GPU's kernels, but for the
+    (implementation, shape) pairs in `without`: rows whose kernel's heuristic has changed
+    since the run, so that their times are not those of the tiling a call gets now."""
     device = document["gpu"]
     times: dict[str, dict[tuple[str, str, str], list[float]]] = {}
     for row in document["rows"]:
         if row["dtype"] == "bf16" and row["seconds"] is not None and \
-                row["implementation"].startswith("kernelhub:"):
+                row["implementation"].startswith("kernelhub:") and \
+                (row["implementation"], row["shape"]) not in without:
             platform = row["implementation"].split(":", 1)[1]
             times.setdefault(platform, {}).setdefault(
                 (row["shape"], row["pass"], row["groups"]), []).append(row["seconds"] * 1e3)
@@ -168,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--over-shipped", action="store_true",
                         help="with --complete: keep the shipped table's entries for the table's "
                              "GPU where the tuned one has none (the file to ship)")
+    parser.add_argument("--without", nargs="+", default=[], metavar="IMPLEMENTATION@SHAPE",
+                        help="rows to leave out, e.g. kernelhub:mosaic@gpt-oss: a kernel whose "
+                             "heuristic tiling there changed after the run")
     parser.add_argument("--output", type=Path,
                         help="where to write the table (default: the file name that "
                              "kernelhub/tuning/defaults gives the run's GPU, in this folder; "
@@ -188,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     document = json.loads(args.roofline.read_text())
-    made = table(document)
+    without = []
+    for item in args.without:
+        implementation, at, shape = item.partition("@")
+        if not at or not implementation.startswith("kernelhub:"):
+            parser.error(f"--without takes kernelhub:<platform>@<shape>, got {item!r}")
+        without.append((implementation, shape))
+    made = table(document, without=tuple(without))
     output = args.output or Path(_file_name(document["gpu"]))
     made.save(output)
     print(f"{len(made)} entries for {document['gpu']} written to {output}")

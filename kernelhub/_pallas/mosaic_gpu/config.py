@@ -248,20 +248,39 @@ def heuristic(problem: Problem) -> BlockConfig:
 def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
     """`config` with each block but the output rows cut to the smallest power of two covering
     its dimension (at least its rule's least), 64 output rows where 64 cover them, and fewer
-    stages where shared memory needs it."""
+    stages where shared memory needs it. A dimension longer than its block and not a multiple
+    of it takes the largest smaller block that divides it, down to the rule's least: the
+    kernels pad operands to whole tiles, and at GPT-OSS's 2880 a 128 block padded the whole
+    weights (the lhs gradient) or the whole [G, k, n] output (tgmm), a copy that cost more
+    than the kernel (the 2026-11-27 H100 scoreboard: 0.25 of the roofline against 0.66)."""
     sizes = {"block_m": problem.m, "block_k": problem.k, "block_n": problem.n}
     rows = output_rows_block(problem.kernel)
     least = {contraction_block(problem.kernel): min_contraction(problem),
-             "block_n": min_columns(problem) * config.compute_warpgroups}
+             "block_n": min_columns(problem) * config.compute_warpgroups,
+             rows: min(OUTPUT_ROWS)}
     fitted_blocks = {}
     for name, size in sizes.items():
         block = getattr(config, name)
+        floor = least.get(name, MIN_BLOCK)
         if name == rows:
-            fitted_blocks[name] = 64 if size <= 64 else block
+            block = 64 if size <= 64 else block
         else:
-            floor = least.get(name, MIN_BLOCK)
-            fitted_blocks[name] = max(floor, min(block, _next_power_of_two(size)))
+            block = max(floor, min(block, _next_power_of_two(size)))
+        fitted_blocks[name] = _dividing(block, size, floor)
     return _stages_that_fit(dataclasses.replace(config, **fitted_blocks), problem)
+
+
+def _dividing(block: int, size: Any, floor: int) -> int:
+    """The largest power of two from `block` down to `floor` that divides `size`, where `size`
+    spans more than one block and `block` does not divide it; else `block`."""
+    if not is_static(size) or size <= block or size % block == 0:
+        return block
+    smaller = block // 2
+    while smaller >= floor:
+        if size % smaller == 0:
+            return smaller
+        smaller //= 2
+    return block
 
 
 def _stages_that_fit(config: BlockConfig, problem: Problem,
