@@ -17,6 +17,9 @@ _CANDIDATES = (
     (64, 1, 128, 4, 1), (64, 1, 256, 3, 1), (64, 2, 128, 3, 1), (128, 1, 128, 4, 1),
     (128, 1, 256, 3, 1), (128, 2, 128, 3, 1), (128, 1, 64, 5, 1), (64, 1, 64, 5, 1),
     (64, 1, 256, 4, 2), (128, 1, 256, 3, 2), (64, 1, 128, 5, 2),
+    # Narrow and deep: 64 columns, two 128-byte rows of contraction per step (tokamax's H100
+    # table settles on this shape for its sm90 kernel at every MoE shape it lists).
+    (128, 2, 64, 4, 1), (64, 2, 64, 4, 1),
 )
 
 
