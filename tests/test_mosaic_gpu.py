@@ -24,7 +24,7 @@ import reference
 from conftest import assert_close
 from kernelhub import testing
 from kernelhub._grouped_matmul.problem import Kernel, Problem
-from kernelhub._pallas.mosaic_gpu import config, tuning_space
+from kernelhub._pallas.mosaic_gpu import config, group_spans, tuning_space
 from kernelhub.quantization import quantize
 
 GMM = "grouped_matmul"
@@ -257,6 +257,57 @@ def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
     np.testing.assert_array_equal(np.asarray(out)[1:], np.asarray(existing)[1:])
 
 
+def test_group_span_chunk_table_by_hand():
+    """block_m 4 over 16 padded rows; groups [0, 6), empty, [6, 13), empty; spans of 3 groups.
+    A chunk a boundary crosses (rows 4..7) is visited by both groups; an empty group gets one
+    masked visit (its zeros are stored); the span ends are visits [0, 6) and [6, 7)."""
+    starts, ends = jnp.array([0, 6, 6, 13], jnp.int32), jnp.array([6, 6, 13, 13], jnp.int32)
+    table, spans = group_spans.chunk_tables(starts, ends, 3, 16, 4)
+    live = np.asarray(table)[:, :7]
+    np.testing.assert_array_equal(live[group_spans.GROUP], [0, 0, 1, 2, 2, 2, 3])
+    np.testing.assert_array_equal(live[group_spans.CHUNK], [0, 1, 0, 1, 2, 3, 0])
+    np.testing.assert_array_equal(live[group_spans.START], [0, 0, 6, 6, 6, 6, 13])
+    np.testing.assert_array_equal(live[group_spans.END], [6, 6, 6, 13, 13, 13, 13])
+    np.testing.assert_array_equal(live[group_spans.FIRST], [1, 0, 1, 1, 0, 0, 1])
+    np.testing.assert_array_equal(live[group_spans.LAST], [0, 1, 1, 0, 0, 1, 1])
+    np.testing.assert_array_equal(np.asarray(spans), [[0, 6], [6, 7]])
+    assert table.shape == (6, 4 + 4)  # every chunk once, one more per group: a static length
+
+
+def test_tgmm_over_group_spans_with_empty_groups_offset_and_existing_out():
+    """group_span=2: one pipeline sums two groups' chunks and stores at each group's end.
+    Groups 1..5 of 7 (one span of one group at the end), empty groups inside a span and at
+    its edges, unaligned boundaries inside 64-row chunks, rows past the sum, existing_out."""
+    rng = np.random.default_rng(11)
+    k, m, n = 40, 200, 24
+    sizes = np.array([13, 0, 51, 20, 70, 0, 9], np.int32)  # sum 163
+    lhs, rhs = _values(rng, (k, m), jnp.bfloat16), _values(rng, (m, n), jnp.bfloat16)
+    existing = _values(rng, (5, k, n), jnp.float32)
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 16, 2, 1, 2),
+                        group_offset=jnp.int32(1), num_actual_groups=5, existing_out=existing)
+    expected = reference.tgmm(lhs, rhs, sizes, group_offset=1, num_actual_groups=5,
+                              existing_out=existing)
+    assert_close(out, expected, jnp.float32, contraction=m)
+    for empty in (0, 4):  # groups 1 and 5: existing_out's tiles, plus exact zeros
+        np.testing.assert_array_equal(np.asarray(out)[empty], np.asarray(existing)[empty])
+
+
+def test_tgmm_over_group_spans_float32_isolates_other_groups_nan():
+    """float32 (rhs read K-major) over one span of all three groups, a NaN and an inf in rows
+    of no group: no group's sum sees them, and the empty group's tile is exactly 0."""
+    rng = np.random.default_rng(12)
+    k, m, n = 24, 140, 64
+    sizes = np.array([30, 0, 66], np.int32)  # rows 96.. belong to no group
+    lhs = np.asarray(_values(rng, (k, m), jnp.float32)).copy()
+    rhs = np.asarray(_values(rng, (m, n), jnp.float32)).copy()
+    lhs[:, 100] = np.nan
+    rhs[120] = np.inf
+    out = _mosaic(TGMM)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes),
+                        tiling=(64, 64, 64, 2, 1, 4))
+    assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
+    assert np.all(np.asarray(out)[1] == 0)
+
+
 # ---------------------------------------------------------------- kernelhub.testing
 
 
@@ -356,6 +407,8 @@ def test_invalid_tiling_names_the_rule(tiling, rule):
     ((64, 64, 128, 4, 3), Kernel.GMM, "must be 1 or 2"),
     ((64, 128, 128, 4, 2), Kernel.TGMM, "gmm only"),
     ((64, 64, 64, 4, 2), Kernel.GMM, "compute warpgroups' halves"),  # 32 bf16 columns each
+    ((64, 64, 128, 4, 1, 2), Kernel.GMM, "group_span=2"),  # tgmm's option
+    ((64, 128, 128, 4, 1, 0), Kernel.TGMM, "group_span=0"),
 ])
 def test_invalid_warp_specialized_tiling_names_the_rule(tiling, kernel, rule):
     problem = Problem(kernel, 512, 256, 384, 4, 4, "bfloat16", "bfloat16", "bfloat16", False)
@@ -454,6 +507,23 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
     _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
                                  jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes, offset), 1,
                        unpadded=True)
+
+
+@pytest.mark.parametrize("shape", ["deepseek_v3", "qwen3_moe"])
+def test_tgmm_over_group_spans_exports_for_cuda(shape):
+    """group_span=8 at MoE shapes (DeepSeek-V3: 32 local experts, a traced group_offset):
+    one Mosaic GPU kernel, no padding."""
+    m, k, n, experts, local = MOE_SHAPES[shape]
+    tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
+
+    def transposed(lhs_t, d_out, sizes, offset):
+        return tgmm(lhs_t, d_out, sizes, group_offset=offset, num_actual_groups=local,
+                    tiling=(64, 128, 128, 4, 1, 8))
+
+    _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
+                                 jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+                                 jax.ShapeDtypeStruct((experts,), jnp.int32),
+                                 jax.ShapeDtypeStruct((), jnp.int32)), 1, unpadded=True)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])

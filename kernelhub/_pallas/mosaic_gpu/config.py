@@ -1,11 +1,13 @@
 """Tiles of the Mosaic GPU grouped matmuls: the heuristic and the `tiling` override.
 
-A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups]])` (megablox's order;
-`m` is the grouped axis for both ops: gmm's output rows, tgmm's summed rows), a callable
-`(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is how many TMA loads the
-pipeline keeps in flight. `compute_warpgroups=2` (gmm only) warp-specializes the program: a
-memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
-(warp_specialized.py).
+A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span]]])`
+(megablox's order; `m` is the grouped axis for both ops: gmm's output rows, tgmm's summed
+rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is how many
+TMA loads the pipeline keeps in flight. `compute_warpgroups=2` (gmm only) warp-specializes the
+program: a memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
+(warp_specialized.py). `group_span` (tgmm only) is how many consecutive groups one work item
+sums through one pipeline, storing a tile at each group's end (group_spans.py); 1 runs a
+pipeline per group.
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -50,7 +52,7 @@ LAYOUT_ROWS = 64
 # pipeline and the output tile (barriers, the epilogue's vectors).
 SHARED_MEMORY_BYTES = 232448
 SHARED_MEMORY_SLACK = 4096
-TILING_FORM = "(block_m, block_k, block_n[, stages[, compute_warpgroups]])"
+TILING_FORM = "(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span]]])"
 # Types whose wgmma reads the B operand K-major only.
 K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
 
@@ -62,9 +64,12 @@ class BlockConfig:
     block_n: int
     stages: int = 4
     compute_warpgroups: int = 1
+    group_span: int = 1
 
     def as_tiling(self) -> tuple[int, ...]:
         tiling = (self.block_m, self.block_k, self.block_n, self.stages)
+        if self.group_span != 1:
+            return (*tiling, self.compute_warpgroups, self.group_span)
         return tiling if self.compute_warpgroups == 1 else (*tiling, self.compute_warpgroups)
 
     @property
@@ -117,6 +122,9 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
     if config.compute_warpgroups == 2 and kernel is Kernel.TGMM:
         raise ValueError(f"tiling {source!r}: compute_warpgroups=2 is written for gmm only; "
                          f"tgmm takes 1")
+    if config.group_span < 1 or (config.group_span != 1 and kernel is not Kernel.TGMM):
+        raise ValueError(f"tiling {source!r}: group_span={config.group_span} must be at least "
+                         f"1, and 1 for gmm (tgmm's groups per work item)")
     name = contraction_block(kernel)
     if getattr(config, name) < min_contraction(problem):
         raise ValueError(f"tiling {source!r}: {name}={getattr(config, name)} is the "
@@ -181,15 +189,17 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockCo
         return _stages_that_fit(heuristic(problem), problem, weight_tiles)
     if isinstance(chosen, BlockConfig):
         return validate(chosen, problem, chosen, weight_tiles)
-    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 5 or not all(
+    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 6 or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in chosen):
         raise ValueError(f"tiling {chosen!r} must be a tuple of ints {TILING_FORM}")
     values = [int(v) for v in chosen]
-    warpgroups = values[4] if len(values) == 5 else 1
+    warpgroups = values[4] if len(values) >= 5 else 1
+    span = values[5] if len(values) == 6 else 1
     stages = values[3] if len(values) >= 4 else _stages_that_fit(
         BlockConfig(*values[:3], heuristic(problem).stages, warpgroups), problem,
         weight_tiles).stages
-    return validate(BlockConfig(*values[:3], stages, warpgroups), problem, chosen, weight_tiles)
+    return validate(BlockConfig(*values[:3], stages, warpgroups, span), problem, chosen,
+                    weight_tiles)
 
 
 def operand_bytes(problem: Problem) -> int:
@@ -267,7 +277,9 @@ def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
         else:
             block = max(floor, min(block, _next_power_of_two(size)))
         fitted_blocks[name] = _dividing(block, size, floor)
-    return _stages_that_fit(dataclasses.replace(config, **fitted_blocks), problem)
+    span = min(config.group_span, max(int(problem.local_groups), 1))
+    return _stages_that_fit(dataclasses.replace(config, **fitted_blocks, group_span=span),
+                            problem)
 
 
 def _dividing(block: int, size: Any, floor: int) -> int:

@@ -96,6 +96,54 @@ def k_major_operand(smem, scratch):
     return scratch
 
 
+def zero_rows_outside(lhs_smem, rhs_smem, first_row, start, end, rhs_k_major: bool,
+                      interpret: bool) -> None:
+    """tgmm: sets the summed rows of a chunk's tiles (lhs [block_k, block_m], rhs [block_m,
+    block_n], or [block_n, block_m] K-major) that lie outside [start, end) to exact zeros, by a
+    select in shared memory (a NaN in another group's row stays out), where there are any."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    rows = lhs_smem.shape[1]
+
+    @pl.when((first_row < start) | (first_row + rows > end))
+    def _mask():
+        lhs_rows = tile_iota(lhs_smem.shape, 1, interpret) + first_row
+        owned = (lhs_rows >= start) & (lhs_rows < end)
+        lhs_smem[...] = jnp.where(owned, lhs_smem[...], jnp.zeros((), lhs_smem.dtype))
+        rhs_rows = tile_iota(rhs_smem.shape, 1 if rhs_k_major else 0, interpret) + first_row
+        owned = (rhs_rows >= start) & (rhs_rows < end)
+        rhs_smem[...] = jnp.where(owned, rhs_smem[...], jnp.zeros((), rhs_smem.dtype))
+        plgpu.commit_smem()
+
+
+def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, where) -> None:
+    """tgmm: stores a [block_k, block_n] float32 result tile (plus existing_out's, when given)
+    at `where` of the output through `tile_smem` by TMA, without waiting for the store; only a
+    previous store still reading `tile_smem` is waited for."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    if existing_ref is None:
+        tile_smem[...] = total.astype(out_ref.dtype)
+    else:
+        plgpu.copy_gmem_to_smem(existing_ref.at[where], tile_smem, barrier)
+        plgpu.barrier_wait(barrier)
+        kept = tile_smem[...].astype(jnp.float32)
+        tile_smem[...] = (total + kept).astype(out_ref.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
+
+
+def wgmma_zeros(shape: tuple[int, int], interpret: bool) -> jax.Array:
+    """float32 zeros in the layout of a wgmma accumulator (a start for a sum carried in
+    registers; the interpreter needs no layout)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    zeros = jnp.zeros(shape, jnp.float32)
+    return zeros if interpret else plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+
+
 def tile_iota(shape: tuple[int, int], dimension: int, interpret: bool) -> jax.Array:
     """int32 indices along `dimension` of a tile, in the layout of a wgmma operand loaded from
     shared memory (the cast guides Mosaic GPU's layout inference; the interpreter has no rule

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import local_bounds
 from kernelhub._grouped_matmul.problem import tgmm_problem
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu import config, group_spans, kernel_parts
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 
@@ -53,11 +53,16 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         rhs = rhs.T
     existing = () if existing_out is None else (padded(existing_out, {1: k_p, 2: n_p}),)
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
-    bounds = jnp.stack([starts, ends]).astype(jnp.int32)
-    body = functools.partial(_body, blocks=blocks, groups=groups, k_tiles=k_p // bk,
-                             n_tiles=n_p // bn, rhs_k_major=rhs_k_major,
-                             has_existing=bool(existing), interpret=interpret)
-    out = kernel_parts.launch(body, (bounds, lhs, rhs, *existing), (groups, k_p, n_p),
+    tiles = dict(blocks=blocks, k_tiles=k_p // bk, n_tiles=n_p // bn, rhs_k_major=rhs_k_major,
+                 has_existing=bool(existing), interpret=interpret)
+    if blocks.group_span > 1:
+        table, spans = group_spans.chunk_tables(starts, ends, blocks.group_span, m_p, bm)
+        body = functools.partial(group_spans.body, spans=spans.shape[1], **tiles)
+        tables = (table, spans)
+    else:
+        body = functools.partial(_body, groups=groups, **tiles)
+        tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
+    out = kernel_parts.launch(body, (*tables, lhs, rhs, *existing), (groups, k_p, n_p),
                               out_dtype, interpret, "kernelhub_transposed_grouped_matmul")
     return out if (k_p, n_p) == (k, n) else out[:, :k, :n]
 
@@ -101,23 +106,8 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
         def accumulate(acc, scratch=None):
             def step(indices, lhs_smem, rhs_smem):
                 first_row = (first_chunk + indices[0]) * bm
-                edge = (first_row < start) | (first_row + bm > end)
-
-                @pl.when(edge)
-                def _mask():
-                    # The chunk's rows outside [start, end): zeros, by a select.
-                    lhs_rows = kernel_parts.tile_iota((bk, bm), 1, interpret) + first_row
-                    owned = (lhs_rows >= start) & (lhs_rows < end)
-                    lhs_smem[...] = jnp.where(owned, lhs_smem[...],
-                                              jnp.zeros((), lhs_smem.dtype))
-                    rhs_shape = (bn, bm) if rhs_k_major else (bm, bn)
-                    rhs_rows = kernel_parts.tile_iota(
-                        rhs_shape, 1 if rhs_k_major else 0, interpret) + first_row
-                    owned = (rhs_rows >= start) & (rhs_rows < end)
-                    rhs_smem[...] = jnp.where(owned, rhs_smem[...],
-                                              jnp.zeros((), rhs_smem.dtype))
-                    plgpu.commit_smem()
-
+                kernel_parts.zero_rows_outside(lhs_smem, rhs_smem, first_row, start, end,
+                                               rhs_k_major, interpret)
                 right = (kernel_parts.k_major_operand(rhs_smem, scratch) if rhs_k_major
                          else rhs_smem)
                 plgpu.wgmma(acc, lhs_smem, right)
@@ -147,17 +137,7 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
         else:
             total = pl.run_scoped(accumulate, plgpu.ACC(shape))
         where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
-        # The previous tile's store has read tile_smem before it is written again.
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        if existing_ref is None:
-            tile_smem[...] = total.astype(out_ref.dtype)
-        else:
-            plgpu.copy_gmem_to_smem(existing_ref.at[where], tile_smem, barrier)
-            plgpu.barrier_wait(barrier)
-            kept = tile_smem[...].astype(jnp.float32)
-            tile_smem[...] = (total + kept).astype(out_ref.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
+        kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref, where)
 
     # The last store completes before the kernel ends.
     plgpu.wait_smem_to_gmem(0)

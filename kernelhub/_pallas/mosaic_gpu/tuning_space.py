@@ -2,7 +2,8 @@
 
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
 64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 5 stages in flight,
-and for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py);
+for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
+tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py);
 each fitted to the problem as the heuristic's own is, and kept only where it is legal.
 """
 
@@ -23,18 +24,27 @@ _CANDIDATES = (
 )
 
 
+# tgmm only: (output rows, contraction rows, columns, stages, groups per work item): one
+# pipeline over several groups' chunks (group_spans.py), where one group's few rows leave the
+# per-group pipeline nothing to overlap.
+_TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32))
+
+
 def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: int,
-            problem: Problem) -> config.BlockConfig:
+            problem: Problem, span: int = 1) -> config.BlockConfig:
     step = contraction * config.SWIZZLE_BYTES // config.operand_bytes(problem)
     if problem.kernel is Kernel.TGMM:
         return config.BlockConfig(block_m=step, block_k=rows, block_n=columns, stages=stages,
-                                  compute_warpgroups=warpgroups)
+                                  compute_warpgroups=warpgroups, group_span=span)
     return config.BlockConfig(block_m=rows, block_k=step, block_n=columns, stages=stages,
                               compute_warpgroups=warpgroups)
 
 
 def _candidates(problem: Problem) -> list[tuple[int, ...]]:
-    fitted = [config.fitted(_tiling(*c, problem), problem).as_tiling() for c in _CANDIDATES]
+    tilings = [_tiling(*c, problem) for c in _CANDIDATES]
+    if problem.kernel is Kernel.TGMM:
+        tilings += [_tiling(*c[:4], 1, problem, span=c[4]) for c in _TGMM_SPANS]
+    fitted = [config.fitted(tiling, problem).as_tiling() for tiling in tilings]
     return [t for t in dict.fromkeys(fitted) if _accepts(t, problem)]
 
 

@@ -1,0 +1,155 @@
+"""tgmm's body over spans of groups: the tiling's sixth entry, `group_span` > 1.
+
+With one pipeline per (group, k-tile, n-tile), a fine-grained MoE's group (64 rows) gives the
+pipeline one or two chunks: each work item waits out a whole load's latency and the stages
+never overlap. Here a work item is (span, k-tile, n-tile), a span being `group_span`
+consecutive local groups, and one `emit_pipeline` streams all of the span's chunks (a chunk
+that a group boundary crosses is visited once per group, as in gmm's visits): the loads of a
+group's first chunks are in flight while the previous group's last ones are summed.
+
+The running sum is the pipeline's carry, a float32 value in registers: each chunk's product
+comes from a wgmma into a fresh accumulator and is added to it. At a group's first chunk the
+sum restarts from zeros (a select, so that no NaN of the group before can leak in), and at its
+last chunk it is stored by TMA (kernel_parts.store_tile, the store left in flight). An empty
+group gets one visit whose rows are all masked, so its tile is stored as zeros. (One
+accumulator reset at each group's start would save the adds, but Mosaic GPU's interpreter in
+jax 0.10.2 has no rule for storing into an accumulator or for `pl.run_state`.) Each wgmma is
+waited for at its chunk; the loads of the next `stages` chunks are in flight meanwhile.
+
+The chunk table is computed on the device from group_sizes, with a static length (every chunk
+of [0, m) once, plus one per group), so the launch never depends on the sizes' values.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kernelhub._grouped_matmul.groups import running_sum
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+
+# Rows of the chunk table: a visit's group, its chunk of block_m summed rows, the group's rows
+# [start, end), 1 on the group's first visit (the sum starts from zeros) and on its last
+# (its tile is stored).
+GROUP, CHUNK, START, END, FIRST, LAST = range(6)
+
+
+def chunk_tables(starts: jax.Array, ends: jax.Array, span: int, m_padded: int,
+                 block_m: int) -> tuple[jax.Array, jax.Array]:
+    """(visits int32 [6, count], spans int32 [2, spans]): per visit the rows above; per span
+    its visits [first, end)."""
+    groups = starts.shape[0]
+    chunks_in_m = m_padded // block_m
+    has_rows = ends > starts
+    first_chunk = jnp.where(has_rows, starts // block_m, 0)
+    chunks = jnp.where(has_rows, (ends + block_m - 1) // block_m - first_chunk, 0)
+    visits = jnp.maximum(chunks, 1)
+    # The groups are consecutive, so only a boundary's chunk is counted twice: at most
+    # chunks_in_m + groups - 1 chunks, and one visit more per empty group.
+    count = chunks_in_m + groups
+    ends_v = jnp.minimum(running_sum(visits, limit=count), count)
+    begins_v = ends_v - visits
+    visit = jnp.arange(count, dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(ends_v, visit, side="right", method="compare_all"),
+                        groups - 1)
+    chunk = jnp.clip(first_chunk[group] + visit - begins_v[group], 0, chunks_in_m - 1)
+    table = jnp.stack([group, chunk, starts[group], ends[group],
+                       (visit == begins_v[group]).astype(jnp.int32),
+                       (visit == ends_v[group] - 1).astype(jnp.int32)]).astype(jnp.int32)
+    first_group = jnp.arange(0, groups, span, dtype=jnp.int32)
+    last_group = jnp.minimum(first_group + span, groups) - 1
+    spans = jnp.stack([jnp.minimum(begins_v[first_group], ends_v[last_group]),
+                       ends_v[last_group]]).astype(jnp.int32)
+    return table, spans
+
+
+def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig,
+         spans: int, k_tiles: int, n_tiles: int, rhs_k_major: bool, has_existing: bool,
+         interpret: bool) -> None:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    out_ref = refs[-1]
+    existing_ref = refs[0] if has_existing else None
+    pl.run_scoped(functools.partial(_loop, table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref,
+                                    out_ref, blocks=blocks, spans=spans, k_tiles=k_tiles,
+                                    n_tiles=n_tiles, rhs_k_major=rhs_k_major,
+                                    interpret=interpret),
+                  plgpu.SMEM((blocks.block_k, blocks.block_n), out_ref.dtype), plgpu.Barrier())
+
+
+def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
+          blocks: config.BlockConfig, spans: int, k_tiles: int, n_tiles: int,
+          rhs_k_major: bool, interpret: bool) -> None:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    shape = (bk, bn)
+
+    # Span outermost: the programs running at once read the same span's rows.
+    @plgpu.nd_loop((spans, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
+    def _work(info):
+        span, k_tile, n_tile = info.index
+        first_visit = spans_ref[0, span]
+        visit_count = spans_ref[1, span] - first_visit
+
+        def chunk_of(step):
+            return table_ref[CHUNK, first_visit + step]
+
+        def accumulate(scratch=None):
+            zeros = kernel_parts.wgmma_zeros(shape, interpret)
+
+            def step(indices, lhs_smem, rhs_smem, running):
+                visit = first_visit + indices[0]
+                group = table_ref[GROUP, visit]
+                kernel_parts.zero_rows_outside(
+                    lhs_smem, rhs_smem, table_ref[CHUNK, visit] * bm, table_ref[START, visit],
+                    table_ref[END, visit], rhs_k_major, interpret)
+                right = (kernel_parts.k_major_operand(rhs_smem, scratch) if rhs_k_major
+                         else rhs_smem)
+                # All rows kept, or (a group's first chunk) none: zeros by a select.
+                first_kept = jnp.where(table_ref[FIRST, visit] == 1, bk, 0)
+                kept = kernel_parts.tile_iota(shape, 0, interpret) >= first_kept
+                before = jnp.where(kept, running, jnp.zeros((), jnp.float32))
+
+                def product(acc_ref):
+                    plgpu.wgmma(acc_ref, lhs_smem, right)
+                    return acc_ref[...]
+
+                total = before + pl.run_scoped(product, plgpu.ACC(shape))
+
+                @pl.when(table_ref[LAST, visit] == 1)
+                def _store():
+                    where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
+                    kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref,
+                                            where)
+
+                return total
+
+            rhs_spec = (plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk_of(c)),
+                                        delay_release=1) if rhs_k_major else
+                        plgpu.BlockSpec((bm, bn), lambda c: (chunk_of(c), n_tile),
+                                        delay_release=1))
+
+            @pl.when(visit_count > 0)
+            def _sum():
+                plgpu.emit_pipeline(
+                    step,
+                    grid=(visit_count,),
+                    in_specs=[plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk_of(c)),
+                                              delay_release=1), rhs_spec],
+                    max_concurrent_steps=max(blocks.stages, 2),
+                    init_carry=zeros,
+                )(lhs_ref, rhs_ref)
+
+        if rhs_k_major and interpret:
+            # The interpreter's wgmma takes no transposed view: a scratch tile (k_major_operand).
+            pl.run_scoped(accumulate, plgpu.SMEM((bm, bn), rhs_ref.dtype))
+        else:
+            accumulate()
+
+    # The last store completes before the kernel ends.
+    plgpu.wait_smem_to_gmem(0)
