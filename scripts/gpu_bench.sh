@@ -176,7 +176,11 @@ for stage in "${stages[@]}"; do
         if [ "$stage" != tests-others ]; then
           # One process, no workers: the first fault's test is the last one named in the log.
           # shellcheck disable=SC2086
-          run_stage tests-mosaic "$(share 21)" "$PYTHON" -m pytest -v -p no:cacheprovider \
+          # Alone (`gpu_bench.sh tests-mosaic`), the whole budget: before a tune of kernels
+          # that changed since their last GPU run.
+          mosaic_share=21
+          [ ${#stages[@]} -eq 1 ] && [ "$stage" = tests-mosaic ] && mosaic_share=95
+          run_stage tests-mosaic "$(share $mosaic_share)" "$PYTHON" -m pytest -v -p no:cacheprovider \
             "${per_test[@]}" "${mosaic_files[@]}" -k mosaic --durations=15 \
             --junitxml="$RESULTS/tests-mosaic.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
         fi
