@@ -259,10 +259,11 @@ def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
     """`config` with each block but the output rows cut to the smallest power of two covering
     its dimension (at least its rule's least), 64 output rows where 64 cover them, and fewer
     stages where shared memory needs it. A dimension longer than its block and not a multiple
-    of it takes the largest smaller block that divides it, down to the rule's least: the
-    kernels pad operands to whole tiles, and at GPT-OSS's 2880 a 128 block padded the whole
-    weights (the lhs gradient) or the whole [G, k, n] output (tgmm), a copy that cost more
-    than the kernel (the 2026-11-27 H100 scoreboard: 0.25 of the roofline against 0.66)."""
+    of it takes the largest smaller block that divides it, down to the rule's least (k and n,
+    not m): the kernels pad operands to whole tiles, and at GPT-OSS's 2880 a 128 block padded
+    the whole weights (the lhs gradient) or the whole [G, k, n] output (tgmm), a copy that
+    cost more than the kernel (the 2026-11-27 H100 scoreboard: 0.25 of the roofline against
+    0.66)."""
     sizes = {"block_m": problem.m, "block_k": problem.k, "block_n": problem.n}
     rows = output_rows_block(problem.kernel)
     least = {contraction_block(problem.kernel): min_contraction(problem),
@@ -276,7 +277,12 @@ def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
             block = 64 if size <= 64 else block
         else:
             block = max(floor, min(block, _next_power_of_two(size)))
-        fitted_blocks[name] = _dividing(block, size, floor)
+        if name != "block_m":
+            # Padding m copies activations only (gmm's lhs and output rows, tgmm's operands'
+            # rows), less than smaller tiles would cost a compute-bound kernel: block_m keeps
+            # its size. k and n also pad the weights or tgmm's [G, k, n] output.
+            block = _dividing(block, size, floor)
+        fitted_blocks[name] = block
     span = min(config.group_span, max(int(problem.local_groups), 1))
     return _stages_that_fit(dataclasses.replace(config, **fitted_blocks, group_span=span),
                             problem)
