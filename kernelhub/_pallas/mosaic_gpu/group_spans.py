@@ -129,18 +129,13 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
 
                 return total
 
-            rhs_spec = (plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk_of(c)),
-                                        delay_release=1) if rhs_k_major else
-                        plgpu.BlockSpec((bm, bn), lambda c: (chunk_of(c), n_tile),
-                                        delay_release=1))
-
             @pl.when(visit_count > 0)
             def _sum():
                 plgpu.emit_pipeline(
                     step,
                     grid=(visit_count,),
-                    in_specs=[plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk_of(c)),
-                                              delay_release=1), rhs_spec],
+                    in_specs=kernel_parts.chunk_specs(blocks, k_tile, n_tile, chunk_of,
+                                                      rhs_k_major),
                     max_concurrent_steps=max(blocks.stages, 2),
                     init_carry=zeros,
                 )(lhs_ref, rhs_ref)

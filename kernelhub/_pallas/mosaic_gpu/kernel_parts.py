@@ -117,6 +117,19 @@ def zero_rows_outside(lhs_smem, rhs_smem, first_row, start, end, rhs_k_major: bo
         plgpu.commit_smem()
 
 
+def chunk_specs(blocks, k_tile, n_tile, chunk_of: Callable[[jax.Array], jax.Array],
+                rhs_k_major: bool) -> list:
+    """tgmm's pipeline specs: the lhs [block_k, block_m] and rhs [block_m, block_n] tiles (rhs
+    [block_n, block_m] K-major) of pipeline step c's chunk of summed rows, `chunk_of(c)`."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    lhs = plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk_of(c)), delay_release=1)
+    if rhs_k_major:
+        return [lhs, plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk_of(c)), delay_release=1)]
+    return [lhs, plgpu.BlockSpec((bm, bn), lambda c: (chunk_of(c), n_tile), delay_release=1)]
+
+
 def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, where) -> None:
     """tgmm: stores a [block_k, block_n] float32 result tile (plus existing_out's, when given)
     at `where` of the output through `tile_smem` by TMA, without waiting for the store; only a

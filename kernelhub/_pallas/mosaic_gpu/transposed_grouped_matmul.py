@@ -112,18 +112,13 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                          else rhs_smem)
                 plgpu.wgmma(acc, lhs_smem, right)
 
-            rhs_spec = (plgpu.BlockSpec((bn, bm), lambda c: (n_tile, first_chunk + c),
-                                        delay_release=1) if rhs_k_major else
-                        plgpu.BlockSpec((bm, bn), lambda c: (first_chunk + c, n_tile),
-                                        delay_release=1))
-
             @pl.when(chunks > 0)
             def _sum():
                 plgpu.emit_pipeline(
                     step,
                     grid=(chunks,),
-                    in_specs=[plgpu.BlockSpec((bk, bm), lambda c: (k_tile, first_chunk + c),
-                                              delay_release=1), rhs_spec],
+                    in_specs=kernel_parts.chunk_specs(blocks, k_tile, n_tile,
+                                                      lambda c: first_chunk + c, rhs_k_major),
                     max_concurrent_steps=max(blocks.stages, 2),
                 )(lhs_ref, rhs_ref)
 
