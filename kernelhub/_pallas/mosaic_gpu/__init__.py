@@ -1,8 +1,9 @@
 """Pallas Mosaic GPU kernels for Hopper (sm_90), and the same kernels in interpret mode on CPU.
 
 Registered as (mosaic, gpu), usable on a Hopper GPU (wgmma is Hopper's; other GPUs keep the
-Triton kernels) at a priority below the Triton kernels' until a GPU run has measured which is
-faster for which call, and as (mosaic, cpu), run only when forced (`platform="mosaic"` or
+Triton kernels) at a priority below the Triton kernels': a call takes it where the device
+kind's shipped table measured it faster for that call (docs/dispatch.md, "Per call"), and as
+(mosaic, cpu), run only when forced (`platform="mosaic"` or
 KERNELHUB_PLATFORM=mosaic) to test the kernels without a GPU. Quantized operands with one
 scale per row and column run here (fp8 on fp8 wgmma); scale blocks and 4-bit values are not
 features of these kernels, so the registry sends such calls to the Triton kernels, and forcing
