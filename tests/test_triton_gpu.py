@@ -203,17 +203,18 @@ def _narrow_values(rng, shape, dtype):
     return jnp.asarray(rng.standard_normal(shape) * 8, dtype)
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize("transpose_rhs, m", [(False, 90), (True, 90), (False, 180)])
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype", [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2),
                                                   (INT8, INT8)])
-def test_narrow_dots_in_interpret_mode(lhs_dtype, rhs_dtype, transpose_rhs):
+def test_narrow_dots_in_interpret_mode(lhs_dtype, rhs_dtype, transpose_rhs, m):
     """int8 x int8 and fp8 x fp8 tiles multiplied as stored, as on Hopper's 8-bit wgmma: int8
-    sums exact in int32, fp8 products (exact) summed in float32."""
-    from kernelhub._pallas.gpu.grouped_matmul import raw_grouped_matmul
+    sums exact in int32, fp8 products (exact) summed in float32. [G, k, n] weights at 45 rows
+    per group (m=180) are first copied K-major (K_MAJOR_COPY_ROWS); at 22 they are not."""
+    from kernelhub._pallas.gpu.grouped_matmul import K_MAJOR_COPY_ROWS, raw_grouped_matmul
 
     rng = np.random.default_rng(7)
-    m, k, n = 90, 100, 40  # 4 k steps of 32, the last one partial
-    sizes = np.array([25, 0, 50, 10], np.int32)
+    k, n = 100, 40  # 4 k steps of 32, the last one partial
+    sizes = np.array([25, 0, 50, 10], np.int32) * (m // 90)
     lhs = _narrow_values(rng, (m, k), lhs_dtype)
     rhs = _narrow_values(rng, (4, n, k) if transpose_rhs else (4, k, n), rhs_dtype)
 
@@ -221,7 +222,10 @@ def test_narrow_dots_in_interpret_mode(lhs_dtype, rhs_dtype, transpose_rhs):
         return raw_grouped_matmul(lhs, rhs, sizes, jnp.float32, (32, 32, 32), NO_OFFSET, None,
                                   transpose_rhs, interpret=True)
 
-    assert "kernelhub_narrow_dot" in str(jax.make_jaxpr(gmm)(lhs, rhs, sizes))
+    jaxpr = str(jax.make_jaxpr(gmm)(lhs, rhs, sizes))
+    assert "kernelhub_narrow_dot" in jaxpr
+    copied = not transpose_rhs and m >= K_MAJOR_COPY_ROWS * len(sizes)
+    assert ("transpose[" in jaxpr) == copied
     out = gmm(lhs, rhs, jnp.asarray(sizes))
     as_float = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)
     expected = reference.gmm(as_float(lhs), as_float(rhs), sizes, transpose_rhs=transpose_rhs)
@@ -618,8 +622,13 @@ def test_quantized_gmm_compiles_to_hopper_ptx(lhs_dtype, rhs_dtype, forward_wgmm
         assert forward.shared_byte_stores == 0 and forward.async_copies_16b > 0, forward
         assert forward.scalar_loads == 0, forward
     if not transpose_rhs and lhs_dtype is not None and forward_wgmma != "f32.bf16.bf16":
-        # An N-major 8-bit tile is transposed through registers (8-bit wgmma reads K-major).
-        assert forward.shared_byte_stores > 0, forward
+        if four_bit:
+            # An N-major 8-bit tile is transposed through registers (8-bit wgmma reads K-major).
+            assert forward.shared_byte_stores > 0, forward
+        else:
+            # At 64 rows per expert, N-major 8-bit weights are copied K-major first
+            # (grouped_matmul.K_MAJOR_COPY_ROWS): no tile is transposed in the kernel.
+            assert forward.shared_byte_stores == 0 and forward.async_copies_16b > 0, forward
     # The backward products pair a float cotangent (scales folded in) with a quantized operand:
     # widened tiles, never 8-bit wgmma.
     for report in backward:

@@ -74,6 +74,9 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     product = _tiles.tile_product(_four_bit.tile_dtype(lhs.dtype), _four_bit.tile_dtype(rhs.dtype),
                                   blocks.block_k, k, interpret, out_dtype,
                                   _four_bit.narrow_allowed(rhs.dtype, transpose_rhs))
+    if _weights_copied_k_major(product, rhs.dtype, transpose_rhs, scales, m,
+                               problem.num_groups):
+        rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
     lhs, lhs_packing = _four_bit.packed(lhs)
     if gated and not spec.interleaved and not transpose_rhs and n_out % 2:
         # Packed along n, an odd gate half would put the up half's first column mid-byte.
@@ -102,6 +105,27 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     return _launch.pallas_triton(
         kernel, operands, existing_out, (m, n_out), out_dtype, num_visits * n_tiles, blocks,
         interpret, "kernelhub_grouped_matmul")
+
+
+# Rows per local group from which a forward on the 8-bit tensor cores first copies [G, k, n]
+# weights K-major ([G, n, k]), the layout 8-bit wgmma reads: Triton otherwise transposes every
+# weight tile on the way. On an H200 (2026-11-26, benchmarks/gpu/2026-11-26-h200/quantized.md)
+# e4m3 with K-major weights ran 2.0-2.6x faster at 64 rows per expert; the copy moves the
+# weights' bytes twice, which that saving outweighs from about 30 rows per group (decoding,
+# with a few rows per expert, keeps the tiles' transposes).
+K_MAJOR_COPY_ROWS = 32
+
+
+def _weights_copied_k_major(product: _tiles.TileProduct, rhs_dtype, transpose_rhs: bool,
+                            scales: ContractionScales | None, m: int, num_groups: int) -> bool:
+    """Whether the forward multiplies unpacked 8-bit [G, k, n] weights as stored, with one scale
+    per row and column (scale blocks keep their layout), at K_MAJOR_COPY_ROWS or more expected
+    rows per group (m over all the groups: the sizes themselves are data)."""
+    unpacked_8_bit = (jnp.dtype(rhs_dtype).itemsize == 1
+                      and _four_bit.tile_dtype(rhs_dtype) == jnp.dtype(rhs_dtype))
+    no_blocks = scales is None or not scales.arrays
+    return (product.widen_to is None and unpacked_8_bit and not transpose_rhs and no_blocks
+            and m >= K_MAJOR_COPY_ROWS * num_groups)
 
 
 def _band_order(program: jax.Array, num_visits: int, n_tiles: int) -> tuple[jax.Array, jax.Array]:
