@@ -239,11 +239,11 @@ def test_the_lowering_is_read_only_where_a_table_can_choose(monkeypatch):
 
 def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tmp_path):
     """gpu_scoreboard_table files each measured pass under the keys a plain call and a
-    training step look up on that GPU (both ops), with the heuristic's tiling (what ran) and
-    the mean of the balanced and skewed times; what was not measured gets no entry."""
+    training step look up on that GPU (both ops), with the tiling its rows ran (else the
+    heuristic's) and the mean of the balanced and skewed times; what was not measured gets no
+    entry."""
     from kernelhub._cli.bench import gpu_scoreboard_table
     from kernelhub._grouped_matmul import tables
-    from kernelhub._pallas.gpu import config as triton_config
     from kernelhub._pallas.mosaic_gpu import config as mosaic_config
 
     kind = "NVIDIA H100 80GB HBM3"
@@ -255,17 +255,24 @@ def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tm
             for shape in SMOKE_SHAPES for platform, base in seconds.items()
             for index, pass_name in enumerate(gpu_roofline.PASSES)
             for groups in ("balanced", "skewed")]
+    ran = {"forward": [32, 32, 64, 4, 4], "lhs_gradient": [32, 32, 64, 4, 3],
+           "rhs_gradient": [32, 32, 32, 4, 4]}
+    for row in rows:  # the Triton rows say which tiling they ran; the Mosaic GPU rows do not
+        if row["implementation"] == "kernelhub:triton":
+            row["tilings"] = [{"kernel": "?", "tiling": ran[row["pass"]]}]
     rows.append({**rows[0], "dtype": "fp8", "seconds": 9.0})  # not a bf16 problem: ignored
     document = {"gpu": kind, "date": "2026-11-27T06:06:35", "jax": "0.11.2", "rows": rows}
     made = gpu_scoreboard_table.table(document, SMOKE_SHAPES)
     made.save(tmp_path / "table.json")
     entries = tables.load(tmp_path / "table.json").entries
     assert {key.device_kind for key in entries} == {kind}
-    heuristics = {"triton": triton_config.heuristic, "mosaic": mosaic_config.heuristic}
     kernel_of_pass = {"forward": "gmm", "lhs_gradient": "gmm_t", "rhs_gradient": "tgmm"}
+    pass_of_kernel = {kernel: pass_name for pass_name, kernel in kernel_of_pass.items()}
     for key, entry in entries.items():
-        assert entry.tiling == entry.default_tiling == heuristics[key.implementation](
-            key.problem).as_tiling()
+        ran_here = (tuple(ran[pass_of_kernel[key.problem.kernel.value]])
+                    if key.implementation == "triton" else
+                    mosaic_config.heuristic(key.problem).as_tiling())
+        assert entry.tiling == entry.default_tiling == ran_here
         assert entry.candidates == ((entry.tiling, entry.tuned_ms),)
     plain = {(key.implementation, key.problem.local_groups, key.pass_name): entry.tuned_ms
              for key, entry in entries.items() if key.op == "grouped_matmul"}
@@ -308,3 +315,37 @@ def test_a_table_tuned_for_gmm_is_completed_with_tgmms_keys_of_the_same_kernels(
         ("transposed_grouped_matmul", "rhs_gradient", "gmm")}
     by_kernel = {key.problem: entry for key, entry in gmm_entries.items()}
     assert all(by_kernel[key.problem] == entry for key, entry in added.items())
+
+
+def test_kernelhub_rows_name_the_tiling_each_kernel_call_ran():
+    """kernel_tilings traces a pass: its kernel and the heuristic's tiling, or the tiling of
+    the table in force (as KERNELHUB_TUNING or a shipped table would give it)."""
+    import jax
+    import jax.numpy as jnp
+
+    import kernelhub
+    from kernelhub._cli.bench import gpu_scoreboard_calls
+    from kernelhub._grouped_matmul import active_table, tables
+    from kernelhub._grouped_matmul.problem import Problem
+    from kernelhub._pallas.gpu import config as triton_config
+    from kernelhub.tuning import _autotune
+
+    shape = SMOKE_SHAPES[0]
+    gmm = kernelhub.get("grouped_matmul", platform="triton")
+    fn = gpu_scoreboard_calls._pass_function(gmm, "forward", shape)
+    args = (jax.ShapeDtypeStruct((shape.m, shape.k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((shape.local, shape.k, shape.n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((shape.experts,), jnp.int32))
+    problem = Problem("gmm", shape.m, shape.k, shape.n, shape.experts, shape.local,
+                      "bfloat16", "bfloat16", "bfloat16", False)
+    heuristic = list(triton_config.heuristic(problem).as_tiling())
+    assert gpu_scoreboard_calls.kernel_tilings(fn, args) == [{"kernel": "gmm",
+                                                              "tiling": heuristic}]
+    recorder = _autotune.Recorder()
+    with active_table.activated(recorder):
+        jax.eval_shape(fn, *args)
+    (key,) = recorder.calls
+    tiling = (32, 32, 16, 4, 2)
+    with tables.Tuning({key: tables.Entry(tiling, tiling, 1.0, 1.0, "balanced")}):
+        assert gpu_scoreboard_calls.kernel_tilings(fn, args) == [{"kernel": "gmm",
+                                                                  "tiling": list(tiling)}]

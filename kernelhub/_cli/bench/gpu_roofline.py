@@ -125,15 +125,19 @@ def figures(problem: PassProblem, peak: Peak, seconds: float | None) -> dict[str
 
 
 # A result row, field for field as issue 33 lists them, plus `note` (why a row has no time, or
-# what its check found).
+# what its check found) and, for kernelhub's rows, `tilings`: each kernel call's kernel and the
+# tiling it ran (the table in force or the heuristic's), so that a table made from the row
+# files its time under the tiling it measured (gpu_scoreboard_table.py).
 ROW_FIELDS = ("shape", "groups", "pass", "dtype", "out_dtype", "implementation", "default",
-              "seconds", "tflops", "tbps", "roofline_fraction", "note")
+              "seconds", "tflops", "tbps", "roofline_fraction", "note", "tilings")
 
 
 def row(shape: str, groups: str, problem: PassProblem, implementation: str, default: bool,
-        peak: Peak, seconds: float | None, note: str | None = None) -> dict[str, Any]:
+        peak: Peak, seconds: float | None, note: str | None = None,
+        tilings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     record = {"shape": shape, "groups": groups, "pass": problem.pass_name,
               "dtype": problem.dtype, "out_dtype": OUT_DTYPE, "implementation": implementation,
-              "default": default, **figures(problem, peak, seconds), "note": note}
+              "default": default, **figures(problem, peak, seconds), "note": note,
+              "tilings": tilings}
     assert tuple(record) == ROW_FIELDS
     return record

@@ -109,7 +109,7 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                                                        compile_threads):
                         record = gpu_roofline.row(shape.name, pattern, problem,
                                                   call.implementation, call.default, peak,
-                                                  seconds, note)
+                                                  seconds, note, call.tilings)
                         document["rows"].append(record)
                         print(gpu_scoreboard_report.one_line(record), flush=True)
                     # How long a pass takes (compiling, mostly) sizes the next run's budget.

@@ -90,6 +90,7 @@ class Call:
     note: str | None = None
     cut: Callable[[Any], Any] | None = None
     check: Callable[[], str] | None = None  # a finding for the note (tokamax's VJP check)
+    tilings: list[dict[str, Any]] | None = None  # kernelhub's: [{"kernel", "tiling"}] per call
 
 
 @dataclasses.dataclass
@@ -215,8 +216,26 @@ def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
             continue
         fn = _pass_function(call, pass_name, shape)
         cut = (lambda out: out) if pass_name == "rhs_gradient" else (lambda out: out[rows])
-        calls.append(Call(implementation, fn, args, default=platform == default, cut=cut))
+        calls.append(Call(implementation, fn, args, default=platform == default, cut=cut,
+                          tilings=kernel_tilings(fn, args)))
     return calls
+
+
+def kernel_tilings(fn: Callable[..., Any], args: Sequence[Any]) -> list[dict[str, Any]] | None:
+    """The kernel calls `fn` makes for `args` (traced, not run), each with the tiling it runs:
+    the table's in force (KERNELHUB_TUNING, the shipped one) or the heuristic's. None where
+    it cannot be traced (its row then says why it failed)."""
+    from kernelhub._grouped_matmul import active_table, tables
+
+    observer = tables.Observer(tables.active())
+    try:
+        with active_table.activated(observer):
+            jax.eval_shape(fn, *args)
+    except Exception:  # noqa: BLE001 - compiling it reports the error in the row's note
+        return None
+    return [{"kernel": call.problem.kernel.value,
+             "tiling": list(observer.tiling_for(call) or call.space.default(call.problem))}
+            for call in observer.calls]
 
 
 # ---------------------------------------------------------------- peers

@@ -94,34 +94,37 @@ def _compiled_name(implementation: str) -> str:
 
 def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES,
           without: tuple[tuple[str, str], ...] = ()) -> Tuning:
-    """The entries a scoreboard document (roofline.json) gives its GPU's kernels, but for the
-    (implementation, shape) pairs in `without`: rows whose kernel's heuristic has changed
-    since the run, so that their times are not those of the tiling a call gets now."""
+    """The entries a scoreboard document (roofline.json) gives its GPU's kernels, each with the
+    tiling its rows ran (their `tilings`; in a file older than that field, the heuristic's of
+    today), but for the (implementation, shape) pairs in `without`."""
     device = document["gpu"]
-    times: dict[str, dict[tuple[str, str, str], list[float]]] = {}
+    times: dict[str, dict[tuple[str, str], list[float]]] = {}
+    ran: dict[str, dict[tuple[str, str], tuple[int, ...]]] = {}
     for row in document["rows"]:
         if row["dtype"] == "bf16" and row["seconds"] is not None and \
                 row["implementation"].startswith("kernelhub:") and \
                 (row["implementation"], row["shape"]) not in without:
             platform = row["implementation"].split(":", 1)[1]
-            times.setdefault(platform, {}).setdefault(
-                (row["shape"], row["pass"], row["groups"]), []).append(row["seconds"] * 1e3)
+            where = (row["shape"], row["pass"])
+            times.setdefault(platform, {}).setdefault(where, []).append(row["seconds"] * 1e3)
+            if row.get("tilings"):  # a pass is one kernel call
+                ran.setdefault(platform, {})[where] = tuple(row["tilings"][0]["tiling"])
     entries: dict[TuningKey, Entry] = {}
     for platform in PLATFORMS:
-        measured = times.get(platform, {})
         for shape in shapes:
-            # The problem each of the scoreboard's passes ran, and its time in ms.
+            # The problem each of the scoreboard's passes ran: its time in ms and its tiling.
             by_problem = {}
             for pass_name in PASSES:
-                rows = [ms for (name, pass_, _), values in measured.items()
-                        if name == shape.name and pass_ == pass_name for ms in values]
+                rows = times.get(platform, {}).get((shape.name, pass_name))
                 if not rows:
                     continue
                 op = gpu_scoreboard_calls.PASS_OP[pass_name]
                 fn = gpu_scoreboard_calls._pass_function(
                     kernelhub.get(op, platform=platform), pass_name, shape)
                 (call,) = recorded(fn, *_scoreboard_arguments(shape, pass_name))
-                by_problem[call.problem] = (statistics.fmean(rows), call)
+                tiling = ran.get(platform, {}).get((shape.name, pass_name)) or tuple(
+                    call.space.default(call.problem))
+                by_problem[call.problem] = (statistics.fmean(rows), tiling)
             if not by_problem:
                 continue
             groups = (f"the scoreboard of {document['date'][:10]} (jax {document['jax']}): "
@@ -131,8 +134,7 @@ def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES,
                 for call in recorded(step, *step_args):
                     if call.problem not in by_problem:
                         continue
-                    ms, _ = by_problem[call.problem]
-                    tiling = tuple(call.space.default(call.problem))
+                    ms, tiling = by_problem[call.problem]
                     key = TuningKey.of(device, _compiled_name(call.space.implementation),
                                        call.op, call.pass_name, call.problem)
                     entries[key] = Entry(tiling, tiling, ms, ms, groups, ((tiling, ms),))
@@ -173,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --complete: keep the shipped table's entries for the table's "
                              "GPU where the tuned one has none (the file to ship)")
     parser.add_argument("--without", nargs="+", default=[], metavar="IMPLEMENTATION@SHAPE",
-                        help="rows to leave out, e.g. kernelhub:mosaic@gpt-oss: a kernel whose "
-                             "heuristic tiling there changed after the run")
+                        help="rows to leave out, e.g. kernelhub:mosaic@gpt-oss: in a file "
+                             "without the rows' tilings, a kernel whose heuristic tiling there "
+                             "changed after the run")
     parser.add_argument("--output", type=Path,
                         help="where to write the table (default: the file name that "
                              "kernelhub/tuning/defaults gives the run's GPU, in this folder; "
