@@ -203,9 +203,10 @@ def _narrow_values(rng, shape, dtype):
     return jnp.asarray(rng.standard_normal(shape) * 8, dtype)
 
 
-@pytest.mark.parametrize("transpose_rhs, m", [(False, 90), (True, 90), (False, 180)])
-@pytest.mark.parametrize("lhs_dtype, rhs_dtype", [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2),
-                                                  (INT8, INT8)])
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs, m", [
+    (lhs, rhs, transpose, 90) for transpose in (False, True)
+    for lhs, rhs in ((E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2), (INT8, INT8))
+] + [(E4M3, E4M3, False, 180), (INT8, INT8, False, 180)])
 def test_narrow_dots_in_interpret_mode(lhs_dtype, rhs_dtype, transpose_rhs, m):
     """int8 x int8 and fp8 x fp8 tiles multiplied as stored, as on Hopper's 8-bit wgmma: int8
     sums exact in int32, fp8 products (exact) summed in float32. [G, k, n] weights at 45 rows
@@ -512,8 +513,11 @@ def test_gpu_benchmark_quantized_rows_run_in_smoke_mode():
     from kernelhub._cli.bench import gpu_quantized as quantized
 
     shard = bench_gpu.SMOKE_SHAPES[1]
-    results = quantized.measure_quantized(shard, reps=1, warmup=0)
-    assert [r.format for r in results] == [f.name for f in quantized.FORMATS]
+    # Every kind of row but the two that differ from another only in the weights' layout.
+    formats = [f for f in quantized.FORMATS
+               if f.name not in ("e4m3 x e4m3", "int8 x int8")]
+    results = quantized.measure_quantized(shard, reps=1, warmup=0, formats=formats)
+    assert [r.format for r in results] == [f.name for f in formats]
     for result in results:
         assert all(result.seconds.values()), result
         assert result.max_relative_error < 1e-2, result

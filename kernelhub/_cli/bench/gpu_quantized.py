@@ -20,6 +20,7 @@ timed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -77,7 +78,8 @@ class QuantizedMeasurement(Measurement):
         return self.pass_name
 
 
-def measure_quantized(shape: Shape, reps: int, warmup: int) -> list[QuantizedMeasurement]:
+def measure_quantized(shape: Shape, reps: int, warmup: int,
+                      formats: Sequence[Format] = FORMATS) -> list[QuantizedMeasurement]:
     sizes = jnp.asarray(group_sizes(shape.m, shape.experts, PATTERN))
     first_row = int(sizes[: shape.offset].sum())
     rows = slice(first_row, first_row + int(sizes[shape.offset: shape.offset + shape.local].sum()))
@@ -88,7 +90,7 @@ def measure_quantized(shape: Shape, reps: int, warmup: int) -> list[QuantizedMea
     dense_8bit = jax.jit(_dense_8bit, static_argnums=4)
     x_rows, w_first = x[rows], w[0]
     results = []
-    for form in FORMATS:
+    for form in formats:
         weights = jnp.swapaxes(w, 1, 2) if form.transpose_rhs else w
         rhs_axis = 2 if form.transpose_rhs else 1
         x8 = (kernelhub.quantize(x, form.dtype, axis=1, block_size=form.block_size)
