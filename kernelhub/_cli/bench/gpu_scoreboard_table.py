@@ -16,6 +16,7 @@ does that, and its table, merged over this one, replaces these entries.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -195,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         made.save(output)
         print(f"{len(before)} entries tuned, {len(made)} in all, written to {output}")
         return 0
-    import json
-
     document = json.loads(args.roofline.read_text())
     without = []
     for item in args.without:
