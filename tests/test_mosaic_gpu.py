@@ -57,6 +57,19 @@ def test_gmm_unaligned_shapes_empty_groups_and_rows_past_the_sum():
     assert np.all(np.asarray(out)[70:] == 0)
 
 
+def test_gmm_row_tiles_moved_back_from_the_end():
+    """The last group and the rows past the sum start within a tile of the end: their row
+    tiles (which start at a group's first row) are moved back to end there, holding rows of the
+    group before, which they must not write."""
+    rng = np.random.default_rng(7)
+    m, k, n = 128, 64, 64
+    sizes = np.array([100, 20], np.int32)  # rows 120.. past the sum
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 64))
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, contraction=k)
+    assert np.all(np.asarray(out)[120:] == 0)
+
+
 def test_gmm_group_offset_existing_out_and_transpose_rhs():
     """Local groups 1..2 of 4, weights [G, n, k], float32 operands, a bf16 output starting as
     existing_out: other groups' rows keep existing_out's values bitwise."""
@@ -387,6 +400,21 @@ def test_heuristic_gives_small_groups_64_row_tiles():
     assert fp8.block_k == 128  # one 128-byte row per step
     tgmm = config.heuristic(_problem(Kernel.TGMM, 8192, 2048, 768, 128))
     assert tgmm.block_k in config.OUTPUT_ROWS
+
+
+def test_row_tiles_start_with_their_group_so_each_reads_its_weights_once():
+    """64-row groups that start 3 rows off a tile boundary: with tiles at fixed multiples of
+    128 rows half the groups cross one and are visited (their weights read) twice; with tiles
+    starting at each group's first row, rounded down to config.ROW_ALIGN, once."""
+    from kernelhub._grouped_matmul import visits
+
+    sizes = jnp.asarray([3] + [64] * 32 + [61], jnp.int32)  # local groups 1..32
+    m = int(sizes.sum())
+    args = (sizes, jnp.int32(1), 32, m, 128, True)
+    started = np.asarray(visits.visit_table(*args, row_align=config.ROW_ALIGN))
+    fixed = np.asarray(visits.visit_table(*args))
+    assert [(started[1] == g).sum() for g in range(32)] == [1] * 32
+    assert sum((fixed[1] == g).sum() for g in range(32)) == 48
 
 
 @pytest.mark.parametrize("tiling, rule", [

@@ -94,30 +94,46 @@ def test_heuristic_follows_group_sizes():
 
 
 @pytest.mark.parametrize("fill", [True, False])
-def test_visits_cover_every_row_once(fill):
+@pytest.mark.parametrize("row_align", [16, 8, 1])
+def test_visits_cover_every_row_once(fill, row_align):
+    """Every row is written by exactly one visit (only the local groups' rows without fill),
+    from a tile inside the padded rows that starts at a multiple of row_align; tiles that start
+    at a group's first row (row_align < block_m) never cost a group more visits than the fixed
+    tiles (row_align = block_m) do."""
     rng = np.random.default_rng(0)
     m, block_m, groups = 203, 16, 9
-    table_for = jax.jit(visits.visit_table, static_argnums=(2, 3, 4, 5))
+    table_for = jax.jit(visits.visit_table, static_argnums=(2, 3, 4, 5, 6))
     for trial, local in enumerate([1, 1, 4, 4, 4, 9, 9, 9]):
         sizes = rng.multinomial(int(rng.integers(0, m + 1)), rng.dirichlet(np.full(groups, 0.5)))
         sizes = np.where(rng.random(groups) < 0.3, 0, sizes).astype(np.int32)
         offset = int(rng.integers(0, groups - local + 1))
-        table = np.asarray(table_for(jnp.asarray(sizes), jnp.int32(offset), local, m, block_m, fill))
+        args = (jnp.asarray(sizes), jnp.int32(offset), local, m, block_m, fill)
+        table = np.asarray(table_for(*args, row_align))
+        fixed = np.asarray(table_for(*args, block_m))
         assert table.shape[1] == visits.visit_count(m, block_m, local, fill)
         written = np.zeros(m, int)
-        for tile, group, start, end in table.T:
+        for first_row, group, start, end in table.T:
             if group == visits.IDLE:
                 continue
-            rows = np.arange(tile * block_m, (tile + 1) * block_m)
-            owned = rows[(rows >= start) & (rows < end)]
-            assert owned.size, "a visit owns at least one row of its tile"
-            written[owned] += 1
+            assert first_row % row_align == 0
+            assert 0 <= first_row <= -(-m // block_m) * block_m - block_m
+            assert first_row <= start < end <= first_row + block_m, "owns rows of its tile"
+            written[start:end] += 1
         bounds = reference.group_rows(sizes, m)
         computed = np.zeros(m, bool)
         for g in range(offset, offset + local):
             computed[bounds[g][0]:bounds[g][1]] = True
         expected = np.ones(m, int) if fill else computed.astype(int)
         np.testing.assert_array_equal(written, expected, err_msg=f"trial {trial}")
+        for g in range(local):
+            assert (table[1] == g).sum() <= (fixed[1] == g).sum()
+            if row_align == 1:
+                assert (table[1] == g).sum() == -(-int(sizes[offset + g]) // block_m)
+
+
+def test_visit_row_align_must_divide_block_m():
+    with pytest.raises(ValueError, match="row_align 24 must divide block_m 16"):
+        visits.visit_table(jnp.ones(4, jnp.int32), jnp.int32(0), 4, 16, 16, True, 24)
 
 
 # ---------------------------------------------------------------- kernel paths, interpret mode
@@ -143,6 +159,18 @@ def test_gmm_many_k_steps_and_crossed_tiles(transpose_rhs):
     computed = np.zeros(m, bool)
     computed[1:1 + 37 + 16 + 2 + 0 + 45 + 3] = True  # groups 2..7
     assert (np.asarray(out)[~computed] == 0).all()
+
+
+def test_gmm_row_tiles_moved_back_from_the_end():
+    """Tiles start at each group's first row; the last group's and the rows past the sum start
+    within a tile of the padded end, so they are moved back over the rows before them."""
+    rng = np.random.default_rng(3)
+    m, k, n = 150, 40, 24
+    sizes = np.array([146, 2], np.int32)  # rows 148.. past the sum
+    lhs, rhs = _rounded(rng, (m, k), jnp.float32), _rounded(rng, (2, k, n), jnp.float32)
+    out = kernelhub.get(GMM, platform="triton")(lhs, rhs, sizes, tiling=SMALL_TILES)
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, jnp.float32, contraction=k)
+    assert (np.asarray(out)[148:] == 0).all()
 
 
 def test_tgmm_interior_and_edge_chunks():

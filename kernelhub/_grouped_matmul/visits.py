@@ -2,13 +2,25 @@
 
 The rows [0, m) are cut into consecutive segments: the rows before the first local group, each
 local group, and the rows after the last one. A visit is one segment's share of one row tile of
-`block_m` rows, so a tile that a group boundary crosses is visited once per segment in it and
-writes only its own segment's rows. Visits are ordered by segment, hence by row tile.
+`block_m` rows, and it writes only the rows it owns. Visits are ordered by segment, hence by
+row.
 
-Every segment with r rows spread over t tiles costs t visits, and t <= ceil(r / block_m) + 1 with
-all segments together covering at most num_tiles + num_segments - 1 tiles: that bound is the
-static grid size, so the launch never depends on the values of group_sizes (no host sync; jit
-and CUDA graphs hold). Visits past the real count do nothing, and an empty group has no visit.
+Where a segment's tiles start is `row_align`'s choice:
+- `row_align=block_m`: the fixed tiles [i * block_m, (i + 1) * block_m), so a tile that a group
+  boundary crosses is visited once per segment in it;
+- a smaller divisor of block_m: tiles start at the segment's first row, rounded down to a
+  multiple of `row_align`, and follow each other at block_m rows. A group of r rows then costs
+  ceil(r / block_m) visits (plus one only where the rounding pushes it over), where fixed tiles
+  cost one more wherever a boundary falls inside a tile. Each visit reads the group's weights,
+  so on fine-grained MoE shapes (tens of rows per expert at arbitrary offsets) this is up to
+  half the weight traffic. A tile is moved back to end at round_up(m, block_m) where it would
+  pass it: it then holds rows of the segment before as well, which it does not write.
+
+Either way a segment with r rows spread over t tiles costs t visits, never more than the fixed
+tiles cost it, and t <= ceil(r / block_m) + 1 with all segments together covering at most
+num_tiles + num_segments - 1 tiles: that bound is the static grid size, so the launch never
+depends on the values of group_sizes (no host sync; jit and CUDA graphs hold). Visits past the
+real count do nothing, and an empty group has no visit.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from kernelhub._grouped_matmul.groups import local_bounds, running_sum
 FILL = -1  # rows of no local group: write zeros
 IDLE = -2  # past the last visit: nothing
 
-TILE, GROUP, START, END = range(4)
+FIRST_ROW, GROUP, START, END = range(4)
 
 
 def visit_count(m: int, block_m: int, local_groups: int, fill_uncomputed: bool) -> int:
@@ -46,16 +58,21 @@ def segment_boundaries(group_sizes: jax.Array, group_offset: jax.Array, local_gr
 
 
 def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: int, m: int,
-                block_m: int, fill_uncomputed: bool) -> jax.Array:
-    """int32 [4, visits]: per visit its row tile, its group (local index, FILL or IDLE) and the
-    rows [start, end) it owns.
+                block_m: int, fill_uncomputed: bool, row_align: int | None = None) -> jax.Array:
+    """int32 [4, visits]: per visit the first row of its tile, its group (local index, FILL or
+    IDLE) and the rows [start, end) it writes, all inside [first row, first row + block_m).
 
-    With `fill_uncomputed` False (the output starts as existing_out) the rows outside the local
-    groups get no visits at all.
+    `row_align` (a divisor of block_m; None is block_m, the fixed tiles) is where a segment's
+    tiles start (module docstring). With `fill_uncomputed` False (the output starts as
+    existing_out) the rows outside the local groups get no visits at all.
     """
+    row_align = block_m if row_align is None else row_align
+    if row_align < 1 or block_m % row_align:
+        raise ValueError(f"row_align {row_align} must divide block_m {block_m}")
     bounds = segment_boundaries(group_sizes, group_offset, local_groups, m)
     first, last = bounds[:-1], bounds[1:]  # segment s owns rows [first[s], last[s])
-    tiles = jnp.where(last > first, (last + block_m - 1) // block_m - first // block_m, 0)
+    base = first - first % row_align  # where the segment's first tile starts
+    tiles = jnp.where(last > first, (last - base + block_m - 1) // block_m, 0)
     if not fill_uncomputed:
         tiles = tiles.at[0].set(0).at[-1].set(0)
     ends = running_sum(tiles)
@@ -67,11 +84,13 @@ def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: i
     segment = jnp.minimum(jnp.searchsorted(ends, visit, side="right", method="compare_all"),
                           local_groups + 1)
     live = visit < ends[-1]
-    tile = first[segment] // block_m + visit - begins[segment]
+    window = base[segment] + (visit - begins[segment]) * block_m
+    # A tile never passes the last whole tile's end: moved back, it still holds its rows.
+    first_row = jnp.minimum(window, -(-m // block_m) * block_m - block_m)
     group = jnp.where((segment == 0) | (segment == local_groups + 1), FILL, segment - 1)
     return jnp.stack([
-        jnp.where(live, tile, 0),
+        jnp.where(live, first_row, 0),
         jnp.where(live, group, IDLE),
-        jnp.where(live, first[segment], 0),
-        jnp.where(live, last[segment], 0),
+        jnp.where(live, jnp.maximum(first[segment], window), 0),
+        jnp.where(live, jnp.minimum(last[segment], window + block_m), 0),
     ]).astype(jnp.int32)

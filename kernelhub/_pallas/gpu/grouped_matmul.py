@@ -1,8 +1,9 @@
 """grouped_matmul as a Pallas Triton kernel (contract: kernelhub/ops/grouped_matmul.py).
 
-Grid: one program per (visit, n-tile), flattened to one axis. A visit (see kernelhub/_grouped_matmul/visits.py) is one
-segment's share of one row tile; the program computes that row tile times its group's weights
-for one n-tile, looping over k, and stores only the rows its segment owns. Visits of rows that
+Grid: one program per (visit, n-tile), flattened to one axis. A visit (see
+kernelhub/_grouped_matmul/visits.py) is one segment's share of one row tile, the tiles starting
+at each group's first row; the program computes that row tile times its group's weights for
+one n-tile, looping over k, and stores only the rows its segment owns. Visits of rows that
 no local group computes store zeros, or nothing at all when the output starts as existing_out
 (aliased, so no copy is made beyond the one XLA needs when existing_out is not donated).
 
@@ -85,7 +86,11 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     if output_blocks.arrays:
         product = _tiles.FLOAT32_TILES
     fill = existing_out is None
-    table = visits.visit_table(group_sizes, group_offset, local_groups, m, blocks.block_m, fill)
+    # Row tiles start at each group's first row, except under output-axis row scale blocks,
+    # whose tiles must each lie inside one block.
+    row_align = blocks.block_m if output_blocks.arrays else 1
+    table = visits.visit_table(group_sizes, group_offset, local_groups, m, blocks.block_m, fill,
+                               row_align)
     num_visits = table.shape[1]
     n_tiles = -(-n_out // blocks.block_n)
     scales = scales or NO_SCALES
@@ -93,6 +98,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     lhs_row_block, rhs_column_block = output_blocks.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n_out=n_out, num_visits=num_visits, n_tiles=n_tiles,
+        row_align=row_align,
         transpose_rhs=transpose_rhs, product=product, fill=fill, lhs_packing=lhs_packing,
         rhs_packing=rhs_packing,
         lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
@@ -171,7 +177,7 @@ def _rhs_columns(first_col: jax.Array, bn: int, n_out: int, inside: jax.Array | 
 
 
 def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
-            n_out: int, num_visits: int, n_tiles: int, transpose_rhs: bool,
+            n_out: int, num_visits: int, n_tiles: int, row_align: int, transpose_rhs: bool,
             product: _tiles.TileProduct, fill: bool, lhs_packing: _four_bit.Packing | None,
             rhs_packing: _four_bit.Packing | None, lhs_block: int | None,
             rhs_block: int | None, lhs_row_block: int | None,
@@ -191,9 +197,10 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
     scaled = lhs_block is not None or rhs_block is not None
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     visit, n_tile = _band_order(pl.program_id(0), num_visits, n_tiles)
-    tile = table_ref[visits.TILE, visit]
     group = table_ref[visits.GROUP, visit]
-    first_row = pl.multiple_of(tile * bm, bm)
+    first_row = table_ref[visits.FIRST_ROW, visit]
+    if row_align > 1:
+        first_row = pl.multiple_of(first_row, row_align)
     first_col = pl.multiple_of(n_tile * bn, bn)
     rows = _tiles.span(first_row, bm)
     cols = _tiles.span(first_col, bn)

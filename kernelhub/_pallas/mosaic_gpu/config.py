@@ -46,6 +46,9 @@ SWIZZLE_BYTES = 128
 MIN_STEP_BYTES = 32
 # TMA's shared-memory side is addressed in 128-byte units: gmm's output rows are a whole one.
 TMA_ROW_BYTES = 128
+# gmm's row tiles start at multiples of this many rows (visits.py's row_align): TMA copies a
+# tile to shared memory in swizzled groups of 8 rows, and the global rows are cut the same way.
+ROW_ALIGN = 8
 # Rows of a tile of wgmma's operand layout (tgmm's register masks).
 LAYOUT_ROWS = 64
 # Shared memory one block may take on Hopper (227 KiB), and what the kernels take beside the

@@ -3,9 +3,11 @@ kernelhub/ops/grouped_matmul.py).
 
 Work: (visit, n-tile) pairs, where a visit is one segment's share of one row tile (the visit
 table of kernelhub/_grouped_matmul/visits.py, computed on the device: rows of one local group, or
-rows of none). A persistent grid of one program per SM walks the pairs (`plgpu.nd_loop`) in
-bands of BAND n-tiles (`kernel_parts.banded_order`): the programs running at once read the same few
-weight tiles of one group while its visits pass, so the weights come from HBM about once.
+rows of none). Row tiles start at each segment's first row rounded down to config.ROW_ALIGN,
+so a group of up to block_m - 7 rows reads its weights once wherever it starts. A persistent
+grid of one program per SM walks the pairs (`plgpu.nd_loop`) in bands of BAND n-tiles
+(`kernel_parts.banded_order`): the programs running at once read the same few weight tiles of
+one group while its visits pass, so the weights come from HBM about once.
 
 A visit of a local group multiplies its row tile by the group's weights: `plgpu.emit_pipeline`
 keeps `stages` TMA loads of lhs and rhs tiles in flight while `wgmma` adds each k step into a
@@ -89,7 +91,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     # visit. The interpreter takes no aliased output: there those rows' visits copy them.
     aliased = existing is not None and not interpret
     table = visits.visit_table(group_sizes, group_offset, local_groups, m, bm,
-                               fill_uncomputed=not aliased)
+                               fill_uncomputed=not aliased, row_align=config.ROW_ALIGN)
     num_visits = table.shape[1]
     n_tiles = n_p // bn
     shared = dict(
@@ -144,7 +146,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
     def _work(info):
         visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles,
                                                   min(BAND, n_tiles))
-        tile, group, first_row, start, end = kernel_parts.visit_rows(table_ref, visit, bm)
+        group, first_row, start, end = kernel_parts.visit_rows(table_ref, visit)
         first_col = n_tile * bn
 
         def store(result):
@@ -165,7 +167,8 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
             totals = pl.run_scoped(
-                lambda *accs: _multiply(accs, lhs_ref, rhs_ref.at[group], tile, column_tiles,
+                lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
+                                        rhs_ref.at[group], column_tiles,
                                         blocks, k_tiles, transpose_rhs, interpret),
                 *[plgpu.ACC(shape) for _ in range(halves)])
             if plain:
@@ -206,7 +209,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             pl.run_scoped(scope, plgpu.SMEM(shape, out_ref.dtype), plgpu.Barrier())
 
 
-def _multiply(accs, lhs_ref, group_rhs_ref, tile, column_tiles, blocks: config.BlockConfig,
+def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
               k_tiles: int, transpose_rhs: bool, interpret: bool):
     """The float32 sums of the row tile times each column tile of the group's weights, k step
     by k step through a TMA pipeline into wgmma."""
@@ -216,14 +219,14 @@ def _multiply(accs, lhs_ref, group_rhs_ref, tile, column_tiles, blocks: config.B
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     if transpose_rhs and interpret:
         return pl.run_scoped(
-            lambda scratch: _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles,
+            lambda scratch: _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
                                            blocks, k_tiles, transpose_rhs, scratch),
             plgpu.SMEM((bk, bn), group_rhs_ref.dtype))
-    return _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles, blocks, k_tiles,
+    return _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks, k_tiles,
                           transpose_rhs, None)
 
 
-def _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles,
+def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
                    blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, scratch):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -233,6 +236,9 @@ def _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles,
         for acc, rhs_smem in zip(accs, rhs_smems):
             right = kernel_parts.k_major_operand(rhs_smem, scratch) if transpose_rhs else rhs_smem
             plgpu.wgmma(acc, lhs_smem, right)
+        # This step's products stay in flight; the previous step's are done, so the pipeline
+        # may refill their buffers (delay_release=1) after this step.
+        plgpu.wgmma_wait(len(accs))
 
     def rhs_spec(column_tile):
         if transpose_rhs:
@@ -242,10 +248,10 @@ def _multiply_with(accs, lhs_ref, group_rhs_ref, tile, column_tiles,
     plgpu.emit_pipeline(
         step,
         grid=(k_tiles,),
-        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (tile, i), delay_release=1),
+        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=1),
                   *[rhs_spec(c) for c in column_tiles]],
         max_concurrent_steps=max(blocks.stages, 2),
-    )(lhs_ref, *[group_rhs_ref] * len(column_tiles))
+    )(rows_lhs_ref, *[group_rhs_ref] * len(column_tiles))
     return tuple(acc[...] for acc in accs)
 
 

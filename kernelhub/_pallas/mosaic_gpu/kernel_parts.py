@@ -18,6 +18,7 @@ import numpy as np
 
 from kernelhub._core import jax_internals
 from kernelhub._grouped_matmul import visits
+from kernelhub._pallas.mosaic_gpu import config
 
 # Streaming multiprocessors of an H100 SXM and an H200: the persistent grid, one program each.
 HOPPER_SMS = 132
@@ -220,16 +221,15 @@ def load_vector_through(src, smem, barrier):
     return smem[...].astype(jnp.float32)
 
 
-def visit_rows(table_ref, visit, block_rows: int):
-    """(tile, group, first_row, start, end) of a gmm work item's visit (visits.py's table):
-    its row tile, the group (or visits.FILL), the tile's first row, and the rows [start, end)
-    of the visit's segment inside that tile, the rows it stores."""
-    tile = table_ref[visits.TILE, visit]
+def visit_rows(table_ref, visit):
+    """(group, first_row, start, end) of a gmm work item's visit (visits.py's table): the
+    group (or visits.FILL), its row tile's first row (a multiple of config.ROW_ALIGN), and the
+    rows [start, end) inside that tile it stores."""
+    from jax.experimental import pallas as pl
+
     group = table_ref[visits.GROUP, visit]
-    first_row = tile * block_rows
-    start = jnp.maximum(table_ref[visits.START, visit], first_row)
-    end = jnp.minimum(table_ref[visits.END, visit], first_row + block_rows)
-    return tile, group, first_row, start, end
+    first_row = pl.multiple_of(table_ref[visits.FIRST_ROW, visit], config.ROW_ALIGN)
+    return group, first_row, table_ref[visits.START, visit], table_ref[visits.END, visit]
 
 
 def broadcast_rows(vector: jax.Array, shape: tuple[int, int]) -> jax.Array:

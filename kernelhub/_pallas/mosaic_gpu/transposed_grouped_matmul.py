@@ -111,6 +111,9 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                 right = (kernel_parts.k_major_operand(rhs_smem, scratch) if rhs_k_major
                          else rhs_smem)
                 plgpu.wgmma(acc, lhs_smem, right)
+                # The previous chunk's product is done before the pipeline refills its
+                # buffers (delay_release=1); this one's stays in flight.
+                plgpu.wgmma_wait(1)
 
             @pl.when(chunks > 0)
             def _sum():

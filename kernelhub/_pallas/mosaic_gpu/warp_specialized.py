@@ -85,8 +85,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
         @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
         def _work(info):
             visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles, band)
-            _, group, first_row, start, end = kernel_parts.visit_rows(table_ref, visit,
-                                                                     bm)
+            group, first_row, start, end = kernel_parts.visit_rows(table_ref, visit)
             # This compute warpgroup's first column of the output.
             first_col = n_tile * bn + wg * part
 
