@@ -156,6 +156,22 @@ def test_a_pass_is_checked_against_the_reference_and_tokamax_against_its_vjp():
     assert measured["tokamax:xla"][1].endswith("the kernel call tokamax's VJP makes for this pass")
 
 
+def test_kernelhubs_weight_gradient_takes_x_as_training_holds_it():
+    """bf16 rhs_gradient: kernelhub's call gets x [m, k] and transposes it inside the timed
+    function, as a training step's weight gradient does (tokamax also gets x), and agrees."""
+    from kernelhub._cli.bench import gpu_scoreboard_calls
+
+    shard = SMOKE_SHAPES[1]
+    operands = gpu_scoreboard_calls.make_operands(shard, "skewed")
+    calls = gpu_scoreboard_calls.calls(operands, "rhs_gradient", "bf16", ("triton",),
+                                       only=("lax.ragged_dot", "kernelhub:triton"))
+    ours = next(call for call in calls if call.implementation == "kernelhub:triton")
+    assert ours.args[0].shape == operands.x.shape
+    measured = {call.implementation: note for call, _, note in
+                gpu_scoreboard.measure(calls, 1, 0, {}, ("t",), threads=1)}
+    assert measured["kernelhub:triton"].startswith("agrees with lax.ragged_dot"), measured
+
+
 def test_the_table_shows_fractions_beside_the_peers():
     problem = PassProblem("forward", 10, 4, 6, rows=7, local=2, dtype="bf16")
     slow = 4 * problem.roofline_seconds(H100)

@@ -12,6 +12,10 @@ same values and scales, so every implementation multiplies the same numbers.
 | forward | gmm(x, w) | x[R] against w | x[R] @ w[0] |
 | lhs_gradient | gmm(dy, w, transpose_rhs) | dy[R] against w, contracting n | dy[R] @ w[0]^T |
 | rhs_gradient | tgmm(x^T, dy) | ragged contraction over R | x[R]^T @ dy[R] |
+
+kernelhub's bf16 rhs_gradient takes x [m, k] and transposes it inside the timed call, as the
+weight gradient of a training step does (tokamax takes x [R, k] too): a kernel that reads x as
+it is pays nothing for it, one that needs x^T pays its copy. fp8 takes x^T quantized along m.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def pass_operands(ops: Operands, pass_name: str, dtype: str) -> PassOperands:
     if dtype == "bf16":
         if pass_name == "rhs_gradient":
             local = (left[:, r], right[r])
-            return PassOperands((left, right), local, (ops.x[r], local[1]))
+            return PassOperands((ops.x, right), local, (ops.x[r], local[1]))
         local = (left[r], right)
         return PassOperands((left, right), local, local)
     ql = kernelhub.quantize(left, FP8, axis=left_axis)
@@ -155,7 +159,8 @@ def default_platform(op: str, dtype: str) -> str | None:
         return None
 
 
-def _pass_function(call: Callable[..., Any], pass_name: str, shape: Any) -> Callable[..., Any]:
+def _pass_function(call: Callable[..., Any], pass_name: str, shape: Any,
+                   dtype: str = "bf16") -> Callable[..., Any]:
     """`call` (an op's entry point) jitted as the pass makes it."""
     if pass_name == "forward":
         return jax.jit(lambda x, w, s: call(
@@ -164,6 +169,10 @@ def _pass_function(call: Callable[..., Any], pass_name: str, shape: Any) -> Call
         return jax.jit(lambda dy, w, s: call(
             dy, w, s, preferred_element_type=OUT, group_offset=shape.offset,
             transpose_rhs=True))
+    if dtype == "bf16":  # x [m, k], transposed here as the weight gradient does
+        return jax.jit(lambda x, dy, s: call(
+            x.T, dy, s, preferred_element_type=OUT, group_offset=shape.offset,
+            num_actual_groups=shape.local))
     return jax.jit(lambda xt, dy, s: call(
         xt, dy, s, preferred_element_type=OUT, group_offset=shape.offset,
         num_actual_groups=shape.local))
@@ -203,7 +212,7 @@ def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
     args = (*operands.ours, ops.sizes)
     default = default_platform(op, dtype)
     if jax.default_backend() == "gpu" and _tables_may_choose():
-        default = lowered_platform(_pass_function(kernelhub.get(op), pass_name, shape),
+        default = lowered_platform(_pass_function(kernelhub.get(op), pass_name, shape, dtype),
                                    args) or default
     rows = ops.local
     calls = []
@@ -214,7 +223,7 @@ def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
         except Exception as error:  # noqa: BLE001 - the row says why
             calls.append(Call(implementation, note=_reason(error)))
             continue
-        fn = _pass_function(call, pass_name, shape)
+        fn = _pass_function(call, pass_name, shape, dtype)
         cut = (lambda out: out) if pass_name == "rhs_gradient" else (lambda out: out[rows])
         calls.append(Call(implementation, fn, args, default=platform == default, cut=cut,
                           tilings=kernel_tilings(fn, args)))

@@ -64,8 +64,8 @@ def _scoreboard_arguments(shape: Shape, pass_name: str) -> tuple[Any, ...]:
         left, right = (m, k), (g, k, n)
     elif pass_name == "lhs_gradient":
         left, right = (m, n), (g, k, n)
-    else:
-        left, right = (k, m), (m, n)
+    else:  # x [m, k]: the pass transposes it (gpu_scoreboard_calls)
+        left, right = (m, k), (m, n)
     return (jax.ShapeDtypeStruct(left, bf16), jax.ShapeDtypeStruct(right, bf16), sizes)
 
 

@@ -9,7 +9,9 @@ through shared memory), and at most two edge chunks pass through registers, wher
 the rows outside the group to exact zeros. An empty group runs no chunk and stores 0 (or
 existing_out, read and written in place through an alias).
 
-A 4-bit operand is read as bytes and unpacked per tile in registers (`_four_bit.py`).
+16-bit float lhs [k, m] is read as [m, k] (`_reads_lhs_rows_major`): in the weight gradient,
+whose lhs is `x.T`, that costs no copy of x. A 4-bit operand is read as bytes and unpacked per
+tile in registers (`_four_bit.py`).
 
 With scale blocks along m (`scales`, kernelhub/_grouped_matmul/contraction_scales.py) a chunk lies inside
 one block: its product is multiplied by the block's scales of lhs's rows (k) and rhs's columns
@@ -49,6 +51,13 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     product = _tiles.tile_product(_four_bit.tile_dtype(lhs.dtype), _four_bit.tile_dtype(rhs.dtype),
                                   blocks.block_m, m, interpret, out_dtype,
                                   _four_bit.narrow_allowed(rhs.dtype, rhs_k_major=False))
+    lhs_rows_major = _reads_lhs_rows_major(lhs.dtype, scales, output_blocks)
+    if lhs_rows_major:
+        lhs = lhs.T
+        if interpret:
+            # XLA:CPU has no 16-bit dot with its lhs transposed; float32 tiles hold the same
+            # values and products exactly, summed in float32 as the tensor cores sum them.
+            product = _tiles.FLOAT32_TILES
     lhs, lhs_packing = _four_bit.packed(lhs)
     rhs, rhs_packing = _four_bit.packed(rhs)
     if output_blocks.arrays:
@@ -61,7 +70,8 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     lhs_row_block, rhs_column_block = output_blocks.operand_blocks
     kernel = functools.partial(
         _kernel, blocks=blocks, m=m, k=k, n=n, k_tiles=k_tiles, n_tiles=n_tiles,
-        product=product, has_existing=existing_out is not None, lhs_packing=lhs_packing,
+        product=product, has_existing=existing_out is not None, lhs_rows_major=lhs_rows_major,
+        lhs_packing=lhs_packing,
         rhs_packing=rhs_packing,
         lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
         rhs_column_block=rhs_column_block)
@@ -71,9 +81,19 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
                                  "kernelhub_transposed_grouped_matmul")
 
 
+def _reads_lhs_rows_major(dtype, scales: ContractionScales | None,
+                          output_blocks: OutputBlockScales) -> bool:
+    """Whether the kernel reads 16-bit float lhs [k, m] as [m, k] (its transpose, made here):
+    the weight gradient passes `x.T` of the activations x [m, k], and the two transposes cancel
+    inside the jitted program, so no copy of x is made. Its tiles then go to the tensor cores
+    transposed, which they take for 16-bit values. Scale blocks keep the [k, m] tiles."""
+    return (jnp.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
+            and (scales is None or not scales.arrays) and not output_blocks.arrays)
+
+
 def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: int, k: int,
             n: int, k_tiles: int, n_tiles: int, product: _tiles.TileProduct,
-            has_existing: bool, lhs_packing: _four_bit.Packing | None,
+            has_existing: bool, lhs_rows_major: bool, lhs_packing: _four_bit.Packing | None,
             rhs_packing: _four_bit.Packing | None, lhs_block: int | None, rhs_block: int | None,
             lhs_row_block: int | None, rhs_column_block: int | None) -> None:
     from jax.experimental import pallas as pl
@@ -100,8 +120,12 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
         # Loads are masked only by static bounds (the array's end), which keeps them vectorised
         # along m; an edge chunk then zeroes the other groups' rows with a select, in registers.
         in_array = _tiles.within(rows, m, bm) if edge else None
-        left = _four_bit.load(lhs_ref, (pl.ds(first_k, bk),), k_inside, pl.ds(first_row, bm),
-                              in_array, m, lhs_packing, bm)
+        if lhs_rows_major:
+            left = _tiles.masked_load(lhs_ref.at[pl.ds(first_row, bm), pl.ds(first_k, bk)],
+                                      in_array, k_inside).T
+        else:
+            left = _four_bit.load(lhs_ref, (pl.ds(first_k, bk),), k_inside,
+                                  pl.ds(first_row, bm), in_array, m, lhs_packing, bm)
         right = _four_bit.load(rhs_ref, (pl.ds(first_row, bm),), in_array, pl.ds(first_col, bn),
                                col_inside, n, rhs_packing, bn)
         # Output-axis scale blocks: the k tile (lhs) or n tile (rhs) lies in one block, whose

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import running_sum
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 
 # Rows of the chunk table: a visit's group, its chunk of block_m summed rows, the group's rows
 # [start, end), 1 on the group's first visit (the sum starts from zeros) and on its last
@@ -66,7 +67,7 @@ def chunk_tables(starts: jax.Array, ends: jax.Array, span: int, m_padded: int,
 
 
 def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig,
-         spans: int, k_tiles: int, n_tiles: int, rhs_k_major: bool, has_existing: bool,
+         spans: int, k_tiles: int, n_tiles: int, layout: ChunkLayout, has_existing: bool,
          interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -75,14 +76,13 @@ def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConf
     existing_ref = refs[0] if has_existing else None
     pl.run_scoped(functools.partial(_loop, table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref,
                                     out_ref, blocks=blocks, spans=spans, k_tiles=k_tiles,
-                                    n_tiles=n_tiles, rhs_k_major=rhs_k_major,
-                                    interpret=interpret),
+                                    n_tiles=n_tiles, layout=layout, interpret=interpret),
                   plgpu.SMEM((blocks.block_k, blocks.block_n), out_ref.dtype), plgpu.Barrier())
 
 
 def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
           blocks: config.BlockConfig, spans: int, k_tiles: int, n_tiles: int,
-          rhs_k_major: bool, interpret: bool) -> None:
+          layout: ChunkLayout, interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -105,18 +105,17 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
             def step(indices, lhs_smem, rhs_smem, running):
                 visit = first_visit + indices[0]
                 group = table_ref[GROUP, visit]
-                kernel_parts.zero_rows_outside(
+                layout.zero_rows_outside(
                     lhs_smem, rhs_smem, table_ref[CHUNK, visit] * bm, table_ref[START, visit],
-                    table_ref[END, visit], rhs_k_major, interpret)
-                right = (kernel_parts.k_major_operand(rhs_smem, scratch) if rhs_k_major
-                         else rhs_smem)
+                    table_ref[END, visit], interpret)
+                left, right = layout.operands(lhs_smem, rhs_smem, scratch)
                 # All rows kept, or (a group's first chunk) none: zeros by a select.
                 first_kept = jnp.where(table_ref[FIRST, visit] == 1, bk, 0)
                 kept = kernel_parts.tile_iota(shape, 0, interpret) >= first_kept
                 before = jnp.where(kept, running, jnp.zeros((), jnp.float32))
 
                 def product(acc_ref):
-                    plgpu.wgmma(acc_ref, lhs_smem, right)
+                    plgpu.wgmma(acc_ref, left, right)
                     return acc_ref[...]
 
                 total = before + pl.run_scoped(product, plgpu.ACC(shape))
@@ -134,15 +133,15 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                 plgpu.emit_pipeline(
                     step,
                     grid=(visit_count,),
-                    in_specs=kernel_parts.chunk_specs(blocks, k_tile, n_tile, chunk_of,
-                                                      rhs_k_major),
+                    in_specs=layout.specs(blocks, k_tile, n_tile, chunk_of),
                     max_concurrent_steps=max(blocks.stages, 2),
                     init_carry=zeros,
                 )(lhs_ref, rhs_ref)
 
-        if rhs_k_major and interpret:
-            # The interpreter's wgmma takes no transposed view: a scratch tile (k_major_operand).
-            pl.run_scoped(accumulate, plgpu.SMEM((bm, bn), rhs_ref.dtype))
+        scratch = layout.scratch(blocks, lhs_ref.dtype, interpret)
+        if scratch is not None:
+            # The interpreter's wgmma takes no transposed view (kernel_parts.transposed_operand).
+            pl.run_scoped(accumulate, scratch)
         else:
             accumulate()
 

@@ -83,11 +83,12 @@ def _sm_count() -> int:
     return int(count) if count else HOPPER_SMS
 
 
-def k_major_operand(smem, scratch):
-    """The wgmma B operand [K, N] of a tile stored [N, K] in shared memory (K-major, what
-    float32 and fp8 wgmma read). Compiled, a transposed view of the tile. Mosaic GPU's
-    interpreter (jax 0.10.2) takes no transposed view in wgmma, so there `scratch` [K, N]
-    receives the tile transposed through registers (the compiled kernel never does this)."""
+def transposed_operand(smem, scratch):
+    """The wgmma operand that is the transpose of a tile in shared memory: compiled, a
+    transposed view (wgmma reads A or B in either order for 16-bit values, and B [K, N] of
+    float32 and fp8 only from a tile stored [N, K]). Mosaic GPU's interpreter (jax 0.10.2)
+    takes no transposed view in wgmma, so there `scratch`, of the transposed shape, receives the
+    tile transposed through registers (the compiled kernel never does this)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     if scratch is None:
@@ -95,40 +96,6 @@ def k_major_operand(smem, scratch):
     scratch[...] = smem[...].T
     plgpu.commit_smem()
     return scratch
-
-
-def zero_rows_outside(lhs_smem, rhs_smem, first_row, start, end, rhs_k_major: bool,
-                      interpret: bool) -> None:
-    """tgmm: sets the summed rows of a chunk's tiles (lhs [block_k, block_m], rhs [block_m,
-    block_n], or [block_n, block_m] K-major) that lie outside [start, end) to exact zeros, by a
-    select in shared memory (a NaN in another group's row stays out), where there are any."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    rows = lhs_smem.shape[1]
-
-    @pl.when((first_row < start) | (first_row + rows > end))
-    def _mask():
-        lhs_rows = tile_iota(lhs_smem.shape, 1, interpret) + first_row
-        owned = (lhs_rows >= start) & (lhs_rows < end)
-        lhs_smem[...] = jnp.where(owned, lhs_smem[...], jnp.zeros((), lhs_smem.dtype))
-        rhs_rows = tile_iota(rhs_smem.shape, 1 if rhs_k_major else 0, interpret) + first_row
-        owned = (rhs_rows >= start) & (rhs_rows < end)
-        rhs_smem[...] = jnp.where(owned, rhs_smem[...], jnp.zeros((), rhs_smem.dtype))
-        plgpu.commit_smem()
-
-
-def chunk_specs(blocks, k_tile, n_tile, chunk_of: Callable[[jax.Array], jax.Array],
-                rhs_k_major: bool) -> list:
-    """tgmm's pipeline specs: the lhs [block_k, block_m] and rhs [block_m, block_n] tiles (rhs
-    [block_n, block_m] K-major) of pipeline step c's chunk of summed rows, `chunk_of(c)`."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
-    lhs = plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk_of(c)), delay_release=1)
-    if rhs_k_major:
-        return [lhs, plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk_of(c)), delay_release=1)]
-    return [lhs, plgpu.BlockSpec((bm, bn), lambda c: (chunk_of(c), n_tile), delay_release=1)]
 
 
 def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, where) -> None:

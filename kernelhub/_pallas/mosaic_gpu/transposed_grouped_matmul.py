@@ -4,17 +4,15 @@ kernelhub/ops/transposed_grouped_matmul.py).
 Work: (group, k-tile, n-tile) output tiles, group outermost, walked by a persistent grid of one
 program per SM (`plgpu.nd_loop`), so the programs running at once read the same group's rows.
 A program sums its group's rows in chunks of block_m aligned to block_m: `plgpu.emit_pipeline`
-brings the lhs [block_k, block_m] and rhs [block_m, block_n] tiles of each chunk into shared
-memory by TMA, `stages` chunks in flight, and wgmma adds them into a float32 accumulator. Of a
+brings the lhs and rhs tiles of each chunk into shared memory by TMA (in the layouts of
+tgmm_chunks.py: 16-bit lhs is read [m, k], so the weight gradient's `x.T` costs no copy),
+`stages` chunks in flight, and wgmma adds them into a float32 accumulator. Of a
 group's chunks only the first and the last can hold other groups' rows; there a select sets
 those rows to exact zeros in shared memory, in both tiles (so a NaN in another group's row stays
 out of this sum). An empty group runs no chunk. The tile, plus existing_out's when given, is
 stored whole by one TMA copy: every output element is written once, by one program. The store
 runs while the program sums its next tile (one shared-memory tile per program holds the result
 in flight; only writing the next result waits for it).
-
-float32 and fp8 wgmma read both operands K-major: rhs [m, n] of those types is transposed to
-[n, m] first (a copy).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul.groups import local_bounds
 from kernelhub._grouped_matmul.problem import tgmm_problem
 from kernelhub._pallas.mosaic_gpu import config, group_spans, kernel_parts
+from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 
@@ -46,14 +45,13 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
 
     dtype = config.kernel_dtype(lhs.dtype, rhs.dtype)
     m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n, bn)
-    lhs = padded(lhs.astype(dtype), {0: k_p, 1: m_p})
-    rhs = padded(rhs.astype(dtype), {0: m_p, 1: n_p})
-    rhs_k_major = dtype.name in config.K_MAJOR_ONLY
-    if rhs_k_major:
-        rhs = rhs.T
+    layout = ChunkLayout.for_dtype(dtype)
+    lhs, rhs = layout.arranged(lhs.astype(dtype), rhs.astype(dtype))
+    lhs_sizes, rhs_sizes = layout.padding(m_p, k_p, n_p)
+    lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
     existing = () if existing_out is None else (padded(existing_out, {1: k_p, 2: n_p}),)
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
-    tiles = dict(blocks=blocks, k_tiles=k_p // bk, n_tiles=n_p // bn, rhs_k_major=rhs_k_major,
+    tiles = dict(blocks=blocks, k_tiles=k_p // bk, n_tiles=n_p // bn, layout=layout,
                  has_existing=bool(existing), interpret=interpret)
     if blocks.group_span > 1:
         table, spans = group_spans.chunk_tables(starts, ends, blocks.group_span, m_p, bm)
@@ -68,7 +66,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
 
 
 def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
-          k_tiles: int, n_tiles: int, rhs_k_major: bool, has_existing: bool,
+          k_tiles: int, n_tiles: int, layout: ChunkLayout, has_existing: bool,
           interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -77,14 +75,13 @@ def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, group
     existing_ref = refs[0] if has_existing else None
     pl.run_scoped(functools.partial(_loop, bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref,
                                     blocks=blocks, groups=groups, k_tiles=k_tiles,
-                                    n_tiles=n_tiles, rhs_k_major=rhs_k_major,
-                                    interpret=interpret),
+                                    n_tiles=n_tiles, layout=layout, interpret=interpret),
                   plgpu.SMEM((blocks.block_k, blocks.block_n), out_ref.dtype), plgpu.Barrier())
 
 
 def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
           blocks: config.BlockConfig, groups: int, k_tiles: int, n_tiles: int,
-          rhs_k_major: bool, interpret: bool) -> None:
+          layout: ChunkLayout, interpret: bool) -> None:
     """The program's share of the output tiles. One shared-memory tile holds each result
     while TMA stores it; the next tile's sums run while that store is in flight (a group of a
     fine-grained MoE sums few rows into each tile: its store costs as much as its loads), and
@@ -106,11 +103,8 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
         def accumulate(acc, scratch=None):
             def step(indices, lhs_smem, rhs_smem):
                 first_row = (first_chunk + indices[0]) * bm
-                kernel_parts.zero_rows_outside(lhs_smem, rhs_smem, first_row, start, end,
-                                               rhs_k_major, interpret)
-                right = (kernel_parts.k_major_operand(rhs_smem, scratch) if rhs_k_major
-                         else rhs_smem)
-                plgpu.wgmma(acc, lhs_smem, right)
+                layout.zero_rows_outside(lhs_smem, rhs_smem, first_row, start, end, interpret)
+                plgpu.wgmma(acc, *layout.operands(lhs_smem, rhs_smem, scratch))
                 # The previous chunk's product is done before the pipeline refills its
                 # buffers (delay_release=1); this one's stays in flight.
                 plgpu.wgmma_wait(1)
@@ -120,18 +114,17 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                 plgpu.emit_pipeline(
                     step,
                     grid=(chunks,),
-                    in_specs=kernel_parts.chunk_specs(blocks, k_tile, n_tile,
-                                                      lambda c: first_chunk + c, rhs_k_major),
+                    in_specs=layout.specs(blocks, k_tile, n_tile, lambda c: first_chunk + c),
                     max_concurrent_steps=max(blocks.stages, 2),
                 )(lhs_ref, rhs_ref)
 
             return acc[...]
 
-        if rhs_k_major and interpret:
+        scratch = layout.scratch(blocks, lhs_ref.dtype, interpret)
+        if scratch is not None:
             # Registers and shared memory come from separate scopes (the interpreter's rule).
             total = pl.run_scoped(lambda acc: pl.run_scoped(
-                lambda scratch: accumulate(acc, scratch), plgpu.SMEM((bm, bn), rhs_ref.dtype)),
-                plgpu.ACC(shape))
+                lambda tile: accumulate(acc, tile), scratch), plgpu.ACC(shape))
         else:
             total = pl.run_scoped(accumulate, plgpu.ACC(shape))
         where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))

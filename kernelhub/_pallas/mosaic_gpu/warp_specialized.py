@@ -132,7 +132,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                 rhs_smems, accs = rest[:-1], rest[-1]
                 for acc, rhs_smem in zip(accs, rhs_smems):
                     if transpose_rhs:
-                        right = kernel_parts.k_major_operand(
+                        right = kernel_parts.transposed_operand(
                             rhs_smem.at[pl.ds(wg * part, part), :], None)
                     else:
                         right = rhs_smem.at[:, pl.ds(wg * part, part)]

@@ -1,0 +1,102 @@
+"""How tgmm's kernels bring a chunk of summed rows to wgmma: the operands' layouts in memory,
+their pipeline specs, the masking of other groups' rows, and the wgmma operands.
+
+tgmm sums lhs[:, rows] @ rhs[rows, :] over chunks of block_m rows: wgmma's A is the lhs tile
+[block_k, block_m] and its B the rhs tile [block_m, block_n]. How each lies in memory:
+- lhs arrives [k, m] (the contract's layout). With 16-bit values the kernel reads it as [m, k]
+  instead, `lhs_rows_major`: the kit's weight gradient passes `x.T` of the activations x [m, k],
+  and the kernel's own transpose back cancels that one inside the jitted program, so no copy of
+  x is made (XLA folds the two). The tile [block_m, block_k] goes to wgmma as a transposed view.
+  float32 and fp8 wgmma read A K-major only, which the [k, m] layout is: they keep it.
+- rhs [m, n] is B as stored for 16-bit values; float32 and fp8 wgmma read B K-major only, so
+  such rhs is transposed to [n, m] first (a copy), `rhs_k_major`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkLayout:
+    lhs_rows_major: bool
+    rhs_k_major: bool
+
+    @classmethod
+    def for_dtype(cls, dtype) -> ChunkLayout:
+        k_major_only = jnp.dtype(dtype).name in config.K_MAJOR_ONLY
+        return cls(lhs_rows_major=not k_major_only, rhs_k_major=k_major_only)
+
+    def arranged(self, lhs: jax.Array, rhs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """lhs [k, m] and rhs [m, n] in the layouts the kernel reads."""
+        return (lhs.T if self.lhs_rows_major else lhs), (rhs.T if self.rhs_k_major else rhs)
+
+    def padding(self, m_p: int, k_p: int, n_p: int) -> tuple[dict[int, int], dict[int, int]]:
+        """The padded sizes per axis of lhs and rhs as `arranged` returns them."""
+        lhs = {0: m_p, 1: k_p} if self.lhs_rows_major else {0: k_p, 1: m_p}
+        rhs = {0: n_p, 1: m_p} if self.rhs_k_major else {0: m_p, 1: n_p}
+        return lhs, rhs
+
+    def specs(self, blocks: config.BlockConfig, k_tile, n_tile,
+              chunk_of: Callable[[jax.Array], jax.Array]) -> list:
+        """The pipeline's specs of the lhs and rhs tiles of step c's chunk, `chunk_of(c)`."""
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+        if self.lhs_rows_major:
+            lhs = plgpu.BlockSpec((bm, bk), lambda c: (chunk_of(c), k_tile), delay_release=1)
+        else:
+            lhs = plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk_of(c)), delay_release=1)
+        if self.rhs_k_major:
+            rhs = plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk_of(c)), delay_release=1)
+        else:
+            rhs = plgpu.BlockSpec((bm, bn), lambda c: (chunk_of(c), n_tile), delay_release=1)
+        return [lhs, rhs]
+
+    def zero_rows_outside(self, lhs_smem, rhs_smem, first_row, start, end,
+                          interpret: bool) -> None:
+        """Sets the chunk's summed rows outside [start, end) to exact zeros in both tiles, by a
+        select in shared memory (a NaN in another group's row stays out), where there are
+        any."""
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        lhs_axis = 0 if self.lhs_rows_major else 1
+        rhs_axis = 1 if self.rhs_k_major else 0
+        rows = lhs_smem.shape[lhs_axis]
+
+        @pl.when((first_row < start) | (first_row + rows > end))
+        def _mask():
+            for smem, axis in ((lhs_smem, lhs_axis), (rhs_smem, rhs_axis)):
+                indices = kernel_parts.tile_iota(smem.shape, axis, interpret) + first_row
+                owned = (indices >= start) & (indices < end)
+                smem[...] = jnp.where(owned, smem[...], jnp.zeros((), smem.dtype))
+            plgpu.commit_smem()
+
+    def operands(self, lhs_smem, rhs_smem, scratch):
+        """wgmma's A [block_k, block_m] and B [block_m, block_n] from the chunk's tiles (at most
+        one of them transposed; `scratch` as kernel_parts.transposed_operand takes it)."""
+        left = (kernel_parts.transposed_operand(lhs_smem, scratch) if self.lhs_rows_major
+                else lhs_smem)
+        right = (kernel_parts.transposed_operand(rhs_smem, scratch) if self.rhs_k_major
+                 else rhs_smem)
+        return left, right
+
+    def scratch(self, blocks: config.BlockConfig, dtype, interpret: bool):
+        """The shared-memory tile the interpreter transposes an operand through (None when
+        compiled, or when neither operand is transposed)."""
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        if not interpret:
+            return None
+        if self.lhs_rows_major:
+            return plgpu.SMEM((blocks.block_k, blocks.block_m), dtype)
+        if self.rhs_k_major:
+            return plgpu.SMEM((blocks.block_m, blocks.block_n), dtype)
+        return None
