@@ -1,7 +1,7 @@
 """The Mosaic GPU kernels' candidate tiles for kernelhub.tuning.
 
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
-64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 5 stages in flight,
+64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
 for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
 tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py);
 each fitted to the problem as the heuristic's own is, and kept only where it is legal.
@@ -21,6 +21,10 @@ _CANDIDATES = (
     # Narrow and deep: 64 columns, two 128-byte rows of contraction per step (tokamax's H100
     # table settles on this shape for its sm90 kernel at every MoE shape it lists).
     (128, 2, 64, 4, 1), (64, 2, 64, 4, 1),
+    # Deep pipelines: at 64 rows per expert the loads are the work, and an SM keeps about
+    # `stages - 1` of them in flight (one buffer waits for its wgmma): 6 and 8 stages of 24 KiB
+    # hold 120-168 KiB in flight against HBM's loaded latency, where 4 hold 72.
+    (64, 1, 128, 6, 1), (64, 1, 128, 8, 1), (64, 1, 128, 8, 2),
 )
 
 
