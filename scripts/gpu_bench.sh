@@ -154,6 +154,12 @@ roofline() {  # roofline NAME SECONDS [extra arguments]
 # (a CUDA error ends the process that met it) then costs only their rows. (The first H100 run
 # lost its whole tests stage to one misaligned TMA store under pytest-xdist.)
 MOSAIC=kernelhub:mosaic
+# Named without a measuring stage, the tests take the whole budget: the others 40% of it (all
+# of it alone), the Mosaic GPU kernels what is left; before a scoreboard, 24% and 21%.
+tests_only=1
+for stage in "${stages[@]}"; do
+  case $stage in tests|tests-others|tests-mosaic) ;; *) tests_only=0 ;; esac
+done
 
 for stage in "${stages[@]}"; do
   case $stage in
@@ -168,18 +174,21 @@ for stage in "${stages[@]}"; do
         "$PYTHON" -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 240)
         # About 40% of the budget in all: the scoreboard after them is what this run is for.
         if [ "$stage" != tests-mosaic ]; then
+          others_share=24
+          [ $tests_only -eq 1 ] && others_share=40
+          [ ${#stages[@]} -eq 1 ] && [ "$stage" = tests-others ] && others_share=95
           # shellcheck disable=SC2086  # the extra arguments are meant to split
-          run_stage tests "$(share 24)" "$PYTHON" -m pytest -q -p no:cacheprovider \
+          run_stage tests "$(share $others_share)" "$PYTHON" -m pytest -q -p no:cacheprovider \
             "${workers[@]}" "${per_test[@]}" "${files[@]}" -k "not mosaic" --durations=15 \
             --junitxml="$RESULTS/tests.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}
         fi
         if [ "$stage" != tests-others ]; then
           # One process, no workers: the first fault's test is the last one named in the log.
+          # Without a measuring stage (`gpu_bench.sh tests`), what the others left: before a
+          # tune of kernels that changed since their last GPU run.
           # shellcheck disable=SC2086
-          # Alone (`gpu_bench.sh tests-mosaic`), the whole budget: before a tune of kernels
-          # that changed since their last GPU run.
           mosaic_share=21
-          [ ${#stages[@]} -eq 1 ] && [ "$stage" = tests-mosaic ] && mosaic_share=95
+          [ $tests_only -eq 1 ] && mosaic_share=95
           run_stage tests-mosaic "$(share $mosaic_share)" "$PYTHON" -m pytest -v -p no:cacheprovider \
             "${per_test[@]}" "${mosaic_files[@]}" -k mosaic --durations=15 \
             --junitxml="$RESULTS/tests-mosaic.xml" ${KERNELHUB_GPU_PYTEST_ARGS:-}

@@ -25,6 +25,7 @@ from conftest import assert_close
 from kernelhub import testing
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import config, group_spans, tuning_space
+from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub.quantization import quantize
 
 GMM = "grouped_matmul"
@@ -251,6 +252,21 @@ def test_tgmm_float32_isolates_other_groups_nan():
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_tgmm_fp8_masks_other_groups_rows(dtype):
+    """fp8 operands (summed on fp8 wgmma, rhs read K-major) with groups crossing chunks and a
+    NaN in a row of no group: the rows outside a group are zeroed in shared memory (a select
+    that Mosaic GPU runs on float16 for 8-bit values), so no sum sees another group's rows."""
+    rng = np.random.default_rng(13)
+    k, m, n = 64, 150, 64
+    sizes = np.array([50, 0, 81], np.int32)  # rows 131.. belong to no group
+    lhs = np.asarray(_values(rng, (k, m), dtype)).copy()
+    rhs = np.asarray(_values(rng, (m, n), dtype)).copy()
+    lhs[:, 140] = np.nan
+    out = _mosaic(TGMM)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
+    assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
+
+
 def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
     """27 output tiles on the interpreter's 2 programs, so each program reuses its one store
     tile many times (existing_out read into it, its last store waited for): every tile
@@ -270,21 +286,42 @@ def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
     np.testing.assert_array_equal(np.asarray(out)[1:], np.asarray(existing)[1:])
 
 
+@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 1, 2)],
+                         ids=["per group", "spans"])
+def test_tgmm_chunks_from_group_starts_moved_back_from_the_end(tiling):
+    """bf16 chunks start at a group's first row rounded down to 8: the last group's (rows
+    100..119, from row 96) would pass the 128 rows, so it is moved back to rows 64..127 and
+    sums only rows 100..119 (the first group's rows in it stay out); a NaN past the sum
+    reaches nothing."""
+    rng = np.random.default_rng(12)
+    k, m, n = 64, 128, 64
+    sizes = np.array([100, 20], np.int32)  # rows 120.. past the sum
+    lhs, rhs = _values(rng, (k, m), jnp.bfloat16), _values(rng, (m, n), jnp.bfloat16)
+    rhs = rhs.at[120:].set(jnp.nan)
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=tiling)
+    assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
+
+
 def test_group_span_chunk_table_by_hand():
-    """block_m 4 over 16 padded rows; groups [0, 6), empty, [6, 13), empty; spans of 3 groups.
-    A chunk a boundary crosses (rows 4..7) is visited by both groups; an empty group gets one
-    masked visit (its zeros are stored); the span ends are visits [0, 6) and [6, 7)."""
-    starts, ends = jnp.array([0, 6, 6, 13], jnp.int32), jnp.array([6, 6, 13, 13], jnp.int32)
-    table, spans = group_spans.chunk_tables(starts, ends, 3, 16, 4)
-    live = np.asarray(table)[:, :7]
-    np.testing.assert_array_equal(live[group_spans.GROUP], [0, 0, 1, 2, 2, 2, 3])
-    np.testing.assert_array_equal(live[group_spans.CHUNK], [0, 1, 0, 1, 2, 3, 0])
-    np.testing.assert_array_equal(live[group_spans.START], [0, 0, 6, 6, 6, 6, 13])
-    np.testing.assert_array_equal(live[group_spans.END], [6, 6, 6, 13, 13, 13, 13])
-    np.testing.assert_array_equal(live[group_spans.FIRST], [1, 0, 1, 1, 0, 0, 1])
-    np.testing.assert_array_equal(live[group_spans.LAST], [0, 1, 1, 0, 0, 1, 1])
-    np.testing.assert_array_equal(np.asarray(spans), [[0, 6], [6, 7]])
-    assert table.shape == (6, 4 + 4)  # every chunk once, one more per group: a static length
+    """block_m 16 over 64 padded rows; groups [0, 26), empty, [26, 60), empty; spans of 3.
+    Aligned chunks (float32's and fp8's): the chunk a boundary crosses (rows 16..31) is visited
+    by both groups. Chunks from a group's first row rounded down to 8 (16-bit): [24, 40),
+    [40, 56), then [56, 72) moved back to [48, 64), summing from row 56. An empty group gets one
+    visit that sums no row (its zeros are stored); the spans are visits [0, 6) and [6, 7)."""
+    starts, ends = jnp.array([0, 26, 26, 60], jnp.int32), jnp.array([26, 26, 60, 60], jnp.int32)
+    groups, end = [0, 0, 1, 2, 2, 2, 3], [26, 26, 26, 60, 60, 60, 60]
+    first, last = [1, 0, 1, 1, 0, 0, 1], [0, 1, 1, 0, 0, 1, 1]
+    expected = {  # (first row of the tiles, first row summed) per visit
+        True: ([0, 16, 16, 16, 32, 48, 48], [0, 16, 26, 26, 32, 48, 60]),
+        False: ([0, 16, 24, 24, 40, 48, 48], [0, 16, 26, 26, 40, 56, 60]),
+    }
+    for k_major_only, (rows, summed_from) in expected.items():
+        table, spans = group_spans.chunk_tables(starts, ends, 3, 64, 16,
+                                                ChunkLayout(k_major_only))
+        assert table.shape == (6, 4 + 4)  # every chunk once, one more per group: static
+        np.testing.assert_array_equal(np.asarray(table)[:, :7],
+                                      [groups, rows, summed_from, end, first, last])
+        np.testing.assert_array_equal(np.asarray(spans), [[0, 6], [6, 7]])
 
 
 def test_tgmm_over_group_spans_with_empty_groups_offset_and_existing_out():
@@ -537,18 +574,22 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
                        unpadded=True)
 
 
-def test_tgmm_over_group_spans_exports_for_cuda():
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+def test_tgmm_over_group_spans_exports_for_cuda(dtype):
     """group_span=8 at DeepSeek-V3's shape (32 local experts, a traced group_offset): one
-    Mosaic GPU kernel, no padding."""
+    Mosaic GPU kernel, no padding. fp8 too: its masks select through float16 (an 8-bit select
+    does not lower)."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
 
     def transposed(lhs_t, d_out, sizes, offset):
+        # One 128-byte row of summed rows per step.
+        rows = 128 // jnp.dtype(dtype).itemsize
         return tgmm(lhs_t, d_out, sizes, group_offset=offset, num_actual_groups=local,
-                    tiling=(64, 128, 128, 4, 1, 8))
+                    tiling=(rows, 128, 128, 4, 1, 8))
 
-    _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
-                                 jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+    _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), dtype),
+                                 jax.ShapeDtypeStruct((m, n), dtype),
                                  jax.ShapeDtypeStruct((experts,), jnp.int32),
                                  jax.ShapeDtypeStruct((), jnp.int32)), 1, unpadded=True)
 

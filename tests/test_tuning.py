@@ -421,6 +421,33 @@ def test_autotune_group_sizes_and_errors():
         kernelhub.autotune(explicit, lhs, rhs, existing, sizes, progress=False)
 
 
+def test_the_weight_gradient_is_timed_from_the_activations_it_transposes():
+    """The rhs_gradient's tgmm takes x.T in a backward: the tuner makes x [m, k] and transposes
+    it inside the timed call (a kernel reading x as it is pays no copy there, as in training);
+    the other passes get their operands as the kernel takes them."""
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    lhs = jax.ShapeDtypeStruct((40, 8), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((3, 8, 6), jnp.bfloat16)
+    sizes = jnp.array([10, 20, 10], jnp.int32)
+
+    def loss(lhs, rhs):
+        return gmm(lhs, rhs, sizes, preferred_element_type=jnp.bfloat16).astype(jnp.float32).sum()
+
+    recorder = _autotune.Recorder()
+    with active_table.activated(recorder):
+        jax.eval_shape(jax.grad(loss, argnums=(0, 1)), lhs, rhs)
+    by_pass = {key.pass_name: recorded for key, recorded in recorder.calls.items()}
+    weight = by_pass["rhs_gradient"]
+    made = _autotune.operands(weight, np.array([10, 20, 10], np.int32), 0)
+    assert made[0].shape == (40, 8)  # x
+    called = _autotune.as_called(weight, made)
+    assert called[0].shape == (8, 40)
+    np.testing.assert_array_equal(np.asarray(called[0]), np.asarray(made[0]).T)
+    forward = by_pass["forward"]
+    made = _autotune.operands(forward, np.array([10, 20, 10], np.int32), 0)
+    assert _autotune.as_called(forward, made)[0] is made[0]
+
+
 def test_group_size_draws():
     problem = tuning.KernelProblem("gmm", 1000, 8, 8, 10, 10, "float32", "float32", "float32", False)
     (balanced,), described = _autotune.group_size_draws(problem, None, 0.0, 3, 0)

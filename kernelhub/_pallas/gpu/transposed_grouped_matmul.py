@@ -3,15 +3,18 @@
 
 Grid: one program per (group, k-tile, n-tile), flattened to one axis with the group outermost,
 so the programs running at once read the same rows. A program sums its group's rows in chunks
-of block_m aligned to block_m (aligned, so Triton can vectorise the loads along m): the chunks
-wholly inside the group go from memory to the tensor cores untouched (Triton pipelines them
-through shared memory), and at most two edge chunks pass through registers, where a select sets
-the rows outside the group to exact zeros. An empty group runs no chunk and stores 0 (or
+of block_m, for lhs [k, m] aligned to block_m (so Triton can vectorise the loads along m): the
+chunks wholly inside the group go from memory to the tensor cores untouched (Triton pipelines
+them through shared memory), and at most two edge chunks pass through registers, where a select
+sets the rows outside the group to exact zeros. An empty group runs no chunk and stores 0 (or
 existing_out, read and written in place through an alias).
 
 16-bit float lhs [k, m] is read as [m, k] (`_reads_lhs_rows_major`): in the weight gradient,
-whose lhs is `x.T`, that costs no copy of x. A 4-bit operand is read as bytes and unpacked per
-tile in registers (`_four_bit.py`).
+whose lhs is `x.T`, that costs no copy of x. Its tiles are then contiguous along k and n, so
+the chunks need no alignment: they start at the group's first row, only its last one masks
+rows (those past the group's end, never read), and a group of r rows takes ceil(r / block_m)
+chunks where aligned ones take one more when its start is unaligned. A 4-bit operand is read
+as bytes and unpacked per tile in registers (`_four_bit.py`).
 
 With scale blocks along m (`scales`, kernelhub/_grouped_matmul/contraction_scales.py) a chunk lies inside
 one block: its product is multiplied by the block's scales of lhs's rows (k) and rhs's columns
@@ -120,12 +123,8 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
         # Loads are masked only by static bounds (the array's end), which keeps them vectorised
         # along m; an edge chunk then zeroes the other groups' rows with a select, in registers.
         in_array = _tiles.within(rows, m, bm) if edge else None
-        if lhs_rows_major:
-            left = _tiles.masked_load(lhs_ref.at[pl.ds(first_row, bm), pl.ds(first_k, bk)],
-                                      in_array, k_inside).T
-        else:
-            left = _four_bit.load(lhs_ref, (pl.ds(first_k, bk),), k_inside,
-                                  pl.ds(first_row, bm), in_array, m, lhs_packing, bm)
+        left = _four_bit.load(lhs_ref, (pl.ds(first_k, bk),), k_inside, pl.ds(first_row, bm),
+                              in_array, m, lhs_packing, bm)
         right = _four_bit.load(rhs_ref, (pl.ds(first_row, bm),), in_array, pl.ds(first_col, bn),
                                col_inside, n, rhs_packing, bn)
         # Output-axis scale blocks: the k tile (lhs) or n tile (rhs) lies in one block, whose
@@ -148,24 +147,47 @@ def _kernel(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: 
             rhs_scale_ref, rhs_block, first_row, lambda b: (b, pl.ds(first_col, bn)), col_inside)
         return product.add_scaled(total, left, right, row_scale, col_scale)
 
-    # Chunks wholly inside [start, end): no row mask.
-    first_full = _tiles.div(start + bm - 1, bm)
-    full = jnp.maximum(_tiles.div(end, bm) - first_full, 0)
+    def add_rows(first_row: jax.Array, total: jax.Array, last: bool) -> jax.Array:
+        """lhs read [m, k]: the rows [first_row, first_row + bm) of the group, a chunk that
+        starts where the group's rows do; its last chunk does not read the rows past its end
+        (masked loads: the tiles are contiguous along k and n, so they still vectorise)."""
+        rows = _tiles.span(first_row, bm)
+        owned = rows < end if last else None
+        left = _tiles.masked_load(lhs_ref.at[pl.ds(first_row, bm), pl.ds(first_k, bk)], owned,
+                                  k_inside)
+        right = _four_bit.load(rhs_ref, (pl.ds(first_row, bm),), owned, pl.ds(first_col, bn),
+                               col_inside, n, rhs_packing, bn)
+        return product.add(total, left.T, right)
+
     start_total = jnp.zeros((bk, bn), jnp.float32) if scaled else product.zeros((bk, bn))
-    total = lax.fori_loop(0, full, lambda i, t: add_chunk(first_full + i, t, False), start_total)
-    # The partial chunks at the group's edges: the head (start unaligned) and the tail (end
-    # unaligned), once when both fall in the same chunk.
-    nonempty = end > start
-    head = nonempty & (_tiles.rem(start, bm) != 0)
-    same_chunk = _tiles.div(start, bm) == _tiles.div(end, bm)
-    tail = nonempty & (_tiles.rem(end, bm) != 0) & ~(head & same_chunk)
-    edges = head.astype(jnp.int32) + tail.astype(jnp.int32)
+    if lhs_rows_major:
+        # Chunks from the group's first row: a group of r rows takes ceil(r / bm) of them.
+        count = jnp.maximum(end - start, 0)
+        full = _tiles.div(count, bm)
+        total = lax.fori_loop(0, full, lambda i, t: add_rows(start + i * bm, t, False),
+                              start_total)
+        tail = (_tiles.rem(count, bm) != 0).astype(jnp.int32)
+        total = lax.fori_loop(0, tail, lambda i, t: add_rows(start + full * bm, t, True), total)
+    else:
+        # Chunks aligned to bm (loads along m vectorise): those wholly inside [start, end)
+        # take no row mask.
+        first_full = _tiles.div(start + bm - 1, bm)
+        full = jnp.maximum(_tiles.div(end, bm) - first_full, 0)
+        total = lax.fori_loop(0, full, lambda i, t: add_chunk(first_full + i, t, False),
+                              start_total)
+        # The partial chunks at the group's edges: the head (start unaligned) and the tail
+        # (end unaligned), once when both fall in the same chunk.
+        nonempty = end > start
+        head = nonempty & (_tiles.rem(start, bm) != 0)
+        same_chunk = _tiles.div(start, bm) == _tiles.div(end, bm)
+        tail = nonempty & (_tiles.rem(end, bm) != 0) & ~(head & same_chunk)
+        edges = head.astype(jnp.int32) + tail.astype(jnp.int32)
 
-    def edge(i, t):
-        chunk = jnp.where((i == 0) & head, _tiles.div(start, bm), _tiles.div(end, bm))
-        return add_chunk(chunk, t, True)
+        def edge(i, t):
+            chunk = jnp.where((i == 0) & head, _tiles.div(start, bm), _tiles.div(end, bm))
+            return add_chunk(chunk, t, True)
 
-    total = lax.fori_loop(0, edges, edge, total)
+        total = lax.fori_loop(0, edges, edge, total)
     integer = jnp.issubdtype(out_ref.dtype, jnp.integer)
     total = total if integer else product.result(total)
     where = (group, pl.ds(first_k, bk), pl.ds(first_col, bn))

@@ -3,8 +3,8 @@
 With one pipeline per (group, k-tile, n-tile), a fine-grained MoE's group (64 rows) gives the
 pipeline one or two chunks: each work item waits out a whole load's latency and the stages
 never overlap. Here a work item is (span, k-tile, n-tile), a span being `group_span`
-consecutive local groups, and one `emit_pipeline` streams all of the span's chunks (a chunk
-that a group boundary crosses is visited once per group, as in gmm's visits): the loads of a
+consecutive local groups, and one `emit_pipeline` streams all of the span's chunks (each
+group's own, tgmm_chunks.py: with 16-bit values they start at its first row): the loads of a
 group's first chunks are in flight while the previous group's last ones are summed.
 
 The running sum is the pipeline's carry, a float32 value in registers: each chunk's product
@@ -31,32 +31,34 @@ from kernelhub._grouped_matmul.groups import running_sum
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 
-# Rows of the chunk table: a visit's group, its chunk of block_m summed rows, the group's rows
-# [start, end), 1 on the group's first visit (the sum starts from zeros) and on its last
-# (its tile is stored).
-GROUP, CHUNK, START, END, FIRST, LAST = range(6)
+# Rows of the chunk table: a visit's group, the first row of its chunk's tiles, the rows
+# [from, end) of the group it sums, 1 on the group's first visit (the sum starts from zeros)
+# and on its last (its tile is stored).
+GROUP, ROW, FROM, END, FIRST, LAST = range(6)
 
 
 def chunk_tables(starts: jax.Array, ends: jax.Array, span: int, m_padded: int,
-                 block_m: int) -> tuple[jax.Array, jax.Array]:
+                 block_m: int, layout: ChunkLayout) -> tuple[jax.Array, jax.Array]:
     """(visits int32 [6, count], spans int32 [2, spans]): per visit the rows above; per span
-    its visits [first, end)."""
+    its visits [first, end). The chunks are `layout`'s (tgmm_chunks.py)."""
     groups = starts.shape[0]
-    chunks_in_m = m_padded // block_m
-    has_rows = ends > starts
-    first_chunk = jnp.where(has_rows, starts // block_m, 0)
-    chunks = jnp.where(has_rows, (ends + block_m - 1) // block_m - first_chunk, 0)
+    chunks = layout.chunk_count(starts, ends, block_m)
     visits = jnp.maximum(chunks, 1)
-    # The groups are consecutive, so only a boundary's chunk is counted twice: at most
-    # chunks_in_m + groups - 1 chunks, and one visit more per empty group.
-    count = chunks_in_m + groups
+    # The groups are consecutive and none takes more chunks than the aligned ones it touches,
+    # of which only a boundary's is counted twice: at most m_padded / block_m + groups - 1
+    # chunks, and one visit more per empty group.
+    count = m_padded // block_m + groups
     ends_v = jnp.minimum(running_sum(visits, limit=count), count)
     begins_v = ends_v - visits
     visit = jnp.arange(count, dtype=jnp.int32)
     group = jnp.minimum(jnp.searchsorted(ends_v, visit, side="right", method="compare_all"),
                         groups - 1)
-    chunk = jnp.clip(first_chunk[group] + visit - begins_v[group], 0, chunks_in_m - 1)
-    table = jnp.stack([group, chunk, starts[group], ends[group],
+    # An empty group's one visit sums no row: [end, end).
+    first_row, summed_from = layout.chunk_rows(starts[group], visit - begins_v[group], block_m,
+                                               m_padded)
+    empty = chunks[group] == 0
+    table = jnp.stack([group, jnp.clip(first_row, 0, m_padded - block_m),
+                       jnp.where(empty, ends[group], summed_from), ends[group],
                        (visit == begins_v[group]).astype(jnp.int32),
                        (visit == ends_v[group] - 1).astype(jnp.int32)]).astype(jnp.int32)
     first_group = jnp.arange(0, groups, span, dtype=jnp.int32)
@@ -67,11 +69,12 @@ def chunk_tables(starts: jax.Array, ends: jax.Array, span: int, m_padded: int,
 
 
 def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig,
-         spans: int, k_tiles: int, n_tiles: int, layout: ChunkLayout, has_existing: bool,
-         interpret: bool) -> None:
+         spans: int, rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
+         has_existing: bool, interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    del rows_padded  # the chunk table holds each chunk's rows
     out_ref = refs[-1]
     existing_ref = refs[0] if has_existing else None
     pl.run_scoped(functools.partial(_loop, table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref,
@@ -86,7 +89,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    bk, bn = blocks.block_k, blocks.block_n
     shape = (bk, bn)
 
     # Span outermost: the programs running at once read the same span's rows.
@@ -96,8 +99,8 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
         first_visit = spans_ref[0, span]
         visit_count = spans_ref[1, span] - first_visit
 
-        def chunk_of(step):
-            return table_ref[CHUNK, first_visit + step]
+        def row_of(step):
+            return table_ref[ROW, first_visit + step]
 
         def accumulate(scratch=None):
             zeros = kernel_parts.wgmma_zeros(shape, interpret)
@@ -106,7 +109,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                 visit = first_visit + indices[0]
                 group = table_ref[GROUP, visit]
                 layout.zero_rows_outside(
-                    lhs_smem, rhs_smem, table_ref[CHUNK, visit] * bm, table_ref[START, visit],
+                    lhs_smem, rhs_smem, table_ref[ROW, visit], table_ref[FROM, visit],
                     table_ref[END, visit], interpret)
                 left, right = layout.operands(lhs_smem, rhs_smem, scratch)
                 # All rows kept, or (a group's first chunk) none: zeros by a select.
@@ -133,7 +136,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                 plgpu.emit_pipeline(
                     step,
                     grid=(visit_count,),
-                    in_specs=layout.specs(blocks, k_tile, n_tile, chunk_of),
+                    in_specs=layout.specs(blocks, k_tile, n_tile, row_of),
                     max_concurrent_steps=max(blocks.stages, 2),
                     init_carry=zeros,
                 )(lhs_ref, rhs_ref)

@@ -234,7 +234,8 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
 
     def step(_, lhs_smem, *rhs_smems):
         for acc, rhs_smem in zip(accs, rhs_smems):
-            right = kernel_parts.transposed_operand(rhs_smem, scratch) if transpose_rhs else rhs_smem
+            right = (kernel_parts.transposed_operand(rhs_smem, scratch) if transpose_rhs
+                     else rhs_smem)
             plgpu.wgmma(acc, lhs_smem, right)
         # This step's products stay in flight; the previous step's are done, so the pipeline
         # may refill their buffers (delay_release=1) after this step.

@@ -10,6 +10,15 @@ tgmm sums lhs[:, rows] @ rhs[rows, :] over chunks of block_m rows: wgmma's A is 
   float32 and fp8 wgmma read A K-major only, which the [k, m] layout is: they keep it.
 - rhs [m, n] is B as stored for 16-bit values; float32 and fp8 wgmma read B K-major only, so
   such rhs is transposed to [n, m] first (a copy), `rhs_k_major`.
+
+Where a group's chunks start: with 16-bit values both tiles hold the rows along their major
+axis, which TMA cuts in groups of config.ROW_ALIGN rows, so the chunks start at the group's
+first row rounded down to such a multiple and follow every block_m rows; a chunk that would
+pass the padded rows is moved back to end there, summing only the rows after the chunk before
+it. A group of r rows then takes ceil(r / block_m) chunks, one more only where the rounding
+pushes it over. float32 and fp8 tiles hold the rows along their minor axis (cut in 128-byte
+swizzle rows), so their chunks are the aligned [i * block_m, (i + 1) * block_m). Either way a
+group takes no more chunks than the aligned ones it touches.
 """
 
 from __future__ import annotations
@@ -25,13 +34,22 @@ from kernelhub._pallas.mosaic_gpu import config, kernel_parts
 
 @dataclasses.dataclass(frozen=True)
 class ChunkLayout:
-    lhs_rows_major: bool
-    rhs_k_major: bool
+    """The layouts of one kernel dtype: 16-bit (lhs read [m, k], rhs [m, n] as stored) or one
+    whose wgmma reads both operands K-major (lhs [k, m] as stored, rhs transposed to [n, m])."""
+
+    k_major_only: bool
 
     @classmethod
     def for_dtype(cls, dtype) -> ChunkLayout:
-        k_major_only = jnp.dtype(dtype).name in config.K_MAJOR_ONLY
-        return cls(lhs_rows_major=not k_major_only, rhs_k_major=k_major_only)
+        return cls(jnp.dtype(dtype).name in config.K_MAJOR_ONLY)
+
+    @property
+    def lhs_rows_major(self) -> bool:
+        return not self.k_major_only
+
+    @property
+    def rhs_k_major(self) -> bool:
+        return self.k_major_only
 
     def arranged(self, lhs: jax.Array, rhs: jax.Array) -> tuple[jax.Array, jax.Array]:
         """lhs [k, m] and rhs [m, n] in the layouts the kernel reads."""
@@ -43,21 +61,44 @@ class ChunkLayout:
         rhs = {0: n_p, 1: m_p} if self.rhs_k_major else {0: m_p, 1: n_p}
         return lhs, rhs
 
+    def row_align(self, block_m: int) -> int:
+        """The multiple of rows a group's chunks start at (module docstring)."""
+        return config.ROW_ALIGN if self.lhs_rows_major else block_m
+
+    def chunk_count(self, start, end, block_m: int) -> jax.Array:
+        """How many chunks the group of rows [start, end) takes (0 when it is empty)."""
+        base = chunk_base(start, self.row_align(block_m))
+        return jnp.where(end > start, (end - base + block_m - 1) // block_m, 0)
+
+    def chunk_rows(self, start, index, block_m: int, rows_padded: int):
+        """(the first row of the tiles loaded, the first row summed) of the group's chunk
+        `index` (its rows start at `start`): a chunk that would pass `rows_padded` is moved back
+        to end there and sums only the rows after the chunk before it."""
+        window = chunk_base(start, self.row_align(block_m)) + index * block_m
+        return jnp.minimum(window, rows_padded - block_m), jnp.maximum(window, start)
+
     def specs(self, blocks: config.BlockConfig, k_tile, n_tile,
-              chunk_of: Callable[[jax.Array], jax.Array]) -> list:
-        """The pipeline's specs of the lhs and rhs tiles of step c's chunk, `chunk_of(c)`."""
+              row_of: Callable[[jax.Array], jax.Array]) -> list:
+        """The pipeline's specs of the lhs and rhs tiles of step c's chunk, whose first row is
+        `row_of(c)` (a multiple of `row_align`)."""
+        from jax.experimental import pallas as pl
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
-        if self.lhs_rows_major:
-            lhs = plgpu.BlockSpec((bm, bk), lambda c: (chunk_of(c), k_tile), delay_release=1)
-        else:
-            lhs = plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk_of(c)), delay_release=1)
-        if self.rhs_k_major:
-            rhs = plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk_of(c)), delay_release=1)
-        else:
-            rhs = plgpu.BlockSpec((bm, bn), lambda c: (chunk_of(c), n_tile), delay_release=1)
-        return [lhs, rhs]
+        if self.lhs_rows_major:  # rows along the major axis: any multiple of ROW_ALIGN
+            def rows(c):
+                return pl.multiple_of(row_of(c), config.ROW_ALIGN)
+
+            return [plgpu.BlockSpec((pl.Element(bm), bk), lambda c: (rows(c), k_tile),
+                                    delay_release=1),
+                    plgpu.BlockSpec((pl.Element(bm), bn), lambda c: (rows(c), n_tile),
+                                    delay_release=1)]
+
+        def chunk(c):
+            return jax.lax.div(row_of(c), jnp.int32(bm))
+
+        return [plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk(c)), delay_release=1),
+                plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk(c)), delay_release=1)]
 
     def zero_rows_outside(self, lhs_smem, rhs_smem, first_row, start, end,
                           interpret: bool) -> None:
@@ -76,7 +117,13 @@ class ChunkLayout:
             for smem, axis in ((lhs_smem, lhs_axis), (rhs_smem, rhs_axis)):
                 indices = kernel_parts.tile_iota(smem.shape, axis, interpret) + first_row
                 owned = (indices >= start) & (indices < end)
-                smem[...] = jnp.where(owned, smem[...], jnp.zeros((), smem.dtype))
+                values = smem[...]
+                if values.dtype.itemsize == 1:
+                    # Mosaic GPU selects no 8-bit values: the select runs on float16, which
+                    # holds every e4m3 and e5m2 value exactly.
+                    values = values.astype(jnp.float16)
+                kept = jnp.where(owned, values, jnp.zeros((), values.dtype))
+                smem[...] = kept.astype(smem.dtype)
             plgpu.commit_smem()
 
     def operands(self, lhs_smem, rhs_smem, scratch):
@@ -100,3 +147,8 @@ class ChunkLayout:
         if self.rhs_k_major:
             return plgpu.SMEM((blocks.block_m, blocks.block_n), dtype)
         return None
+
+
+def chunk_base(start, align: int) -> jax.Array:
+    """`start` rounded down to a multiple of `align`."""
+    return start - jax.lax.rem(start, jnp.int32(align))

@@ -3,10 +3,11 @@ kernelhub/ops/transposed_grouped_matmul.py).
 
 Work: (group, k-tile, n-tile) output tiles, group outermost, walked by a persistent grid of one
 program per SM (`plgpu.nd_loop`), so the programs running at once read the same group's rows.
-A program sums its group's rows in chunks of block_m aligned to block_m: `plgpu.emit_pipeline`
-brings the lhs and rhs tiles of each chunk into shared memory by TMA (in the layouts of
-tgmm_chunks.py: 16-bit lhs is read [m, k], so the weight gradient's `x.T` costs no copy),
-`stages` chunks in flight, and wgmma adds them into a float32 accumulator. Of a
+A program sums its group's rows in chunks of block_m (tgmm_chunks.py: with 16-bit values they
+start at the group's first row, rounded down to 8, and lhs is read [m, k], so the weight
+gradient's `x.T` costs no copy): `plgpu.emit_pipeline` brings the lhs and rhs tiles of each
+chunk into shared memory by TMA, `stages` chunks in flight, and wgmma adds them into a float32
+accumulator. Of a
 group's chunks only the first and the last can hold other groups' rows; there a select sets
 those rows to exact zeros in shared memory, in both tiles (so a NaN in another group's row stays
 out of this sum). An empty group runs no chunk. The tile, plus existing_out's when given, is
@@ -51,10 +52,11 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
     existing = () if existing_out is None else (padded(existing_out, {1: k_p, 2: n_p}),)
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
-    tiles = dict(blocks=blocks, k_tiles=k_p // bk, n_tiles=n_p // bn, layout=layout,
-                 has_existing=bool(existing), interpret=interpret)
+    tiles = dict(blocks=blocks, rows_padded=m_p, k_tiles=k_p // bk, n_tiles=n_p // bn,
+                 layout=layout, has_existing=bool(existing), interpret=interpret)
     if blocks.group_span > 1:
-        table, spans = group_spans.chunk_tables(starts, ends, blocks.group_span, m_p, bm)
+        table, spans = group_spans.chunk_tables(starts, ends, blocks.group_span, m_p, bm,
+                                                layout)
         body = functools.partial(group_spans.body, spans=spans.shape[1], **tiles)
         tables = (table, spans)
     else:
@@ -66,22 +68,23 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
 
 
 def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
-          k_tiles: int, n_tiles: int, layout: ChunkLayout, has_existing: bool,
-          interpret: bool) -> None:
+          rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
+          has_existing: bool, interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     out_ref = refs[-1]
     existing_ref = refs[0] if has_existing else None
     pl.run_scoped(functools.partial(_loop, bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref,
-                                    blocks=blocks, groups=groups, k_tiles=k_tiles,
-                                    n_tiles=n_tiles, layout=layout, interpret=interpret),
+                                    blocks=blocks, groups=groups, rows_padded=rows_padded,
+                                    k_tiles=k_tiles, n_tiles=n_tiles, layout=layout,
+                                    interpret=interpret),
                   plgpu.SMEM((blocks.block_k, blocks.block_n), out_ref.dtype), plgpu.Barrier())
 
 
 def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
-          blocks: config.BlockConfig, groups: int, k_tiles: int, n_tiles: int,
-          layout: ChunkLayout, interpret: bool) -> None:
+          blocks: config.BlockConfig, groups: int, rows_padded: int, k_tiles: int,
+          n_tiles: int, layout: ChunkLayout, interpret: bool) -> None:
     """The program's share of the output tiles. One shared-memory tile holds each result
     while TMA stores it; the next tile's sums run while that store is in flight (a group of a
     fine-grained MoE sums few rows into each tile: its store costs as much as its loads), and
@@ -97,13 +100,16 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
         group, k_tile, n_tile = info.index
         start = bounds_ref[0, group]
         end = bounds_ref[1, group]
-        first_chunk = jax.lax.div(start, bm)
-        chunks = jnp.where(end > start, jax.lax.div(end + bm - 1, bm) - first_chunk, 0)
+        chunks = layout.chunk_count(start, end, bm)
+
+        def rows_of(chunk):
+            return layout.chunk_rows(start, chunk, bm, rows_padded)
 
         def accumulate(acc, scratch=None):
             def step(indices, lhs_smem, rhs_smem):
-                first_row = (first_chunk + indices[0]) * bm
-                layout.zero_rows_outside(lhs_smem, rhs_smem, first_row, start, end, interpret)
+                first_row, summed_from = rows_of(indices[0])
+                layout.zero_rows_outside(lhs_smem, rhs_smem, first_row, summed_from, end,
+                                         interpret)
                 plgpu.wgmma(acc, *layout.operands(lhs_smem, rhs_smem, scratch))
                 # The previous chunk's product is done before the pipeline refills its
                 # buffers (delay_release=1); this one's stays in flight.
@@ -114,7 +120,7 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                 plgpu.emit_pipeline(
                     step,
                     grid=(chunks,),
-                    in_specs=layout.specs(blocks, k_tile, n_tile, lambda c: first_chunk + c),
+                    in_specs=layout.specs(blocks, k_tile, n_tile, lambda c: rows_of(c)[0]),
                     max_concurrent_steps=max(blocks.stages, 2),
                 )(lhs_ref, rhs_ref)
 
