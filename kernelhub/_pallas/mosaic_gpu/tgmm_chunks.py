@@ -127,8 +127,8 @@ class ChunkLayout:
             plgpu.commit_smem()
 
     def operands(self, lhs_smem, rhs_smem, scratch):
-        """wgmma's A [block_k, block_m] and B [block_m, block_n] from the chunk's tiles (at most
-        one of them transposed; `scratch` as kernel_parts.transposed_operand takes it)."""
+        """wgmma's A [block_k, block_m] and B [block_m, block_n] from the chunk's tiles (one of
+        them transposed; `scratch` as kernel_parts.transposed_operand takes it)."""
         left = (kernel_parts.transposed_operand(lhs_smem, scratch) if self.lhs_rows_major
                 else lhs_smem)
         right = (kernel_parts.transposed_operand(rhs_smem, scratch) if self.rhs_k_major
@@ -136,17 +136,15 @@ class ChunkLayout:
         return left, right
 
     def scratch(self, blocks: config.BlockConfig, dtype, interpret: bool):
-        """The shared-memory tile the interpreter transposes an operand through (None when
-        compiled, or when neither operand is transposed)."""
+        """The shared-memory tile the interpreter transposes the transposed operand through
+        (None when compiled: a transposed view instead)."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         if not interpret:
             return None
         if self.lhs_rows_major:
             return plgpu.SMEM((blocks.block_k, blocks.block_m), dtype)
-        if self.rhs_k_major:
-            return plgpu.SMEM((blocks.block_m, blocks.block_n), dtype)
-        return None
+        return plgpu.SMEM((blocks.block_m, blocks.block_n), dtype)
 
 
 def chunk_base(start, align: int) -> jax.Array:
