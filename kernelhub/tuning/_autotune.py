@@ -9,6 +9,8 @@ caller says, candidates in turns so that a machine's drift does not favour one o
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +33,9 @@ DEFAULT_SKEW = 2.0
 # skewed sizes with numpy's seed 0, and a tuning that had timed exactly those would flatter
 # itself in `kernelhub bench --tuning`.
 _DRAW_STREAM = 0x7475
+# Candidates compiled at once at most (XLA's compiles release the GIL): a GPU host's cores
+# build the kernels of a tuning run in parallel.
+COMPILE_THREADS = 8
 
 
 class Recorder:
@@ -121,18 +126,34 @@ def as_called(call: KernelCall, arrays: tuple) -> tuple:
 
 
 def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], example: tuple,
-                       advance: Callable[[], None]) -> list[Any]:
+                       advance: Callable[[], None], threads: int | None = None) -> list[Any]:
     """One executable per candidate tiling, run once; None for one that does not compile or
-    run."""
-    executables = []
+    run. Tracing and lowering stay on this thread; XLA's compiles, most of a candidate's time
+    (a GPU kernel is built to its binary there), run `threads` at a time (default: one per
+    CPU core, at most COMPILE_THREADS); the warm-up runs one after another."""
+    lowered: list[Any] = []
     for tiling in candidates:
         fn = jax.jit(lambda arrays, tiling=tiling: call.invoke(as_called(call, arrays), tiling))
         try:
-            executable = fn.lower(example).compile()
-            jax.block_until_ready(executable(example))  # warm up
+            lowered.append(fn.lower(example))
         except Exception:  # noqa: BLE001  (an illegal candidate is reported, not fatal)
-            executable = None
-        executables.append(executable)
+            lowered.append(None)
+
+    def compiled(lowering):
+        try:
+            return None if lowering is None else lowering.compile()
+        except Exception:  # noqa: BLE001
+            return None
+
+    threads = threads or min(COMPILE_THREADS, os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        executables = list(pool.map(compiled, lowered))
+    for index, executable in enumerate(executables):
+        if executable is not None:
+            try:
+                jax.block_until_ready(executable(example))  # warm up
+            except Exception:  # noqa: BLE001
+                executables[index] = None
         advance()
     return executables
 
