@@ -129,8 +129,8 @@ def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], 
                        advance: Callable[[], None], threads: int | None = None) -> list[Any]:
     """One executable per candidate tiling, run once; None for one that does not compile or
     run. Tracing and lowering stay on this thread; XLA's compiles, most of a candidate's time
-    (a GPU kernel is built to its binary there), run `threads` at a time (default: one per
-    CPU core, at most COMPILE_THREADS); the warm-up runs one after another."""
+    on a GPU, run `threads` at a time (default: one per CPU core, at most COMPILE_THREADS);
+    the warm-up runs one after another."""
     lowered: list[Any] = []
     for tiling in candidates:
         fn = jax.jit(lambda arrays, tiling=tiling: call.invoke(as_called(call, arrays), tiling))
