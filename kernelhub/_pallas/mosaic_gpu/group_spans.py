@@ -69,12 +69,11 @@ def chunk_tables(starts: jax.Array, ends: jax.Array, span: int, m_padded: int,
 
 
 def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig,
-         spans: int, rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
-         has_existing: bool, interpret: bool) -> None:
+         spans: int, k_tiles: int, n_tiles: int, layout: ChunkLayout, has_existing: bool,
+         interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    del rows_padded  # the chunk table holds each chunk's rows
     out_ref = refs[-1]
     existing_ref = refs[0] if has_existing else None
     pl.run_scoped(functools.partial(_loop, table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref,

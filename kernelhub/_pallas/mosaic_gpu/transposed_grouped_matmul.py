@@ -7,10 +7,10 @@ A program sums its group's rows in chunks of block_m (tgmm_chunks.py: with 16-bi
 start at the group's first row, rounded down to 8, and lhs is read [m, k], so the weight
 gradient's `x.T` costs no copy): `plgpu.emit_pipeline` brings the lhs and rhs tiles of each
 chunk into shared memory by TMA, `stages` chunks in flight, and wgmma adds them into a float32
-accumulator. Of a
-group's chunks only the first and the last can hold other groups' rows; there a select sets
-those rows to exact zeros in shared memory, in both tiles (so a NaN in another group's row stays
-out of this sum). An empty group runs no chunk. The tile, plus existing_out's when given, is
+accumulator. Of a group's chunks only the first and the last can hold rows it does not sum
+(other groups', or those a last chunk moved back from the end shares with the chunk before);
+there a select sets those rows to exact zeros in shared memory, in both tiles (so a NaN in
+another group's row stays out of this sum). An empty group runs no chunk. The tile, plus existing_out's when given, is
 stored whole by one TMA copy: every output element is written once, by one program. The store
 runs while the program sums its next tile (one shared-memory tile per program holds the result
 in flight; only writing the next result waits for it).
@@ -52,15 +52,15 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
     existing = () if existing_out is None else (padded(existing_out, {1: k_p, 2: n_p}),)
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
-    tiles = dict(blocks=blocks, rows_padded=m_p, k_tiles=k_p // bk, n_tiles=n_p // bn,
-                 layout=layout, has_existing=bool(existing), interpret=interpret)
+    tiles = dict(blocks=blocks, k_tiles=k_p // bk, n_tiles=n_p // bn, layout=layout,
+                 has_existing=bool(existing), interpret=interpret)
     if blocks.group_span > 1:
         table, spans = group_spans.chunk_tables(starts, ends, blocks.group_span, m_p, bm,
                                                 layout)
         body = functools.partial(group_spans.body, spans=spans.shape[1], **tiles)
         tables = (table, spans)
     else:
-        body = functools.partial(_body, groups=groups, **tiles)
+        body = functools.partial(_body, groups=groups, rows_padded=m_p, **tiles)
         tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
     out = kernel_parts.launch(body, (*tables, lhs, rhs, *existing), (groups, k_p, n_p),
                               out_dtype, interpret, "kernelhub_transposed_grouped_matmul")
