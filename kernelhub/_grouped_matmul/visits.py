@@ -71,8 +71,7 @@ def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: i
         raise ValueError(f"row_align {row_align} must divide block_m {block_m}")
     bounds = segment_boundaries(group_sizes, group_offset, local_groups, m)
     first, last = bounds[:-1], bounds[1:]  # segment s owns rows [first[s], last[s])
-    base = first - first % row_align  # where the segment's first tile starts
-    tiles = jnp.where(last > first, (last - base + block_m - 1) // block_m, 0)
+    tiles = tile_count(first, last, block_m, row_align)
     if not fill_uncomputed:
         tiles = tiles.at[0].set(0).at[-1].set(0)
     ends = running_sum(tiles)
@@ -84,9 +83,8 @@ def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: i
     segment = jnp.minimum(jnp.searchsorted(ends, visit, side="right", method="compare_all"),
                           local_groups + 1)
     live = visit < ends[-1]
-    window = base[segment] + (visit - begins[segment]) * block_m
-    # A tile never passes the last whole tile's end: moved back, it still holds its rows.
-    first_row = jnp.minimum(window, -(-m // block_m) * block_m - block_m)
+    first_row, window = tile_rows(first[segment], visit - begins[segment], block_m, row_align,
+                                  -(-m // block_m) * block_m)
     group = jnp.where((segment == 0) | (segment == local_groups + 1), FILL, segment - 1)
     return jnp.stack([
         jnp.where(live, first_row, 0),
@@ -94,3 +92,23 @@ def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: i
         jnp.where(live, jnp.maximum(first[segment], window), 0),
         jnp.where(live, jnp.minimum(last[segment], window + block_m), 0),
     ]).astype(jnp.int32)
+
+
+# A segment's tiles, rows [first, last) in tiles of `block` rows that start at `first` rounded
+# down to a multiple of `align` (module docstring); tgmm's chunks of summed rows are cut the
+# same way (kernelhub/_pallas/mosaic_gpu/tgmm_chunks.py). Plain integer arithmetic on
+# non-negative values, so it runs in XLA and inside a kernel alike.
+
+
+def tile_count(first, last, block: int, align: int) -> jax.Array:
+    """How many tiles the rows [first, last) take: 0 when there are none."""
+    base = first - lax.rem(first, jnp.int32(align))
+    return jnp.where(last > first, lax.div(last - base + block - 1, jnp.int32(block)), 0)
+
+
+def tile_rows(first, index, block: int, align: int, rows_padded: int):
+    """(the first row of tile `index`, the row its window starts at): a window that would pass
+    `rows_padded` (a multiple of `block`) is moved back to end there, so the tile then holds
+    rows of the window before as well; what it owns starts at the window."""
+    window = first - lax.rem(first, jnp.int32(align)) + index * block
+    return jnp.minimum(window, rows_padded - block), window

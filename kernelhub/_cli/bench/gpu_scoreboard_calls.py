@@ -108,6 +108,12 @@ class PassOperands:
     scales: tuple = ()  # fp8: the local operands' scales, each of the same rank as its values
 
 
+def kernelhub_operands(x: Any, w: Any, dy: Any, pass_name: str) -> tuple[Any, Any]:
+    """kernelhub's bf16 operands of a pass (arrays or shape structs): the weight gradient takes
+    x itself (its call transposes it, `_pass_function`)."""
+    return {"forward": (x, w), "lhs_gradient": (dy, w), "rhs_gradient": (x, dy)}[pass_name]
+
+
 def pass_operands(ops: Operands, pass_name: str, dtype: str) -> PassOperands:
     r = ops.local
     if pass_name == "forward":
@@ -117,11 +123,12 @@ def pass_operands(ops: Operands, pass_name: str, dtype: str) -> PassOperands:
     else:
         left, right, left_axis, right_axis = ops.x.T, ops.dy, 1, 0
     if dtype == "bf16":
+        ours = kernelhub_operands(ops.x, ops.w, ops.dy, pass_name)
         if pass_name == "rhs_gradient":
             local = (left[:, r], right[r])
-            return PassOperands((ops.x, right), local, (ops.x[r], local[1]))
+            return PassOperands(ours, local, (ops.x[r], local[1]))
         local = (left[r], right)
-        return PassOperands((left, right), local, local)
+        return PassOperands(ours, local, local)
     ql = kernelhub.quantize(left, FP8, axis=left_axis)
     qr = kernelhub.quantize(right, FP8, axis=right_axis)
     ours = (ql, qr)

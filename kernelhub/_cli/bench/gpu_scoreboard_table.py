@@ -58,15 +58,9 @@ def _scoreboard_arguments(shape: Shape, pass_name: str) -> tuple[Any, ...]:
     """The abstract operands the scoreboard gives kernelhub in `pass_name`, bf16 (no arrays
     are made: the shapes are the GPU's, far over a CPU's patience)."""
     m, k, n, g = shape.m, shape.k, shape.n, shape.local
-    bf16 = jnp.bfloat16
+    x, w, dy = (jax.ShapeDtypeStruct(dims, jnp.bfloat16) for dims in ((m, k), (g, k, n), (m, n)))
     sizes = jax.ShapeDtypeStruct((shape.experts,), jnp.int32)
-    if pass_name == "forward":
-        left, right = (m, k), (g, k, n)
-    elif pass_name == "lhs_gradient":
-        left, right = (m, n), (g, k, n)
-    else:  # x [m, k]: the pass transposes it (gpu_scoreboard_calls)
-        left, right = (m, k), (m, n)
-    return (jax.ShapeDtypeStruct(left, bf16), jax.ShapeDtypeStruct(right, bf16), sizes)
+    return (*gpu_scoreboard_calls.kernelhub_operands(x, w, dy, pass_name), sizes)
 
 
 def _training_step(op: str, shape: Shape, platform: str) -> tuple[Callable[..., Any], tuple]:

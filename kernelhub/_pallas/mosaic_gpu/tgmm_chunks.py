@@ -29,6 +29,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from kernelhub._grouped_matmul import visits
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts
 
 
@@ -67,15 +68,15 @@ class ChunkLayout:
 
     def chunk_count(self, start, end, block_m: int) -> jax.Array:
         """How many chunks the group of rows [start, end) takes (0 when it is empty)."""
-        base = chunk_base(start, self.row_align(block_m))
-        return jnp.where(end > start, (end - base + block_m - 1) // block_m, 0)
+        return visits.tile_count(start, end, block_m, self.row_align(block_m))
 
     def chunk_rows(self, start, index, block_m: int, rows_padded: int):
         """(the first row of the tiles loaded, the first row summed) of the group's chunk
         `index` (its rows start at `start`): a chunk that would pass `rows_padded` is moved back
         to end there and sums only the rows after the chunk before it."""
-        window = chunk_base(start, self.row_align(block_m)) + index * block_m
-        return jnp.minimum(window, rows_padded - block_m), jnp.maximum(window, start)
+        first_row, window = visits.tile_rows(start, index, block_m, self.row_align(block_m),
+                                             rows_padded)
+        return first_row, jnp.maximum(window, start)
 
     def specs(self, blocks: config.BlockConfig, k_tile, n_tile,
               row_of: Callable[[jax.Array], jax.Array]) -> list:
@@ -146,7 +147,3 @@ class ChunkLayout:
             return plgpu.SMEM((blocks.block_k, blocks.block_m), dtype)
         return plgpu.SMEM((blocks.block_m, blocks.block_n), dtype)
 
-
-def chunk_base(start, align: int) -> jax.Array:
-    """`start` rounded down to a multiple of `align`."""
-    return start - jax.lax.rem(start, jnp.int32(align))
