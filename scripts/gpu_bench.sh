@@ -247,16 +247,18 @@ for stage in "${stages[@]}"; do
       for entry in "${tune_shapes[@]}"; do
         IFS=: read -r tune_name tune_shape tune_groups tune_local <<<"$entry"
         for tune_platform in "${tune_platforms[@]}"; do
-          # A run stopped at its limit saves nothing (tune writes its table at the end), so
-          # none may take the others' time: twice its fair share of what is left, at most.
+          # No run may take the others' time: twice its fair share of what is left, at most.
+          # It saves each kernel's entry as decided and starts none it would not likely finish
+          # 20s before its limit (--time-limit): a run stopped at the limit keeps the rest.
           tune_left=$((tune_budget - (SECONDS - tune_started)))
           tune_limit=$((tune_left * 2 / (runs_left + 1)))
+          tune_limit=$((tune_limit < tune_left ? tune_limit : tune_left))
           runs_left=$((runs_left - 1))
-          run_stage "tune-$tune_name-$tune_platform" \
-            "$((tune_limit < tune_left ? tune_limit : tune_left))" \
+          run_stage "tune-$tune_name-$tune_platform" "$tune_limit" \
             "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" --platform "$tune_platform" \
             --groups "$tune_groups" --local-groups "$tune_local" --ops gmm --dtypes bf16 \
             --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
+            --time-limit "$((tune_limit > 40 ? tune_limit - 20 : tune_limit / 2 + 1))" \
             --markdown "$RESULTS/tuning-$tune_name-$tune_platform.md"
         done
       done

@@ -337,3 +337,59 @@ def test_tgmm_with_an_empty_axis(spec, k, m, n, with_existing):
     for got, want in zip(vjp(d_out), expected):
         if want is not None:
             assert_close(got, want, jnp.float32)
+
+
+# ---------------------------------------------------------------- operands of 2**31 elements
+# Only a GPU has the memory and speed for them (the GPU run): the few rows computed sit past
+# element 2**31 of the operand, where an offset counted in 32 bits would wrap. (On this host
+# tests/test_triton_gpu.py checks the Triton kernels' offset widths in their IR.)
+
+BIG_K = 4096
+BIG_ROWS = 2**31 // BIG_K  # lhs [BIG_ROWS, BIG_K]: 2**31 elements, 4 GiB of bf16
+BIG_GROUPS = 130  # weights [130, 4096, 4096]: 2.2e9 elements
+TAIL = 64  # the rows computed
+
+
+def _big(shape, seed):
+    if jax.default_backend() != "gpu":
+        pytest.skip("operands of 2**31 elements: for a GPU (the GPU run)")
+    return jax.random.normal(jax.random.key(seed), shape, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("operand", ["rhs", "lhs"])
+@pytest.mark.parametrize("spec", implementation_params(GMM))
+def test_gmm_reads_past_element_2_31(spec, operand):
+    """rhs: 16 rows past the sum, the last two of 130 groups of weights [4096, 4096] computed.
+    lhs: 2**31 elements, rows of two groups; only the last TAIL rows are the local group's
+    (group_offset 1), the others stay 0."""
+    if operand == "rhs":
+        lhs, rhs, n = _big((80, BIG_K), 1), _big((BIG_GROUPS, BIG_K, BIG_K), 2), BIG_K
+        sizes = np.zeros(BIG_GROUPS, np.int32)
+        sizes[-2:] = [40, TAIL - 40]
+        offset, rows = 0, slice(0, 80)
+    else:
+        lhs, rhs, n = _big((BIG_ROWS, BIG_K), 3), _big((1, BIG_K, 128), 4), 128
+        sizes = np.array([BIG_ROWS - TAIL, TAIL], np.int32)
+        offset, rows = 1, slice(BIG_ROWS - TAIL, BIG_ROWS)
+    gmm = jax.jit(lambda l, r, s: call(spec)(l, r, s, group_offset=offset))
+    out = gmm(lhs, rhs, jnp.asarray(sizes))
+    assert out.shape == (lhs.shape[0], n)
+    if operand == "rhs":
+        expected = reference.gmm(lhs, rhs[-2:], sizes, group_offset=BIG_GROUPS - 2)
+    else:
+        expected = reference.gmm(lhs[rows], rhs, [0, TAIL], group_offset=1)
+        assert int(jnp.count_nonzero(out[: rows.start])) == 0
+    assert_close(out[rows], expected, jnp.float32, contraction=BIG_K)
+
+
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
+def test_tgmm_reads_past_element_2_31(spec):
+    """lhs x.T of x [2**31 / 4096, 4096] (a weight gradient's), the last TAIL rows the one
+    local group's (group_offset 1, num_actual_groups 1)."""
+    x, d_out = _big((BIG_ROWS, BIG_K), 5), _big((BIG_ROWS, 128), 6)
+    sizes = jnp.array([BIG_ROWS - TAIL, TAIL], jnp.int32)
+    tgmm = jax.jit(lambda x, dy, s: call(spec)(x.T, dy, s, group_offset=1, num_actual_groups=1))
+    out = tgmm(x, d_out, sizes)
+    tail = slice(BIG_ROWS - TAIL, BIG_ROWS)
+    expected = reference.tgmm(np.asarray(x[tail]).T, d_out[tail], [0, TAIL], group_offset=1)
+    assert_close(out, expected, jnp.float32, contraction=TAIL)

@@ -613,3 +613,73 @@ def test_tune_command_keys_the_result_dtype(tmp_path, capsys):
     assert "bfloat16 -> float32" in capsys.readouterr().out
     saved = tuning.load(output)
     assert sorted(key.problem.out_dtype for key in saved.entries) == ["bfloat16", "float32"]
+
+
+def test_a_time_limit_stops_between_kernels_and_reports_each_entry_as_decided(monkeypatch):
+    """A kernel is not started when the longest so far would end past time_limit: the entries
+    decided before stay, each handed to on_entry as it is decided, and a warning names the
+    kernels left untuned."""
+    ticks = iter(range(0, 1000, 10))  # every reading of the clock is 10 s after the last
+    monkeypatch.setattr(_autotune, "_clock", lambda: next(ticks))
+    lhs, rhs, existing, _ = _operands()
+    step = _training_step(kernelhub.get("grouped_matmul", platform="xla"))
+    sizes = jax.ShapeDtypeStruct(SIZES.shape, jnp.int32)
+    decided = []
+    with pytest.warns(UserWarning, match="time_limit of 25s reached") as caught:
+        tuned = kernelhub.autotune(step, lhs, rhs, existing, sizes, repeats=1, draws=1,
+                                   progress=False, time_limit=25,
+                                   on_entry=lambda key, entry: decided.append((key, entry)))
+    # started at 0; the first kernel from 10 to 20; the second would start at 30 and take 10
+    (key,) = tuned.entries
+    assert decided == [(key, tuned.entries[key])]
+    untuned = {p for p in tuning.PASSES if p != key.pass_name}
+    assert all(f"grouped_matmul {p} " in str(caught[0].message) for p in untuned)
+    with pytest.raises(ValueError, match="time_limit must be a number of seconds > 0"):
+        kernelhub.autotune(step, lhs, rhs, existing, sizes, progress=False, time_limit=0)
+
+
+def test_tune_command_saves_each_kernel_as_it_is_decided(tmp_path, monkeypatch, capsys):
+    """With --output the table is written after every kernel (merged into what the file held):
+    a run stopped from outside keeps the kernels it finished."""
+    output = tmp_path / "tiles.json"
+    earlier_key = dataclasses.replace(
+        next(iter(_one_tuned_entry().entries)), device_kind="an earlier run's device")
+    tuning.Tuning({earlier_key: next(iter(_one_tuned_entry().entries.values()))}).save(output)
+    sizes_saved = []
+    original = tuning.Tuning.save
+
+    def counting(self, path):
+        sizes_saved.append(len(self.entries))
+        return original(self, path)
+
+    monkeypatch.setattr(tuning.Tuning, "save", counting)
+    assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "f32",
+                     "--repeats", "1", "--draws", "1", "--time-limit", "600",
+                     "--output", str(output)]) == 0
+    assert sizes_saved == [2, 3, 4, 4]  # the earlier entry, then one kernel more each time
+    assert earlier_key in tuning.load(output).entries
+
+
+def _one_tuned_entry() -> tuning.Tuning:
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    lhs, rhs, _, _ = _operands()
+    return kernelhub.autotune(lambda a, b: gmm(a, b, SIZES), lhs, rhs, repeats=1, draws=1,
+                              progress=False)
+
+
+@pytest.mark.parametrize("dtype, low, high", [(jnp.int8, -127, 127), (jnp.int4, -8, 7),
+                                              (jnp.bfloat16, None, None),
+                                              (jnp.float8_e4m3fn, None, None)])
+def test_operands_are_made_on_the_device_in_their_dtype(dtype, low, high):
+    """The tuner's operands are drawn by jax.random where they run (drawn on the host, the
+    weights of DeepSeek-V3's local experts took 10 s a draw): integers within the dtype's range
+    up to +-127, floats standard normal."""
+    values = _autotune._random(jax.random.key(0), (64, 256), jnp.dtype(dtype))
+    assert values.dtype == jnp.dtype(dtype) and values.shape == (64, 256)
+    wide = np.asarray(values.astype(jnp.float32))
+    if low is not None:
+        assert wide.min() >= low and wide.max() <= high and len(np.unique(wide)) > 10
+    else:
+        assert abs(wide.mean()) < 0.1 and 0.8 < wide.std() < 1.2
+    again = _autotune._random(jax.random.key(0), (64, 256), jnp.dtype(dtype))
+    np.testing.assert_array_equal(np.asarray(again.astype(jnp.float32)), wide)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="save the table here (JSON for kernelhub.tuning.load); merged into "
                              "the file's entries when it exists")
     parser.add_argument("--markdown", type=Path, help="also write the tables as markdown here")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="start no kernel's tuning that would likely end past this many "
+                             "seconds from the start (those keep no entry); with --output the "
+                             "table is saved after each kernel, so a run stopped from outside "
+                             "keeps what it finished")
     _arguments.add_import_option(parser)
 
 
@@ -145,20 +151,41 @@ def run(args: argparse.Namespace) -> int:
     m, k, n = args.shape or (QUICK_SHAPE if quick else DEFAULT_SHAPE)
     repeats = args.repeats or (QUICK_REPEATS if quick else DEFAULT_REPEATS)
     draws = args.draws or (QUICK_DRAWS if quick else DEFAULT_DRAWS)
+    time_limit = getattr(args, "time_limit", None)
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
+    started = time.monotonic()
+    output = args.output
+    earlier = kernelhub.tuning.load(output) if output and output.exists() else Tuning()
     tuned = Tuning()
+
+    def save(key, entry) -> None:
+        # Each kernel's entry as soon as it is decided, merged into what the file held.
+        nonlocal tuned
+        tuned = tuned.merged(Tuning({key: entry}))
+        if output:
+            earlier.merged(tuned).save(output)
+
     shown, notes, groups_described = [], [], ""
     for name in args.ops:
         for dtype_name, out_name, groups in itertools.product(
                 args.dtypes, args.out_dtypes or [None], args.groups):
+            left = None if time_limit is None else time_limit - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                notes.append(f"{short_op(name)} {groups} groups {dtype_name}: not tuned, "
+                             f"--time-limit {time_limit:g}s reached")
+                continue
             fn, arguments = step_function(
                 name, m, k, n, groups, jnp.dtype(dtype_name), args.forward_only, args.platform,
                 args.local_groups, None if out_name is None else jnp.dtype(out_name))
             one = autotune(fn, *arguments, skew=tuple(args.skew), draws=draws,
-                           repeats=repeats, min_gain=args.min_gain)
+                           repeats=repeats, min_gain=args.min_gain, time_limit=left,
+                           on_entry=save)
+            if not one.entries:
+                continue
             groups_described = next(iter(one.entries.values())).groups
             shown += rows(short_op(name), one)
             notes.append(summary(short_op(name), one))
-            tuned = tuned.merged(one)
     device = jax.devices()[0].device_kind
     header = (f"kernelhub tune{' --quick' if quick else ''}, {datetime.date.today()}: "
               f"{m}x{k}x{n} on {device} (jax {jax.__version__}); group sizes: "
@@ -167,10 +194,8 @@ def run(args: argparse.Namespace) -> int:
     _tables.report(out, header, COLUMNS, shown, args.markdown,
                    notes="tuned vs default (the winner's second timing, on fresh operands):\n"
                    + "\n".join(notes))
-    if args.output:
-        saved = tuned
-        if args.output.exists():
-            saved = kernelhub.tuning.load(args.output).merged(tuned)
-        saved.save(args.output)
-        out.print(f"saved {len(tuned)} entries to {args.output} ({len(saved)} in all)")
+    if output:
+        saved = earlier.merged(tuned)
+        saved.save(output)
+        out.print(f"saved {len(tuned)} entries to {output} ({len(saved)} in all)")
     return 0

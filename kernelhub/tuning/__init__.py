@@ -6,7 +6,7 @@
         jax.jit(train_step)(params, batch)
 
 `autotune(fn, *example_args, group_sizes=None, skew=2.0, draws=2, repeats=5, min_gain=0.03,
-seed=0, progress=True, **example_kwargs)` traces `fn` (arrays or jax.ShapeDtypeStructs) and
+seed=0, progress=True, time_limit=None, on_entry=None, **example_kwargs)` traces `fn` (arrays or jax.ShapeDtypeStructs) and
 times, for every grouped-matmul kernel it runs (forward, lhs_gradient and rhs_gradient passes
 when it differentiates), each candidate tiling of the implementation that serves it:
   group_sizes: the caller's sizes (an int vector [num_groups], or several), else `draws` draws
@@ -14,7 +14,11 @@ when it differentiates), each candidate tiling of the implementation that serves
     times them all, e.g. (0, 2): balanced sizes and skewed draws);
   repeats: timing turns; each candidate's time is the median over the turns;
   min_gain: a candidate must beat the heuristic's tiling by this fraction to replace it, among
-    all candidates and again when the two are timed alone on fresh operands.
+    all candidates and again when the two are timed alone on fresh operands;
+  time_limit: seconds; a kernel is not started when the longest one so far would end past it,
+    and it and the rest get no entry (the first kernel always runs);
+  on_entry: called with (TuningKey, Entry) as each kernel's entry is decided (to save as you
+    go: a tuning stopped from outside keeps what it finished).
 It returns a `Tuning`. A call's tiling comes from, in order: an explicit `tiling` for its pass,
 the active Tuning (`with tuning:`), the table shipped for this device kind, the heuristic.
 Keys: device kind, implementation, op, pass, kernel, m/k/n rounded up to powers of two, group

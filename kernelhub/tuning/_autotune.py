@@ -10,9 +10,11 @@ caller says, candidates in turns so that a machine's drift does not favour one o
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +38,8 @@ _DRAW_STREAM = 0x7475
 # Candidates compiled at once at most (XLA's compiles release the GIL): a GPU host's cores
 # build the kernels of a tuning run in parallel.
 COMPILE_THREADS = 8
+# The clock of time_limit (a test sets its own).
+_clock = time.monotonic
 
 
 class Recorder:
@@ -90,10 +94,17 @@ def group_size_draws(problem: Problem, group_sizes: Any, skew: float, draws: int
     return vectors, " + ".join(described)
 
 
-def _operand(shape: Any, rng: np.random.Generator) -> jax.Array:
-    if jnp.issubdtype(shape.dtype, jnp.integer):
-        return jnp.asarray(rng.integers(-127, 128, shape.shape), shape.dtype)
-    return jnp.asarray(rng.standard_normal(shape.shape, np.float32)).astype(shape.dtype)
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _random(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """Random values of `shape` made on the device: normal floats, integers in the dtype's
+    range up to +-127. (Drawn on the host, DeepSeek-V3's 32 local experts' weights took 10 s
+    a draw, a tuning run's time several times over.)"""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        values = jax.random.randint(key, shape, max(info.min, -127), min(info.max, 127) + 1)
+        return values.astype(dtype)
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
 def _lhs_held_transposed(call: KernelCall) -> bool:
@@ -109,13 +120,16 @@ def _lhs_held_transposed(call: KernelCall) -> bool:
 def operands(call: KernelCall, sizes: np.ndarray, seed: int) -> tuple:
     """Fresh arrays of `call`'s shapes, with `sizes` as group sizes and group_offset 0 (a
     weight gradient's lhs as the x it is the transpose of: `as_called`)."""
-    rng = np.random.default_rng(seed)
     lhs, rhs, _, group_offset, existing_out = call.arrays
     if _lhs_held_transposed(call):
         lhs = jax.ShapeDtypeStruct(lhs.shape[::-1], lhs.dtype)
-    fill = lambda tree: jax.tree.map(lambda s: _operand(s, rng), tree)  # noqa: E731
+    leaves, tree = jax.tree.flatten((lhs, rhs, existing_out))
+    keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+    filled = [_random(key, tuple(leaf.shape), jnp.dtype(leaf.dtype))
+              for key, leaf in zip(keys, leaves)]
+    lhs, rhs, existing_out = jax.tree.unflatten(tree, filled)
     offset = jnp.zeros(group_offset.shape, group_offset.dtype)
-    return (fill(lhs), fill(rhs), jnp.asarray(sizes), offset, fill(existing_out))
+    return (lhs, rhs, jnp.asarray(sizes), offset, existing_out)
 
 
 def as_called(call: KernelCall, arrays: tuple) -> tuple:
@@ -188,12 +202,17 @@ def _candidates(call: KernelCall) -> list[tuple[int, ...]]:
 def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None,
              skew: float | Sequence[float] = DEFAULT_SKEW, draws: int = 2, repeats: int = 5,
              min_gain: float = 0.03, seed: int = 0, progress: bool = True,
+             time_limit: float | None = None,
+             on_entry: Callable[[TuningKey, Entry], None] | None = None,
              **example_kwargs: Any) -> Tuning:
     """Tunes the tilings of every grouped-matmul kernel `fn` runs; see kernelhub.tuning."""
+    started = _clock()
     if repeats < 1 or draws < 1:
         raise ValueError(f"repeats and draws must be >= 1, got repeats={repeats}, draws={draws}")
     if min_gain < 0:
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit}")
     symbolic = symbolic_shapes((example_args, example_kwargs))
     if symbolic:
         # A measurement needs arrays; a symbolic m gets the heuristic's tiling when exported.
@@ -215,8 +234,19 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
     # default again on fresh operands (the confirmation).
     steps = sum(len(candidates) + 2 * repeats for _, _, candidates, _, _ in plans)
     entries = {}
+    longest = 0.0  # seconds, the longest kernel's tuning so far
     with _progress(progress, steps) as advance:
         for key, call, candidates, sizes, described in plans:
+            kernel_started = _clock()
+            if time_limit is not None and entries and (
+                    kernel_started - started + longest > time_limit):
+                # The next kernel would likely end past the limit: it and the rest keep no
+                # entry (their calls get the next source of tilings, the heuristic at last).
+                skipped = [k.describe() for k, *_ in plans if k not in entries]
+                warnings.warn(f"autotune: time_limit of {time_limit:g}s reached after "
+                              f"{kernel_started - started:.0f}s; not tuned: "
+                              + "; ".join(skipped), stacklevel=2)
+                break
             arrays = [operands(call, vector, seed + i) for i, vector in enumerate(sizes)]
             executables = compile_candidates(call, candidates, arrays[0], advance)
             times = time_candidates(executables, arrays, repeats, advance)
@@ -231,6 +261,9 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
                 for _ in range(repeats):
                     advance()
             entries[key] = _decide(candidates, times, leader, confirmed, described, min_gain)
+            longest = max(longest, _clock() - kernel_started)
+            if on_entry is not None:
+                on_entry(key, entries[key])
     return Tuning(entries)
 
 
