@@ -11,6 +11,7 @@ platform="mosaic" resolves to the compiled kernels and the same tests run them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -185,6 +186,28 @@ def test_gmm_fp8_with_row_and_column_scales(dtypes, transpose_rhs):
     expected = reference.gmm(lhs.dequantize(), rhs.dequantize(), sizes,
                              transpose_rhs=transpose_rhs)
     assert_close(out, expected, jnp.float32, contraction=k)
+
+
+@pytest.mark.parametrize("dtype, upcast", [(jnp.float8_e4m3fn, 0), (jnp.float8_e5m2, 1)])
+def test_gmm_fp8_weights_copied_or_upcast_with_offset_existing_out_and_a_gated_unit(dtype,
+                                                                                  upcast):
+    """fp8 weights [G, k, n] both ways (the tiling's upcast): copied K-major for 8-bit wgmma,
+    or read as stored and converted to float16 tile by tile; with group_offset, existing_out's
+    rows kept elsewhere, a bias and a gated unit (two accumulators: two weight tiles a step)."""
+    rng = np.random.default_rng(11)
+    m, k, n_rhs = 72, 128, 64
+    sizes = np.array([10, 30, 0, 25], np.int32)  # local groups 1 and 2 (empty); sum 65 < 72
+    lhs = quantize(_values(rng, (m, k), jnp.float32), dtype, axis=1)
+    rhs = quantize(_values(rng, (2, k, n_rhs), jnp.float32), dtype, axis=1)
+    bias = _values(rng, (2, n_rhs), jnp.float32)
+    existing = _values(rng, (m, n_rhs // 2), jnp.float32)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
+                       bias=bias, glu="silu", tiling=(64, 128, 32, 2, 1, 1, upcast))
+    expected = reference.gmm(lhs.dequantize(), rhs.dequantize(), sizes, group_offset=1,
+                             existing_out=existing, bias=bias, glu="silu")
+    assert_close(out, expected, jnp.float32, contraction=k)
+    kept = np.r_[0:10, 40:72]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
 @pytest.mark.parametrize("transpose_rhs", [False, True])
@@ -507,6 +530,43 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
             assert any(len(c) == 5 for c in candidates) is (kernel is not Kernel.TGMM)
 
 
+@pytest.mark.parametrize("tiling, dtype, kernel, rule", [
+    ((64, 64, 128, 4, 1, 1, 1), "bfloat16", Kernel.GMM, "8-bit operands"),
+    ((64, 128, 128, 4, 1, 1, 0), "float8_e4m3fn", Kernel.GMM_TRANSPOSED_RHS, "leave it out"),
+    ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "8-bit operands"),
+    ((64, 128, 256, 4, 2, 1, 1), "float8_e4m3fn", Kernel.GMM, "one compute warpgroup"),
+    ((64, 128, 128, 4, 1, 1, 2), "float8_e4m3fn", Kernel.GMM, "must be 0 or 1"),
+])
+def test_invalid_upcast_names_the_rule(tiling, dtype, kernel, rule):
+    problem = Problem(kernel, 512, 256, 384, 4, 4, dtype, dtype, "bfloat16", False)
+    with pytest.raises(ValueError, match=rule):
+        config.from_tiling(tiling, problem)
+
+
+@pytest.mark.parametrize("name, m, k, n, groups, local, upcast", [
+    ("deepseek-v3", 16384, 7168, 2048, 256, 32, True),
+    ("qwen3-moe", 8192, 2048, 768, 128, 128, True),
+    ("gpt-oss", 8192, 2880, 5760, 128, 128, True),
+    ("mixtral", 8192, 4096, 14336, 8, 8, False),
+])
+def test_fp8_weights_are_upcast_where_their_bytes_bound_the_call(name, m, k, n, groups,
+                                                                  local, upcast):
+    """By the roofline, fine-grained MoE (64 rows per expert) reads fp8 weights [G, k, n] as
+    stored and multiplies float16 conversions, where a copy K-major would move the weights'
+    bytes twice more; Mixtral, bound by FLOPs, copies them for 8-bit wgmma at twice the rate.
+    The tuner times both for every single-warpgroup tiling."""
+    e4m3 = "float8_e4m3fn"
+    problem = Problem(Kernel.GMM, m, k, n, groups, local, e4m3, e4m3, "bfloat16", False)
+    assert config.from_tiling(None, problem).upcast is upcast
+    candidates = tuning_space._candidates(problem)
+    assert {c[6] for c in candidates if len(c) == 7} == {0, 1}
+    transposed = dataclasses.replace(problem, kernel=Kernel.GMM_TRANSPOSED_RHS)
+    assert config.from_tiling(None, transposed).upcast is None
+    assert all(len(c) < 7 for c in tuning_space._candidates(transposed))
+    bf16 = dataclasses.replace(problem, lhs_dtype="bfloat16", rhs_dtype="bfloat16")
+    assert config.from_tiling(None, bf16).upcast is None
+
+
 def test_fp8_contraction_step_is_at_least_one_wgmma():
     with pytest.raises(ValueError, match="contraction step"):
         config.from_tiling((64, 16, 64), _problem(Kernel.GMM, 256, 256, 256, 4,
@@ -572,6 +632,27 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
     _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
                                  jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes, offset), 1,
                        unpadded=True)
+
+
+@pytest.mark.parametrize("shape, upcast", [("deepseek_v3", True), ("mixtral", False)])
+def test_fp8_forward_exports_with_the_weights_copied_only_where_bound_by_flops(shape, upcast):
+    """An fp8 forward (both operands quantized in the call, one scale per row and column):
+    one Mosaic GPU kernel; at DeepSeek-V3 it reads the weights [G, k, n] as stored (no
+    transpose in the program), at Mixtral's shape it copies them K-major first."""
+    m, k, n, experts, local = {**MOE_SHAPES, "mixtral": (8192, 4096, 14336, 8, 8)}[shape]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+
+    def forward(lhs, rhs, sizes, offset):
+        lhs = quantize(lhs, jnp.float8_e4m3fn, axis=1)
+        rhs = quantize(rhs, jnp.float8_e4m3fn, axis=1)
+        return gmm(lhs, rhs, sizes, group_offset=offset, preferred_element_type=jnp.bfloat16)
+
+    exported = _exported(forward, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((experts,), jnp.int32),
+                         jax.ShapeDtypeStruct((), jnp.int32))
+    _check_mosaic_only(exported, 1, unpadded=True)
+    assert ("stablehlo.transpose" in exported.mlir_module()) is not upcast
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])

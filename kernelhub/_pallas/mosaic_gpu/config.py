@@ -1,13 +1,17 @@
 """Tiles of the Mosaic GPU grouped matmuls: the heuristic and the `tiling` override.
 
-A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span]]])`
-(megablox's order; `m` is the grouped axis for both ops: gmm's output rows, tgmm's summed
-rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is how many
-TMA loads the pipeline keeps in flight. `compute_warpgroups=2` (gmm only) warp-specializes the
-program: a memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
-(warp_specialized.py). `group_span` (tgmm only) is how many consecutive groups one work item
-sums through one pipeline, storing a tile at each group's end (group_spans.py); 1 runs a
-pipeline per group.
+A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[,
+upcast]]]])` (megablox's order; `m` is the grouped axis for both ops: gmm's output rows, tgmm's
+summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is
+how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` (gmm only)
+warp-specializes the program: a memory warpgroup loads for two compute warpgroups, each of
+block_n / 2 columns (warp_specialized.py). `group_span` (tgmm only) is how many consecutive
+groups one work item sums through one pipeline, storing a tile at each group's end
+(group_spans.py); 1 runs a pipeline per group. `upcast` (gmm of 8-bit operands with weights
+[G, k, n] only): 1 converts each step's two tiles to float16 in shared memory and multiplies
+them on 16-bit wgmma, which reads the weights as stored; 0 multiplies the stored values on
+8-bit wgmma, which reads B only K-major, so the weights are first transposed to [G, n, k] (a
+copy of all of them). Left out, the roofline decides (`upcast_pays`).
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -55,9 +59,18 @@ LAYOUT_ROWS = 64
 # pipeline and the output tile (barriers, the epilogue's vectors).
 SHARED_MEMORY_BYTES = 232448
 SHARED_MEMORY_SLACK = 4096
-TILING_FORM = "(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span]]])"
+TILING_FORM = ("(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[, "
+               "upcast]]]])")
 # Types whose wgmma reads the B operand K-major only.
 K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
+# What 8-bit tiles are converted to for 16-bit wgmma (`upcast`): Hopper converts fp8 to
+# float16 in one instruction (to bfloat16 only through float32), and float16 holds every e4m3
+# and e5m2 value exactly.
+UPCAST_DTYPE = np.dtype(np.float16)
+# The roofline of `upcast_pays` (an H100 SXM's spec sheet): only their ratios matter.
+HOPPER_16_BIT_FLOPS = 989e12
+HOPPER_8_BIT_FLOPS = 1979e12
+HOPPER_HBM_BYTES = 3.35e12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +81,12 @@ class BlockConfig:
     stages: int = 4
     compute_warpgroups: int = 1
     group_span: int = 1
+    upcast: bool | None = None  # None: not an 8-bit gmm of weights [G, k, n], or not decided
 
     def as_tiling(self) -> tuple[int, ...]:
         tiling = (self.block_m, self.block_k, self.block_n, self.stages)
+        if self.upcast is not None:
+            return (*tiling, self.compute_warpgroups, self.group_span, int(self.upcast))
         if self.group_span != 1:
             return (*tiling, self.compute_warpgroups, self.group_span)
         return tiling if self.compute_warpgroups == 1 else (*tiling, self.compute_warpgroups)
@@ -128,6 +144,8 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
     if config.group_span < 1 or (config.group_span != 1 and kernel is not Kernel.TGMM):
         raise ValueError(f"tiling {source!r}: group_span={config.group_span} must be at least "
                          f"1, and 1 for gmm (tgmm's groups per work item)")
+    if config.upcast is not None:
+        _check_upcast(config, problem, source)
     name = contraction_block(kernel)
     if getattr(config, name) < min_contraction(problem):
         raise ValueError(f"tiling {source!r}: {name}={getattr(config, name)} is the "
@@ -154,11 +172,44 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
     return config
 
 
+def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
+    if problem.kernel is not Kernel.GMM or operand_bytes(problem) != 1:
+        raise ValueError(
+            f"tiling {source!r}: upcast={int(config.upcast)} is for gmm of 8-bit operands "
+            f"with weights [G, k, n] only (8-bit wgmma reads those only after a copy); this "
+            f"is a {problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: leave it out")
+    if config.upcast and config.compute_warpgroups != 1:
+        raise ValueError(f"tiling {source!r}: upcast=1 is written for one compute warpgroup; "
+                         f"compute_warpgroups={config.compute_warpgroups} takes upcast=0")
+
+
+def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
+    """Whether an 8-bit gmm of weights [G, k, n] is faster multiplying float16 conversions of
+    its tiles (16-bit wgmma, the weights read as stored) than the stored values after copying
+    the weights K-major (8-bit wgmma at twice the rate, the weights' bytes moved twice more),
+    by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs / 8-bit peak,
+    bytes / HBM) + 2 * weight bytes / HBM. Memory-bound calls (fine-grained MoE: 64 rows per
+    expert) upcast, compute-bound ones (Mixtral) copy. The tuner times both."""
+    if problem.kernel is not Kernel.GMM or operand_bytes(problem) != 1:
+        return False
+    if compute_warpgroups != 1 or not problem.static:
+        return False
+    m, k, n = problem.m, problem.k, problem.n
+    flops = 2.0 * m * k * n
+    weights = float(problem.local_groups) * k * n
+    moved = m * k + weights + m * n * np.dtype(problem.out_dtype).itemsize
+    memory = moved / HOPPER_HBM_BYTES
+    upcast = max(flops / HOPPER_16_BIT_FLOPS, memory)
+    copied = max(flops / HOPPER_8_BIT_FLOPS, memory) + 2 * weights / HOPPER_HBM_BYTES
+    return upcast < copied
+
+
 def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
     """What a kernel with these blocks allocates at its peak, SHARED_MEMORY_SLACK included:
     `stages` tiles of each operand (`weight_tiles` weight tiles per gmm step), and the output
     tile. tgmm keeps its output tile beside the pipeline (its store stays in flight); gmm's
-    takes the pipeline's place once the sums are done."""
+    takes the pipeline's place once the sums are done. With upcast, two float16 copies of each
+    step's tiles (one being converted while wgmma reads the other) stay beside the pipeline."""
     width = operand_bytes(problem)
     out_width = np.dtype(problem.out_dtype).itemsize
     bm, bk, bn = config.block_m, config.block_k, config.block_n
@@ -169,7 +220,9 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
         # The compute warpgroups' output tiles stay beside the pipeline.
         peak = stages * (bm * bk + weight_tiles * bk * bn) * width + bm * bn * out_width
     else:
-        peak = max(stages * (bm * bk + weight_tiles * bk * bn) * width, bm * bn * out_width)
+        step_tiles = bm * bk + weight_tiles * bk * bn
+        converted = 2 * step_tiles * UPCAST_DTYPE.itemsize if config.upcast else 0
+        peak = max(stages * step_tiles * width + converted, bm * bn * out_width)
     return peak + SHARED_MEMORY_SLACK
 
 
@@ -189,20 +242,42 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockCo
     check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
-        return _stages_that_fit(heuristic(problem), problem, weight_tiles)
+        return _upcast_decided(_stages_that_fit(heuristic(problem), problem, weight_tiles),
+                               problem, weight_tiles)
     if isinstance(chosen, BlockConfig):
-        return validate(chosen, problem, chosen, weight_tiles)
-    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 6 or not all(
+        return _upcast_decided(validate(chosen, problem, chosen, weight_tiles), problem,
+                               weight_tiles)
+    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 7 or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in chosen):
         raise ValueError(f"tiling {chosen!r} must be a tuple of ints {TILING_FORM}")
     values = [int(v) for v in chosen]
     warpgroups = values[4] if len(values) >= 5 else 1
-    span = values[5] if len(values) == 6 else 1
+    span = values[5] if len(values) >= 6 else 1
+    upcast = None
+    if len(values) == 7:
+        if values[6] not in (0, 1):
+            raise ValueError(f"tiling {chosen!r}: upcast={values[6]} must be 0 or 1")
+        upcast = bool(values[6])
     stages = values[3] if len(values) >= 4 else _stages_that_fit(
-        BlockConfig(*values[:3], heuristic(problem).stages, warpgroups), problem,
-        weight_tiles).stages
-    return validate(BlockConfig(*values[:3], stages, warpgroups, span), problem, chosen,
-                    weight_tiles)
+        BlockConfig(*values[:3], heuristic(problem).stages, warpgroups, upcast=upcast),
+        problem, weight_tiles).stages
+    config = validate(BlockConfig(*values[:3], stages, warpgroups, span, upcast), problem,
+                      chosen, weight_tiles)
+    return _upcast_decided(config, problem, weight_tiles)
+
+
+def _upcast_decided(config: BlockConfig, problem: Problem, weight_tiles: int) -> BlockConfig:
+    """`config` with `upcast` set where it applies and was left out: `upcast_pays`, where the
+    float16 tiles fit beside the stages (cut to fit, not below 2)."""
+    if config.upcast is not None or problem.kernel is not Kernel.GMM or (
+            operand_bytes(problem) != 1):
+        return config
+    if upcast_pays(problem, config.compute_warpgroups):
+        upcast = _stages_that_fit(dataclasses.replace(config, upcast=True), problem,
+                                  weight_tiles)
+        if shared_memory_bytes(upcast, problem, weight_tiles) <= SHARED_MEMORY_BYTES:
+            return upcast
+    return dataclasses.replace(config, upcast=False)
 
 
 def operand_bytes(problem: Problem) -> int:

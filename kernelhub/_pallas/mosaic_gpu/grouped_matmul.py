@@ -22,7 +22,10 @@ A gated unit sums two accumulators, gate and up columns, per output tile; the in
 layout's columns are first gathered into the concatenated one (a copy of the weights: splitting
 pairs in registers waits for a GPU run). float32 and fp8 wgmma read both operands K-major from
 shared memory, so weights [G, k, n] of those types are transposed to [G, n, k] first (a copy;
-store them that way, transpose_rhs=True, to avoid it).
+store them that way, transpose_rhs=True, to avoid it). For fp8 the tiling's `upcast` avoids
+the copy instead (config.py): each step's two tiles are converted to float16 in shared memory
+and multiplied on 16-bit wgmma, which reads B as stored, at half the 8-bit rate; the roofline
+picks it where the weights' bytes, not the FLOPs, bound the call.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
 
     dtype = config.kernel_dtype(lhs.dtype, rhs.dtype)
     lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
-    if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs:
+    if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs and not blocks.upcast:
         rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
     if interpret and transpose_rhs and blocks.compute_warpgroups > 1:
         # The interpreter's wgmma takes no transposed view, and the warp-specialized body's
@@ -217,26 +220,51 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
-    if transpose_rhs and interpret:
+    multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
+                                 column_tiles, blocks, k_tiles, transpose_rhs)
+    if blocks.upcast:
+        # Two float16 copies of a step's tiles: wgmma reads one while the next step converts
+        # into the other.
         return pl.run_scoped(
-            lambda scratch: _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
-                                           blocks, k_tiles, transpose_rhs, scratch),
-            plgpu.SMEM((bk, bn), group_rhs_ref.dtype))
-    return _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks, k_tiles,
-                          transpose_rhs, None)
+            lambda lhs_f16, rhs_f16: multiply(None, (lhs_f16, rhs_f16)),
+            plgpu.SMEM((2, bm, bk), config.UPCAST_DTYPE),
+            plgpu.SMEM((len(accs), 2, bk, bn), config.UPCAST_DTYPE))
+    if transpose_rhs and interpret:
+        return pl.run_scoped(multiply, plgpu.SMEM((bk, bn), group_rhs_ref.dtype))
+    return multiply(None)
 
 
 def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
-                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, scratch):
+                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, scratch,
+                   upcast_tiles=None):
+    """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it,
+    `upcast_tiles` the float16 tiles [2, bm, bk] and [accumulators, 2, bk, bn] with upcast."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
-    def step(_, lhs_smem, *rhs_smems):
-        for acc, rhs_smem in zip(accs, rhs_smems):
-            right = (kernel_parts.transposed_operand(rhs_smem, scratch) if transpose_rhs
-                     else rhs_smem)
-            plgpu.wgmma(acc, lhs_smem, right)
+    def step(indices, lhs_smem, *rhs_smems):
+        if upcast_tiles is None:
+            for acc, rhs_smem in zip(accs, rhs_smems):
+                # (The interpreter's transposes share one scratch tile: each is used at once.)
+                right = (kernel_parts.transposed_operand(rhs_smem, scratch) if transpose_rhs
+                         else rhs_smem)
+                plgpu.wgmma(acc, lhs_smem, right)
+        else:
+            # The 8-bit tiles converted in shared memory; the previous step's wgmma, which
+            # read the other copy, is done (the wait below), and this step's may read this one
+            # while the next step converts.
+            lhs_f16, rhs_f16 = upcast_tiles
+            slot = jax.lax.rem(indices[0], 2)
+            left = lhs_f16.at[slot]
+            left[...] = lhs_smem[...].astype(config.UPCAST_DTYPE)
+            rights = []
+            for half, rhs_smem in enumerate(rhs_smems):
+                rights.append(rhs_f16.at[half, slot])
+                rights[-1][...] = rhs_smem[...].astype(config.UPCAST_DTYPE)
+            plgpu.commit_smem()
+            for acc, right in zip(accs, rights):
+                plgpu.wgmma(acc, left, right)
         # This step's products stay in flight; the previous step's are done, so the pipeline
         # may refill their buffers (delay_release=1) after this step.
         plgpu.wgmma_wait(len(accs))

@@ -3,11 +3,14 @@
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
 64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
 for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
-tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py);
+tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py), for gmm of
+8-bit weights [G, k, n] each single-warpgroup tiling with and without upcast (config.py);
 each fitted to the problem as the heuristic's own is, and kept only where it is legal.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from kernelhub._grouped_matmul.passes import TuningSpace
 from kernelhub._grouped_matmul.problem import Kernel, Problem
@@ -48,8 +51,16 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     tilings = [_tiling(*c, problem) for c in _CANDIDATES]
     if problem.kernel is Kernel.TGMM:
         tilings += [_tiling(*c[:4], 1, problem, span=c[4]) for c in _TGMM_SPANS]
-    fitted = [config.fitted(tiling, problem).as_tiling() for tiling in tilings]
-    return [t for t in dict.fromkeys(fitted) if _accepts(t, problem)]
+    fitted = [config.fitted(tiling, problem) for tiling in tilings]
+    if problem.kernel is Kernel.GMM and config.operand_bytes(problem) == 1:
+        # 8-bit gmm of weights [G, k, n]: each single-warpgroup tiling both ways, float16
+        # conversions of the tiles as stored and 8-bit wgmma after a copy of the weights (the
+        # roofline's choice, config.upcast_pays, is only an estimate).
+        fitted = [config.fitted(dataclasses.replace(tiling, upcast=upcast), problem)
+                  for tiling in fitted
+                  for upcast in ((False, True) if tiling.compute_warpgroups == 1 else (False,))]
+    tilings = [tiling.as_tiling() for tiling in fitted]
+    return [t for t in dict.fromkeys(tilings) if _accepts(t, problem)]
 
 
 def _default(problem: Problem) -> tuple[int, ...]:
