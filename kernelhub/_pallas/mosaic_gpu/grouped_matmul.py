@@ -269,15 +269,19 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
         # may refill their buffers (delay_release=1) after this step.
         plgpu.wgmma_wait(len(accs))
 
+    # wgmma reads a step's tiles until the next step's wait: the pipeline refills them one step
+    # later. Converted (upcast), they are read once, before the step ends, and free at once.
+    delay = 0 if upcast_tiles is not None else 1
+
     def rhs_spec(column_tile):
         if transpose_rhs:
-            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i), delay_release=1)
-        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=1)
+            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i), delay_release=delay)
+        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=delay)
 
     plgpu.emit_pipeline(
         step,
         grid=(k_tiles,),
-        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=1),
+        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=delay),
                   *[rhs_spec(c) for c in column_tiles]],
         max_concurrent_steps=max(blocks.stages, 2),
     )(rows_lhs_ref, *[group_rhs_ref] * len(column_tiles))
