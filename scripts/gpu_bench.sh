@@ -18,6 +18,7 @@
 # bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
 # sweep:    a few block configs per shape (gpu_sweep.md)
 # tune:     kernelhub tune of both Hopper kernels (mosaic, triton; or $KERNELHUB_GPU_TUNE_PLATFORMS)
+#           in bf16 (or $KERNELHUB_GPU_TUNE_DTYPES, e.g. fp8)
 #           at the scoreboard's shapes (or those named in $KERNELHUB_GPU_TUNE_SHAPES; gmm's
 #           three kernels, every pass, balanced and skewed sizes): tuning.json,
 #           the table to ship as kernelhub/tuning/defaults/<device kind>.json (its times also
@@ -222,6 +223,8 @@ for stage in "${stages[@]}"; do
       # Both Hopper kernels at every shape, into one table: its entries' times decide, per
       # call and pass, which of them a plain call lowers (docs/dispatch.md, "Per call").
       read -r -a tune_platforms <<<"${KERNELHUB_GPU_TUNE_PLATFORMS:-mosaic triton}"
+      # bf16, or e.g. "fp8": both operands quantized in the call (kernelhub tune --dtypes)
+      read -r -a tune_dtypes <<<"${KERNELHUB_GPU_TUNE_DTYPES:-bf16}"
       if [ ${#smoke[@]} -gt 0 ]; then
         tune_shapes=("smoke:96x32x48:4:4")
         tune_platforms=(triton)
@@ -256,7 +259,8 @@ for stage in "${stages[@]}"; do
           runs_left=$((runs_left - 1))
           run_stage "tune-$tune_name-$tune_platform" "$tune_limit" \
             "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" --platform "$tune_platform" \
-            --groups "$tune_groups" --local-groups "$tune_local" --ops gmm --dtypes bf16 \
+            --groups "$tune_groups" --local-groups "$tune_local" --ops gmm \
+            --dtypes "${tune_dtypes[@]}" \
             --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
             --time-limit "$((tune_limit > 40 ? tune_limit - 20 : tune_limit / 2 + 1))" \
             --markdown "$RESULTS/tuning-$tune_name-$tune_platform.md"
@@ -269,14 +273,14 @@ for stage in "${stages[@]}"; do
       "$PYTHON" -c "import jax; from kernelhub._grouped_matmul import tables; print('ship tuning.json as kernelhub/tuning/defaults/' + tables._file_name(jax.devices()[0].device_kind))" | tee -a "$summary"
       if [ -f "$RESULTS/tuning.json" ] && [ "$(left)" -ge 90 ]; then
         # The same kernels under the table at the shapes tuned: the roofline fractions after
-        # tuning (bf16).
+        # tuning (in the dtypes tuned: the scoreboard's names, bf16 or fp8).
         export KERNELHUB_TUNING="$RESULTS/tuning.json"
         tuned_shapes=()
         if [ ${#smoke[@]} -eq 0 ]; then
           tuned_shapes=(--gpu-shapes)
           for entry in "${tune_shapes[@]}"; do tuned_shapes+=("${entry%%:*}"); done
         fi
-        roofline roofline-tuned "$(share 70)" --gpu-dtypes bf16 "${tuned_shapes[@]}" \
+        roofline roofline-tuned "$(share 70)" --gpu-dtypes "${tune_dtypes[@]}" "${tuned_shapes[@]}" \
           --gpu-implementations "${tune_platforms[@]/#/kernelhub:}"
         unset KERNELHUB_TUNING
         : >"$RESULTS/tuning-bench.md"
@@ -284,6 +288,8 @@ for stage in "${stages[@]}"; do
           IFS=: read -r tune_name tune_shape tune_groups tune_local <<<"$entry"
           # bench --tuning takes no group_offset: the sharded shape's rows are in roofline-tuned.
           [ "$tune_groups" = "$tune_local" ] || continue
+          # bench --tuning times float operands only.
+          [ "${tune_dtypes[*]}" = bf16 ] || continue
           run_stage "tuning-bench-$tune_name" "$(($(left) - 15))" "$PYTHON" -m kernelhub.cli \
             bench --tuning --tuning-table "$RESULTS/tuning.json" --shape "$tune_shape" \
             --groups "$tune_groups" --dtypes bf16 --out-dtype bf16 --ops gmm tgmm \

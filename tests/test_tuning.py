@@ -239,10 +239,13 @@ def test_kernelhub_tuning_names_a_table_file(tmp_path):
     refused = run(table)
     assert "ValueError" not in refused.stdout, refused.stdout
     assert f"{table}: tiling [3, " in refused.stderr, refused.stderr
-    for path in (broken, binary, tmp_path / "missing.json", tmp_path):
-        failed = run(path)
-        assert f"ValueError: KERNELHUB_TUNING={str(path)!r} cannot be used" in failed.stdout, (
-            failed.stdout + failed.stderr)
+    failed = run(broken)
+    assert f"ValueError: KERNELHUB_TUNING={str(broken)!r} cannot be used" in failed.stdout, (
+        failed.stdout + failed.stderr)
+    # The other unusable files take the same way from the path on (a process each costs 4 s).
+    for path in (binary, tmp_path / "missing.json", tmp_path):
+        with pytest.raises(ValueError, match=f"KERNELHUB_TUNING={str(path)!r} cannot be used"):
+            _table._from_file(str(path))
 
 
 def test_a_miss_never_measures(monkeypatch):
@@ -683,3 +686,21 @@ def test_operands_are_made_on_the_device_in_their_dtype(dtype, low, high):
         assert abs(wide.mean()) < 0.1 and 0.8 < wide.std() < 1.2
     again = _autotune._random(jax.random.key(0), (64, 256), jnp.dtype(dtype))
     np.testing.assert_array_equal(np.asarray(again.astype(jnp.float32)), wide)
+
+
+def test_tune_command_tunes_quantized_operands(tmp_path, capsys):
+    """--dtypes fp8 (or e5m2, int8): the step quantizes both bf16 operands along their
+    contraction in the call, so the kernels tuned are the quantized ones (keyed by the stored
+    values' dtype), the forward's result bf16; the gradients' kernels take the cotangent beside
+    the quantized operand."""
+    output, stored = tmp_path / "tiles.json", "float8_e4m3fn"
+    assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "fp8",
+                     "--platform", "xla", "--repeats", "1", "--draws", "1",
+                     "--output", str(output)]) == 0
+    by_pass = {key.pass_name: key.problem for key in tuning.load(output).entries}
+    forward = by_pass["forward"]
+    assert (forward.lhs_dtype, forward.rhs_dtype, forward.out_dtype) == (stored, stored,
+                                                                         "bfloat16")
+    assert by_pass["lhs_gradient"].rhs_dtype == stored
+    with pytest.raises(SystemExit):
+        cli_main(["tune", "--dtypes", "fp4", "--shape", "64x32x32"])

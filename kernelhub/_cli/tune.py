@@ -41,9 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local-groups", type=positive, metavar="L",
                         help="experts on this device when they are sharded (gmm's rhs holds L "
                              "of the groups, from group_offset 0; tgmm makes L); default all")
-    parser.add_argument("--dtypes", "--dtype", type=dtype, nargs="+", default=["bfloat16"],
-                        metavar="DTYPE", help="operand dtypes: float32 (f32), bfloat16 (bf16), "
-                                              "float16 (f16); default bfloat16")
+    parser.add_argument("--dtypes", "--dtype", type=operand_dtype, nargs="+",
+                        default=["bfloat16"], metavar="DTYPE",
+                        help="operand dtypes: float32 (f32), bfloat16 (bf16), float16 (f16), or "
+                             "quantized: fp8 (e4m3), e5m2, int8 (both operands quantized in "
+                             "the call from bf16, one scale per row and column, the result "
+                             "bf16); default bfloat16")
     parser.add_argument("--out-dtypes", "--out-dtype", type=dtype, nargs="+", metavar="DTYPE",
                         help="preferred_element_type of the calls tuned (part of a table's "
                              "key): default the operands' dtype, as MoE layers call them; "
@@ -77,29 +80,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _arguments.add_import_option(parser)
 
 
+# Quantized operand dtypes: the step quantizes bf16 operands to them (kernelhub.quantize).
+QUANTIZED_DTYPES = {"fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+                    "float8_e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2",
+                    "float8_e5m2": "float8_e5m2", "int8": "int8"}
+
+
+def operand_dtype(value: str) -> str:
+    """A float dtype's name (as `dtype`), or a quantized one's (float8_e4m3fn, ...)."""
+    quantized = QUANTIZED_DTYPES.get(value.lower())
+    if quantized is not None:
+        return quantized
+    try:
+        return dtype(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an operand dtype here; choose from "
+            f"{', '.join([*_arguments.DTYPES, *QUANTIZED_DTYPES])}") from None
+
+
 def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: Any,
                   forward_only: bool, platform: str | None, local_groups: int | None = None,
                   out_dtype: Any = None):
-    """The function tuned, and example arguments: one grouped matmul and its gradients."""
+    """The function tuned, and example arguments: one grouped matmul and its gradients. With
+    an 8-bit operand dtype the arguments are bf16 and the call quantizes both to it along
+    their contraction (one scale per row and column); its result is bf16 unless `out_dtype`."""
     sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
     call = kernelhub.get(op, platform=platform)
     local = groups if local_groups is None else local_groups
     if local > groups:
         raise ValueError(f"--local-groups must be at most --groups ({groups}), got {local}")
     sharded = {} if local == groups else {"group_offset": 0}
+    quantized = jnp.dtype(operand_dtype).itemsize == 1
+    stored = jnp.dtype(jnp.bfloat16) if quantized else operand_dtype
     if op == "grouped_matmul":
-        arguments = (jax.ShapeDtypeStruct((m, k), operand_dtype),
-                     jax.ShapeDtypeStruct((local, k, n), operand_dtype))
+        arguments = (jax.ShapeDtypeStruct((m, k), stored),
+                     jax.ShapeDtypeStruct((local, k, n), stored))
+        axes = (1, 1)  # gmm's contraction: lhs [m, k] and rhs [G, k, n] along k
     else:
-        arguments = (jax.ShapeDtypeStruct((k, m), operand_dtype),
-                     jax.ShapeDtypeStruct((m, n), operand_dtype))
+        arguments = (jax.ShapeDtypeStruct((k, m), stored),
+                     jax.ShapeDtypeStruct((m, n), stored))
+        axes = (1, 0)  # tgmm's: lhs [k, m] and rhs [m, n] along m
         if sharded:
             sharded["num_actual_groups"] = local
+    result = stored if out_dtype is None else out_dtype
 
     def loss(lhs, rhs, group_sizes):
-        out = call(lhs, rhs, group_sizes,
-                   preferred_element_type=operand_dtype if out_dtype is None else out_dtype,
-                   **sharded)
+        if quantized:
+            lhs, rhs = (kernelhub.quantize(x, operand_dtype, axis=axis)
+                        for x, axis in zip((lhs, rhs), axes))
+        out = call(lhs, rhs, group_sizes, preferred_element_type=result, **sharded)
         return jnp.sum(out.astype(jnp.float32))
 
     if forward_only:
