@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import kernelhub
 from kernelhub import tuning
@@ -52,13 +52,12 @@ def _step(op: str, dtype, platform: str | None, with_gradients: bool,
     return jax.jit(lambda lhs, rhs, sizes: call(lhs, rhs, sizes, **result))
 
 
-def _operands(op: str, m: int, k: int, n: int, groups: int, dtype, rng: np.random.Generator):
-    def draw(*shape):
-        return jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-
-    if op == "grouped_matmul":
-        return draw(m, k), draw(groups, k, n)
-    return draw(k, m), draw(m, n)
+def _operands(op: str, m: int, k: int, n: int, groups: int, dtype, key: jax.Array):
+    """Fresh operands drawn on the device (as the tuner's: on the host a GPU shape's weights
+    take seconds a draw)."""
+    shapes = ((m, k), (groups, k, n)) if op == "grouped_matmul" else ((k, m), (m, n))
+    return tuple(_autotune._random(part, shape, jnp.dtype(dtype))
+                 for part, shape in zip(jax.random.split(key), shapes))
 
 
 def _kernel_calls(fn: Callable, args: tuple) -> dict:
@@ -134,7 +133,12 @@ def measure(op: str, m: int, k: int, n: int, groups: int, dtype_name: str, patte
             platform: str | None, out_dtype: str | None = None) -> list[list[str]]:
     dtype = jnp.dtype(dtype_name)
     sizes = jnp.asarray(group_sizes(m, groups, pattern))
-    rng = np.random.default_rng(1)
+    draws_made = itertools.count()
+
+    def fresh():
+        return _operands(op, m, k, n, groups, dtype,
+                         jax.random.fold_in(jax.random.key(1), next(draws_made)))
+
     rows = []
     for step_name in STEPS:
         fn = _step(op, dtype, platform, with_gradients=step_name != "forward",
@@ -149,11 +153,11 @@ def measure(op: str, m: int, k: int, n: int, groups: int, dtype_name: str, patte
                 return fn(lhs, rhs, sizes)
 
         def turns():
-            lhs, rhs = _operands(op, m, k, n, groups, dtype, rng)
+            lhs, rhs = fresh()
             return [lambda: heuristic(lhs, rhs), lambda: tuned(lhs, rhs)]
 
         best = best_medians(turns, reps, draws)
-        changed = _changed(table, fn, (*_operands(op, m, k, n, groups, dtype, rng), sizes))
+        changed = _changed(table, fn, (*fresh(), sizes))
         rows.append(["gmm" if op == "grouped_matmul" else "tgmm", str(groups), dtype_name,
                      pattern, step_name, f"{best[0] * 1e3:.1f}", f"{best[1] * 1e3:.1f}",
                      f"{best[0] / best[1]:.2f}x", changed])
