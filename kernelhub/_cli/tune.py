@@ -224,7 +224,9 @@ def run(args: argparse.Namespace) -> int:
     _tables.report(out, header, COLUMNS, shown, args.markdown,
                    notes="tuned vs default (the winner's second timing, on fresh operands):\n"
                    + "\n".join(notes))
-    if output:
+    if output and not len(tuned):
+        out.print(f"nothing tuned: {output} left as it was")
+    elif output:
         saved = earlier.merged(tuned)
         saved.save(output)
         out.print(f"saved {len(tuned)} entries to {output} ({len(saved)} in all)")
