@@ -193,9 +193,10 @@ def test_gmm_fp8_weights_copied_or_upcast_with_offset_existing_out_and_a_gated_u
                                                                                   upcast):
     """fp8 weights [G, k, n] both ways (the tiling's upcast): copied K-major for 8-bit wgmma,
     or read as stored and converted to float16 tile by tile; with group_offset, existing_out's
-    rows kept elsewhere, a bias and a gated unit (two accumulators: two weight tiles a step)."""
+    rows kept elsewhere, a bias and a gated unit (two accumulators: two weight tiles a step);
+    k = 200 ends in a partial contraction step (zeros past it)."""
     rng = np.random.default_rng(11)
-    m, k, n_rhs = 72, 128, 64
+    m, k, n_rhs = 72, 200, 64
     sizes = np.array([10, 30, 0, 25], np.int32)  # local groups 1 and 2 (empty); sum 65 < 72
     lhs = quantize(_values(rng, (m, k), jnp.float32), dtype, axis=1)
     rhs = quantize(_values(rng, (2, k, n_rhs), jnp.float32), dtype, axis=1)
@@ -531,9 +532,9 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
 
 
 @pytest.mark.parametrize("tiling, dtype, kernel, rule", [
-    ((64, 64, 128, 4, 1, 1, 1), "bfloat16", Kernel.GMM, "8-bit operands"),
+    ((64, 64, 128, 4, 1, 1, 1), "bfloat16", Kernel.GMM, "two fp8 operands of one kind"),
     ((64, 128, 128, 4, 1, 1, 0), "float8_e4m3fn", Kernel.GMM_TRANSPOSED_RHS, "leave it out"),
-    ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "8-bit operands"),
+    ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "two fp8 operands of one kind"),
     ((64, 128, 256, 4, 2, 1, 1), "float8_e4m3fn", Kernel.GMM, "one compute warpgroup"),
     ((64, 128, 128, 4, 1, 1, 2), "float8_e4m3fn", Kernel.GMM, "must be 0 or 1"),
 ])

@@ -677,14 +677,14 @@ def test_operands_are_made_on_the_device_in_their_dtype(dtype, low, high):
     """The tuner's operands are drawn by jax.random where they run (drawn on the host, the
     weights of DeepSeek-V3's local experts took 10 s a draw): integers within the dtype's range
     up to +-127, floats standard normal."""
-    values = _autotune._random(jax.random.key(0), (64, 256), jnp.dtype(dtype))
+    values = _autotune.random_array(jax.random.key(0), (64, 256), jnp.dtype(dtype))
     assert values.dtype == jnp.dtype(dtype) and values.shape == (64, 256)
     wide = np.asarray(values.astype(jnp.float32))
     if low is not None:
         assert wide.min() >= low and wide.max() <= high and len(np.unique(wide)) > 10
     else:
         assert abs(wide.mean()) < 0.1 and 0.8 < wide.std() < 1.2
-    again = _autotune._random(jax.random.key(0), (64, 256), jnp.dtype(dtype))
+    again = _autotune.random_array(jax.random.key(0), (64, 256), jnp.dtype(dtype))
     np.testing.assert_array_equal(np.asarray(again.astype(jnp.float32)), wide)
 
 

@@ -95,7 +95,7 @@ def group_size_draws(problem: Problem, group_sizes: Any, skew: float, draws: int
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def _random(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+def random_array(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
     """Random values of `shape` made on the device: normal floats, integers in the dtype's
     range up to +-127. (Drawn on the host, DeepSeek-V3's 32 local experts' weights took 10 s
     a draw, a tuning run's time several times over.)"""
@@ -125,7 +125,7 @@ def operands(call: KernelCall, sizes: np.ndarray, seed: int) -> tuple:
         lhs = jax.ShapeDtypeStruct(lhs.shape[::-1], lhs.dtype)
     leaves, tree = jax.tree.flatten((lhs, rhs, existing_out))
     keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
-    filled = [_random(key, tuple(leaf.shape), jnp.dtype(leaf.dtype))
+    filled = [random_array(key, tuple(leaf.shape), jnp.dtype(leaf.dtype))
               for key, leaf in zip(keys, leaves)]
     lhs, rhs, existing_out = jax.tree.unflatten(tree, filled)
     offset = jnp.zeros(group_offset.shape, group_offset.dtype)

@@ -56,7 +56,7 @@ def _operands(op: str, m: int, k: int, n: int, groups: int, dtype, key: jax.Arra
     """Fresh operands drawn on the device (as the tuner's: on the host a GPU shape's weights
     take seconds a draw)."""
     shapes = ((m, k), (groups, k, n)) if op == "grouped_matmul" else ((k, m), (m, n))
-    return tuple(_autotune._random(part, shape, jnp.dtype(dtype))
+    return tuple(_autotune.random_array(part, shape, jnp.dtype(dtype))
                  for part, shape in zip(jax.random.split(key), shapes))
 
 

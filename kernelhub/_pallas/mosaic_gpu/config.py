@@ -175,9 +175,10 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
 def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
     if problem.kernel is not Kernel.GMM or operand_bytes(problem) != 1:
         raise ValueError(
-            f"tiling {source!r}: upcast={int(config.upcast)} is for gmm of 8-bit operands "
-            f"with weights [G, k, n] only (8-bit wgmma reads those only after a copy); this "
-            f"is a {problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: leave it out")
+            f"tiling {source!r}: upcast={int(config.upcast)} is for gmm of two fp8 operands "
+            f"of one kind with weights [G, k, n] only (8-bit wgmma reads those only after a "
+            f"copy); this is a {problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: "
+            f"leave it out")
     if config.upcast and config.compute_warpgroups != 1:
         raise ValueError(f"tiling {source!r}: upcast=1 is written for one compute warpgroup; "
                          f"compute_warpgroups={config.compute_warpgroups} takes upcast=0")
