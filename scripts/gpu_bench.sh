@@ -201,11 +201,28 @@ for stage in "${stages[@]}"; do
       ;;
     roofline)
       read -r -a roofline_dtypes <<<"${KERNELHUB_GPU_DTYPES:-bf16 fp8}"
-      roofline roofline "$(($(left) * 70 / 100))" --gpu-exclude "$MOSAIC" \
-        --gpu-dtypes "${roofline_dtypes[@]}"
+      # Narrower runs: $KERNELHUB_GPU_SHAPES (scoreboard shape names), $KERNELHUB_GPU_EXCLUDE
+      # (implementations the first process leaves out: on the fp8 rows XLA's compile-time
+      # GEMM autotuning of kernelhub:xla and cublas_dense took most of the first H200 try),
+      # and $KERNELHUB_GPU_MOSAIC_SHARE (percent of the stage's time the Mosaic GPU rows get).
+      read -r -a roofline_shapes <<<"${KERNELHUB_GPU_SHAPES:-}"
+      read -r -a roofline_exclude <<<"${KERNELHUB_GPU_EXCLUDE:-}"
+      narrowed=()
+      [ ${#roofline_shapes[@]} -gt 0 ] && narrowed=(--gpu-shapes "${roofline_shapes[@]}")
+      mosaic_share=${KERNELHUB_GPU_MOSAIC_SHARE:-30}
+      # $KERNELHUB_GPU_HEURISTIC_ROWS=1: the tabled kernels again under the heuristic
+      # (kernelhub:<platform>@heuristic), the shipped table's before and after in one run.
+      mosaic_rows=("$MOSAIC")
+      if [ "${KERNELHUB_GPU_HEURISTIC_ROWS:-0}" = 1 ]; then
+        narrowed+=(--gpu-heuristic-rows)
+        mosaic_rows+=("$MOSAIC@heuristic")
+      fi
+      roofline roofline "$(($(left) * (100 - mosaic_share) / 100))" \
+        --gpu-exclude "${mosaic_rows[@]}" "${roofline_exclude[@]}" \
+        --gpu-dtypes "${roofline_dtypes[@]}" "${narrowed[@]}"
       # lax.ragged_dot again beside them: the reference their results are checked against.
-      roofline roofline "$(($(left) - 15))" --gpu-merge --gpu-implementations "$MOSAIC" \
-        lax.ragged_dot --gpu-dtypes "${roofline_dtypes[@]}"
+      roofline roofline "$(($(left) - 15))" --gpu-merge --gpu-implementations "${mosaic_rows[@]}" \
+        lax.ragged_dot --gpu-dtypes "${roofline_dtypes[@]}" "${narrowed[@]}"
       ;;
     epilogue)
       # Fused against unfused epilogues, forward and forward + grad (issue #35's GPU rows).
@@ -313,9 +330,13 @@ echo
 cat "$summary"
 
 if [ -n "${OUT:-}" ]; then
-  # At most 8 files come back from $OUT: the results stay, the logs go into one archive.
-  (cd "$RESULTS" && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'roofline*.json' \
-      ! -name 'roofline*.md' ! -name roofline.png ! -name tuning.json ! -name tuning-bench.md \
-      ! -name results.tar.gz -printf '%f\n' | tar -czf results.tar.gz -T - --remove-files)
+  # At most 8 files come back from $OUT: the results stay, the logs go into one archive. The
+  # archive holds the results too: a caller that runs this script twice into folders of one
+  # $OUT can pass 8 files, and then only the archives are sure to come back.
+  (cd "$RESULTS" && logs=$(find . -maxdepth 1 -type f ! -name summary.txt \
+      ! -name 'roofline*.json' ! -name 'roofline*.md' ! -name roofline.png ! -name tuning.json \
+      ! -name tuning-bench.md ! -name results.tar.gz -printf '%f\n') &&
+    find . -maxdepth 1 -type f ! -name results.tar.gz -printf '%f\n' | tar -czf results.tar.gz -T - &&
+    printf '%s\n' "$logs" | xargs -r rm -f --)
 fi
 exit $failed

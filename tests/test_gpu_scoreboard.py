@@ -9,6 +9,7 @@ import datetime
 import functools
 import json
 
+import jax
 import pytest
 
 from kernelhub._cli.bench import gpu_roofline, gpu_scoreboard, gpu_scoreboard_report
@@ -94,7 +95,10 @@ def test_a_run_out_of_time_writes_every_row_with_its_reason(tmp_path):
         assert sum(r["default"] for r in rows
                    if (r["dtype"], r["shape"], r["groups"], r["pass"]) == key) == 1
     table = (tmp_path / "roofline.md").read_text()
-    assert "| bf16 | smoke-shard | skewed | rhs_gradient |" in table and "peak: H100 SXM" in table
+    # The table names the peak of the GPU it ran on; a CPU stands in the first peak (an H100).
+    peak = gpu_roofline.peak_for(jax.devices()[0].device_kind) or gpu_roofline.PEAKS[0]
+    assert "| bf16 | smoke-shard | skewed | rhs_gradient |" in table
+    assert f"peak: {peak.name}" in table
 
 
 def test_a_second_process_merges_its_implementations_into_the_table(tmp_path):
@@ -305,6 +309,15 @@ def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tm
                     if key.op == "transposed_grouped_matmul" and key.pass_name == "forward"
                     and key.implementation == "triton" and key.problem.local_groups == 4]
     assert tgmm_forward == [pytest.approx(seconds["triton"] * 1e3 * 3 * 1.25)]
+    # `without` leaves out the rows it names: one kernel's pass at every shape, or one
+    # implementation at one shape; the rest stay as they were.
+    left = gpu_scoreboard_table.table(
+        document, SMOKE_SHAPES, without=(("kernelhub:triton", "*", "rhs_gradient"),
+                                         ("kernelhub:mosaic", "smoke", "*")))
+    kept = {key: entry for key, entry in entries.items()
+            if not (key.implementation == "triton" and key.problem.kernel.value == "tgmm")
+            and key.implementation != "mosaic"}
+    assert left.entries == kept and any(key.implementation == "triton" for key in kept)
 
 
 def test_a_table_tuned_for_gmm_is_completed_with_tgmms_keys_of_the_same_kernels():
@@ -365,3 +378,16 @@ def test_kernelhub_rows_name_the_tiling_each_kernel_call_ran():
     with tables.Tuning({key: tables.Entry(tiling, tiling, 1.0, 1.0, "balanced")}):
         assert gpu_scoreboard_calls.kernel_tilings(fn, args) == [{"kernel": "gmm",
                                                                   "tiling": list(tiling)}]
+        # Heuristic rows: the tabled kernels again, lowered with every table off.
+        ops = gpu_scoreboard_calls.make_operands(shape, "balanced")
+        operands = gpu_scoreboard_calls.pass_operands(ops, "forward", "bf16")
+        made = {call.implementation: call for call in gpu_scoreboard_calls.kernelhub_calls(
+            ops, "forward", "bf16", operands, heuristic_rows=True)}
+        assert made["kernelhub:triton"].tilings == [{"kernel": "gmm", "tiling": list(tiling)}]
+        under = made["kernelhub:triton@heuristic"]
+        assert under.tilings == [{"kernel": "gmm", "tiling": heuristic}] and not under.default
+        assert "kernelhub:xla@heuristic" not in made  # no GPU table tiles the XLA loops
+        observer = tables.Observer(None)
+        with active_table.activated(observer):  # the table in force while it lowers: none
+            under.fn.lower(*under.args)
+        assert observer.calls == []

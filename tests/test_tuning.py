@@ -281,26 +281,48 @@ def test_shipped_cpu_table_is_well_formed():
         assert entry.tiling[0] & (entry.tiling[0] - 1) == 0  # xla: a power-of-two chunk
 
 
-def test_shipped_h100_table_times_both_hopper_kernels_on_tilings_they_take():
-    """nvidia-h100-80gb-hbm3.json (made from the 2026-11-27 scoreboard by
-    kernelhub/_cli/bench/gpu_scoreboard_table.py): each key's tiling is one its compiled kernel
-    accepts, and every Mosaic GPU key has a Triton entry to be compared with."""
+def _hopper_table_keys(device_kind: str) -> dict[str, set]:
+    """The shipped table's (op, pass, problem) keys per implementation, each entry's tiling
+    checked to be one its compiled kernel accepts."""
     from kernelhub._pallas.gpu import tuning_space as triton_space
     from kernelhub._pallas.mosaic_gpu import tuning_space as mosaic_space
 
-    shipped = tuning.shipped("NVIDIA H100 80GB HBM3")
+    shipped = tuning.shipped(device_kind)
     spaces = {"triton": triton_space.space("triton"), "mosaic": mosaic_space.space("mosaic")}
-    by_implementation = {}
+    by_implementation: dict[str, set] = {}
     for key, entry in shipped.entries.items():
-        assert key.device_kind == "NVIDIA H100 80GB HBM3"
+        assert key.device_kind == device_kind
         assert spaces[key.implementation].accepts(entry.tiling, key.problem)
         assert entry.tuned_ms > 0
         by_implementation.setdefault(key.implementation, set()).add(
             (key.op, key.pass_name, key.problem))
-    assert by_implementation["mosaic"] <= by_implementation["triton"]
-    assert len(by_implementation["triton"]) == 30  # 5 shapes x 2 ops x 3 passes
+    return by_implementation
+
+
+def test_shipped_h100_table_times_both_hopper_kernels_on_tilings_they_take():
+    """nvidia-h100-80gb-hbm3.json (made from the 2026-11-27 scoreboard by
+    kernelhub/_cli/bench/gpu_scoreboard_table.py, docs/tuning.md): every Mosaic GPU key but
+    the tgmm kernel's has a Triton entry to be compared with; the Triton tgmm's rows timed the
+    heuristic it had before, so the table leaves them out."""
+    by_implementation = _hopper_table_keys("NVIDIA H100 80GB HBM3")
+    tgmm_kernel = {item for item in by_implementation["mosaic"] if item[2].kernel.value == "tgmm"}
+    assert by_implementation["mosaic"] - tgmm_kernel <= by_implementation["triton"]
+    assert not any(item[2].kernel.value == "tgmm" for item in by_implementation["triton"])
+    assert len(by_implementation["triton"]) == 20  # 5 shapes x 2 ops x 3 passes, less tgmm's
     # GPT-OSS's Mosaic rows are left out: the heuristic's tiles there changed after the run.
     assert len(by_implementation["mosaic"]) == 24
+
+
+def test_shipped_h200_table_tunes_both_hopper_kernels_at_the_moe_shapes():
+    """nvidia-h200.json (the tune of 2026-11-27, benchmarks/gpu/2026-11-27-h200/make_table.py):
+    both kernels at the same keys, every pass of both ops at the four MoE shapes, each entry no
+    slower than the heuristic's tiling, which the tuner timed beside it."""
+    by_implementation = _hopper_table_keys("NVIDIA H200")
+    assert all(entry.tuned_ms <= entry.default_ms
+               for entry in tuning.shipped("NVIDIA H200").entries.values())
+    assert by_implementation["mosaic"] == by_implementation["triton"]
+    assert len(by_implementation["triton"]) == 24  # 4 shapes x 2 ops x 3 passes
+    assert {problem.num_groups for _, _, problem in by_implementation["triton"]} == {8, 128, 256}
 
 
 def test_table_round_trips_through_a_file(tmp_path):

@@ -78,6 +78,10 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
                        help="roofline: keep the rows already in the folder's roofline.json, "
                             "replacing those this run measures (one table from several "
                             "processes)")
+    group.add_argument("--gpu-heuristic-rows", action="store_true",
+                       help="roofline: each tabled kernel (kernelhub:triton, kernelhub:mosaic) "
+                            "again under kernelhub.tuning.heuristic(), as "
+                            "kernelhub:<platform>@heuristic: a tuning table before and after")
     group.add_argument("--gpu-compile-threads", type=int, default=8, metavar="N",
                        help="roofline: executables compiled at once (default 8; 1: one at a time)")
     group.add_argument("--gpu-tables", nargs="+", choices=TABLES, default=list(TABLES),
@@ -172,7 +176,8 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
             else None,
             compile_threads=getattr(args, "gpu_compile_threads", 8),
             exclude=tuple(getattr(args, "gpu_exclude", None) or ()),
-            merge=bool(getattr(args, "gpu_merge", False)))
+            merge=bool(getattr(args, "gpu_merge", False)),
+            heuristic_rows=bool(getattr(args, "gpu_heuristic_rows", False)))
         print(f"wrote {folder / 'roofline.json'} and roofline.md")
     if "sweep" in parts:
         sweep = [row for shape in shapes for row in sweep_shape(shape, dtype, reps, warmup)]

@@ -49,12 +49,14 @@ def folder_name(device_kind: str, date: datetime.date | None = None) -> str:
 def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...], reps: int,
                    warmup: int, smoke: bool, budget: float | None = None,
                    only: tuple[str, ...] | None = None, compile_threads: int = 4,
-                   exclude: tuple[str, ...] = (), merge: bool = False) -> dict[str, Any]:
+                   exclude: tuple[str, ...] = (), merge: bool = False,
+                   heuristic_rows: bool = False) -> dict[str, Any]:
     """Measures every row, writing the files into `out` as it goes; returns the document.
     `only` keeps the implementations it names, `exclude` leaves those out. With `merge` the
     rows of `out`'s roofline.json stay, but for the problems and implementations measured
     now: a second process adds its implementations to the first's table (gpu_bench.sh runs
-    the Mosaic GPU kernels so, where a fault in one cannot cost the other rows)."""
+    the Mosaic GPU kernels so, where a fault in one cannot cost the other rows). With
+    `heuristic_rows` each tabled kernel also runs under the heuristic (gpu_scoreboard_calls)."""
     started = time.monotonic()
     earlier = _earlier_rows(out) if merge else []
     device_kind = jax.devices()[0].device_kind
@@ -97,12 +99,12 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                             gpu_roofline.row(shape.name, pattern, problem, name, default, peak,
                                              None, note)
                             for name, default in gpu_scoreboard_calls.implementation_names(
-                                pass_name, dtype, tokamax_names, only)
+                                pass_name, dtype, tokamax_names, only, heuristic_rows)
                             if name not in exclude]
                         continue
                     operands = operands or gpu_scoreboard_calls.make_operands(shape, pattern)
                     calls = [call for call in gpu_scoreboard_calls.calls(
-                        operands, pass_name, dtype, tokamax_names, only)
+                        operands, pass_name, dtype, tokamax_names, only, heuristic_rows)
                         if call.implementation not in exclude]
                     for call, seconds, note in measure(calls, reps, warmup, compiled,
                                                        (shape.name, pass_name, dtype),

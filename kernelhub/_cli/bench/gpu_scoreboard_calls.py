@@ -16,6 +16,10 @@ same values and scales, so every implementation multiplies the same numbers.
 kernelhub's bf16 rhs_gradient takes x [m, k] and transposes it inside the timed call, as the
 weight gradient of a training step does (tokamax takes x [R, k] too): a kernel that reads x as
 it is pays nothing for it, one that needs x^T pays its copy. fp8 takes x^T quantized along m.
+
+With `heuristic_rows`, each GPU kernel platform also gets a row `kernelhub:<platform>@heuristic`:
+the same call lowered under `kernelhub.tuning.heuristic()`, so one run shows a tuning table's
+rows before and after, beside the peers.
 """
 
 from __future__ import annotations
@@ -212,8 +216,28 @@ def _tables_may_choose() -> bool:
     return len({key.implementation for key in table.entries}) > 1
 
 
+# The platforms whose tilings a GPU table holds: they get heuristic rows on request.
+TABLED_PLATFORMS = ("mosaic", "triton")
+HEURISTIC = "@heuristic"
+
+
+class UnderHeuristic:
+    """A jitted pass lowered and run with every tuning table off (the heuristic's tilings)."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def lower(self, *args: Any) -> Any:
+        with kernelhub.tuning.heuristic():
+            return self.fn.lower(*args)
+
+    def __call__(self, *args: Any) -> Any:
+        with kernelhub.tuning.heuristic():
+            return self.fn(*args)
+
+
 def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
-                    operands: PassOperands) -> list[Call]:
+                    operands: PassOperands, heuristic_rows: bool = False) -> list[Call]:
     op = PASS_OP[pass_name]
     shape = ops.shape
     args = (*operands.ours, ops.sizes)
@@ -234,6 +258,11 @@ def kernelhub_calls(ops: Operands, pass_name: str, dtype: str,
         cut = (lambda out: out) if pass_name == "rhs_gradient" else (lambda out: out[rows])
         calls.append(Call(implementation, fn, args, default=platform == default, cut=cut,
                           tilings=kernel_tilings(fn, args)))
+        if heuristic_rows and platform in TABLED_PLATFORMS:
+            with kernelhub.tuning.heuristic():
+                tilings = kernel_tilings(fn, args)
+            calls.append(Call(implementation + HEURISTIC, UnderHeuristic(fn), args, cut=cut,
+                              tilings=tilings))
     return calls
 
 
@@ -348,25 +377,30 @@ def tokamax_calls(ops: Operands, pass_name: str, dtype: str, operands: PassOpera
 
 
 def implementation_names(pass_name: str, dtype: str, tokamax_names: tuple[str, ...],
-                         only: tuple[str, ...] | None = None) -> list[tuple[str, bool]]:
+                         only: tuple[str, ...] | None = None,
+                         heuristic_rows: bool = False) -> list[tuple[str, bool]]:
     """(implementation, default) of every row of a pass, without making its calls: the rows a
     run out of time still writes, each with its reason. `only` keeps the names it lists."""
     op = PASS_OP[pass_name]
     default = default_platform(op, dtype)
     ours = sorted(((f"kernelhub:{p}", p == default) for p in kernelhub_platforms(op)),
                   key=lambda item: not item[1])
+    if heuristic_rows:
+        ours += [(f"kernelhub:{p}{HEURISTIC}", False) for p in kernelhub_platforms(op)
+                 if p in TABLED_PLATFORMS]
     names = [*ours, ("cublas_dense", False), ("lax.ragged_dot", False),
              *((f"tokamax:{name}", False) for name in tokamax_names)]
     return [item for item in names if only is None or item[0] in only]
 
 
 def calls(ops: Operands, pass_name: str, dtype: str, tokamax_names: tuple[str, ...],
-          only: tuple[str, ...] | None = None) -> list[Call]:
+          only: tuple[str, ...] | None = None, heuristic_rows: bool = False) -> list[Call]:
     """Every implementation of one pass: kernelhub's (the default first), then the peers;
     `only` keeps the implementations it names (no call is made for the others)."""
     operands = pass_operands(ops, pass_name, dtype)
     wanted = (lambda name: only is None or name in only)
-    made = sorted(kernelhub_calls(ops, pass_name, dtype, operands), key=lambda c: not c.default)
+    made = sorted(kernelhub_calls(ops, pass_name, dtype, operands, heuristic_rows),
+                  key=lambda c: not c.default)
     if wanted("cublas_dense"):
         made.append(dense_call(ops, pass_name, dtype, operands))
     if wanted("lax.ragged_dot"):

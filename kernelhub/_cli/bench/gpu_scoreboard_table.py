@@ -87,18 +87,23 @@ def _compiled_name(implementation: str) -> str:
     return implementation.removesuffix(_INTERPRETED)
 
 
+def _left_out(row: dict[str, Any], without: tuple[tuple[str, str, str], ...]) -> bool:
+    return any(row["implementation"] == implementation and shape in ("*", row["shape"])
+               and pass_name in ("*", row["pass"]) for implementation, shape, pass_name in without)
+
+
 def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES,
-          without: tuple[tuple[str, str], ...] = ()) -> Tuning:
+          without: tuple[tuple[str, str, str], ...] = ()) -> Tuning:
     """The entries a scoreboard document (roofline.json) gives its GPU's kernels, each with the
     tiling its rows ran (their `tilings`; in a file older than that field, the heuristic's of
-    today), but for the (implementation, shape) pairs in `without`."""
+    today), but for the rows that `without`'s (implementation, shape, pass) triples name ("*"
+    for any shape or pass)."""
     device = document["gpu"]
     times: dict[str, dict[tuple[str, str], list[float]]] = {}
     ran: dict[str, dict[tuple[str, str], tuple[int, ...]]] = {}
     for row in document["rows"]:
         if row["dtype"] == "bf16" and row["seconds"] is not None and \
-                row["implementation"].startswith("kernelhub:") and \
-                (row["implementation"], row["shape"]) not in without:
+                row["implementation"].startswith("kernelhub:") and not _left_out(row, without):
             platform = row["implementation"].split(":", 1)[1]
             where = (row["shape"], row["pass"])
             times.setdefault(platform, {}).setdefault(where, []).append(row["seconds"] * 1e3)
@@ -169,10 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--over-shipped", action="store_true",
                         help="with --complete: keep the shipped table's entries for the table's "
                              "GPU where the tuned one has none (the file to ship)")
-    parser.add_argument("--without", nargs="+", default=[], metavar="IMPLEMENTATION@SHAPE",
-                        help="rows to leave out, e.g. kernelhub:mosaic@gpt-oss: in a file "
-                             "without the rows' tilings, a kernel whose heuristic tiling there "
-                             "changed after the run")
+    parser.add_argument("--without", nargs="+", default=[],
+                        metavar="IMPLEMENTATION@SHAPE[:PASS]",
+                        help="rows to leave out, e.g. kernelhub:mosaic@gpt-oss or "
+                             "kernelhub:triton@*:rhs_gradient ('*': every shape): a kernel whose "
+                             "heuristic tiling changed after the run, where the file does not "
+                             "hold the rows' tilings or the new tiling is the one wanted")
     parser.add_argument("--output", type=Path,
                         help="where to write the table (default: the file name that "
                              "kernelhub/tuning/defaults gives the run's GPU, in this folder; "
@@ -193,10 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     document = json.loads(args.roofline.read_text())
     without = []
     for item in args.without:
-        implementation, at, shape = item.partition("@")
-        if not at or not implementation.startswith("kernelhub:"):
-            parser.error(f"--without takes kernelhub:<platform>@<shape>, got {item!r}")
-        without.append((implementation, shape))
+        implementation, at, where = item.partition("@")
+        shape, _, pass_name = where.partition(":")
+        if not at or not implementation.startswith("kernelhub:") or not shape or \
+                pass_name not in ("", "*", *PASSES):
+            parser.error(f"--without takes kernelhub:<platform>@<shape>[:<pass>] (a pass of "
+                         f"{', '.join(PASSES)}; '*' for any shape or pass), got {item!r}")
+        without.append((implementation, shape, pass_name or "*"))
     made = table(document, without=tuple(without))
     output = args.output or Path(_file_name(document["gpu"]))
     made.save(output)

@@ -159,7 +159,7 @@ def measure(op: str, m: int, k: int, n: int, groups: int, dtype_name: str, patte
         best = best_medians(turns, reps, draws)
         changed = _changed(table, fn, (*fresh(), sizes))
         rows.append(["gmm" if op == "grouped_matmul" else "tgmm", str(groups), dtype_name,
-                     pattern, step_name, f"{best[0] * 1e3:.1f}", f"{best[1] * 1e3:.1f}",
+                     pattern, step_name, f"{best[0] * 1e3:.3g}", f"{best[1] * 1e3:.3g}",
                      f"{best[0] / best[1]:.2f}x", changed])
     return rows
 

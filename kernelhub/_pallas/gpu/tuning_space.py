@@ -26,10 +26,9 @@ _GMM_CONFIGS = (
 _TGMM_CONFIGS = (
     (64, 64, 64, 4, 4), (64, 128, 128, 4, 4), (64, 128, 128, 8, 3), (32, 128, 128, 4, 3),
     (128, 128, 128, 8, 3), (64, 64, 128, 4, 4), (64, 128, 256, 8, 3), (128, 64, 64, 4, 4),
-    # 32 summed rows a step under 128 x 128 and 128 x 256 output tiles: tokamax's H100 table
-    # has these for its weight gradient, which ran at 0.41-0.51 of the roofline on the
-    # 2026-11-27 scoreboard against this kernel's 0.25-0.40.
-    (32, 128, 128, 4, 4), (32, 128, 256, 8, 4),
+    # 32 summed rows a step (the heuristic's, since the H200 tune of 2026-11-27 picked them at
+    # every MoE shape) in 2 to 4 stages, under 128 x 128 and 128 x 256 output tiles.
+    (32, 128, 128, 4, 4), (32, 128, 256, 8, 4), (32, 128, 128, 4, 2), (32, 128, 256, 8, 3),
 )
 
 

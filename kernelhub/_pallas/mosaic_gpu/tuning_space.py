@@ -3,7 +3,8 @@
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
 64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
 for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
-tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py), for gmm of
+tgmm three shallow pipelines (2 or 3 stages) and four that sum spans of 8 or 32 groups in one
+pipeline (group_spans.py), for gmm of
 8-bit weights [G, k, n] each single-warpgroup tiling with and without upcast (config.py);
 each fitted to the problem as the heuristic's own is, and kept only where it is legal.
 """
@@ -34,7 +35,13 @@ _CANDIDATES = (
 # tgmm only: (output rows, contraction rows, columns, stages, groups per work item): one
 # pipeline over several groups' chunks (group_spans.py), where one group's few rows leave the
 # per-group pipeline nothing to overlap.
-_TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32))
+_TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32),
+               (128, 1, 128, 2, 8))
+# tgmm only, shallow pipelines: at 64 rows per expert a per-group pipeline has one step, so a
+# program's loads overlap only other programs' work, and 2 or 3 stages of 32 KiB (against the
+# heuristic's 4) leave an SM room for two of them. The Triton tgmm's tune on an H200 picked the
+# same trade (3 stages of half the rows), 1.6x to 1.9x faster at the fine-grained shapes.
+_TGMM_SHALLOW = ((128, 1, 128, 2, 1), (128, 1, 128, 3, 1), (64, 1, 128, 2, 1))
 
 
 def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: int,
@@ -50,6 +57,7 @@ def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: 
 def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     tilings = [_tiling(*c, problem) for c in _CANDIDATES]
     if problem.kernel is Kernel.TGMM:
+        tilings += [_tiling(*c, problem) for c in _TGMM_SHALLOW]
         tilings += [_tiling(*c[:4], 1, problem, span=c[4]) for c in _TGMM_SPANS]
     fitted = [config.fitted(tiling, problem) for tiling in tilings]
     if problem.kernel is Kernel.GMM and config.operand_bytes(problem) == 1:
