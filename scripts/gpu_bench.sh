@@ -94,6 +94,10 @@ left() { echo $((BUDGET - SECONDS)); }
   date -u +"%Y-%m-%dT%H:%M:%SZ"
   git rev-parse HEAD 2>/dev/null || echo "(not a git checkout)"
   command -v nvidia-smi >/dev/null && nvidia-smi -L
+  # Whether a kernel profile can be taken here (issue 34 asks what limits each figure).
+  for profiler in nsys ncu; do
+    echo "$profiler: $(command -v "$profiler" || ls /usr/local/cuda*/bin/"$profiler" 2>/dev/null | head -1 || true)"
+  done
   "$PYTHON" - <<'EOF'
 import importlib
 import jax

@@ -59,15 +59,18 @@ def test_gmm_unaligned_shapes_empty_groups_and_rows_past_the_sum():
     assert np.all(np.asarray(out)[70:] == 0)
 
 
-def test_gmm_row_tiles_moved_back_from_the_end():
+@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 1, 1, 0, 2)],
+                         ids=["one program per SM", "two per SM"])
+def test_gmm_row_tiles_moved_back_from_the_end(tiling):
     """The last group and the rows past the sum start within a tile of the end: their row
     tiles (which start at a group's first row) are moved back to end there, holding rows of the
-    group before, which they must not write."""
+    group before, which they must not write. With two programs per SM the work items are
+    spread over twice the programs."""
     rng = np.random.default_rng(7)
     m, k, n = 128, 64, 64
     sizes = np.array([100, 20], np.int32)  # rows 120.. past the sum
     lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
-    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 64))
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=tiling)
     assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, contraction=k)
     assert np.all(np.asarray(out)[120:] == 0)
 
@@ -310,8 +313,9 @@ def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
     np.testing.assert_array_equal(np.asarray(out)[1:], np.asarray(existing)[1:])
 
 
-@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 1, 2)],
-                         ids=["per group", "spans"])
+@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 1, 2),
+                                    (64, 64, 64, 2, 1, 1, 0, 2)],
+                         ids=["per group", "spans", "two programs per SM"])
 def test_tgmm_chunks_from_group_starts_moved_back_from_the_end(tiling):
     """bf16 chunks start at a group's first row rounded down to 8: the last group's (rows
     100..119, from row 96) would pass the 128 rows, so it is moved back to rows 64..127 and
@@ -498,6 +502,9 @@ def test_invalid_tiling_names_the_rule(tiling, rule):
     ((64, 64, 64, 4, 2), Kernel.GMM, "compute warpgroups' halves"),  # 32 bf16 columns each
     ((64, 64, 128, 4, 1, 2), Kernel.GMM, "group_span=2"),  # tgmm's option
     ((64, 128, 128, 4, 1, 0), Kernel.TGMM, "group_span=0"),
+    ((64, 64, 128, 4, 1, 1, 0, 3), Kernel.GMM, "programs_per_sm=3"),
+    ((64, 64, 256, 4, 2, 1, 0, 2), Kernel.GMM, "one compute warpgroup"),
+    ((64, 128, 128, 4, 1, 1, 0, 2), Kernel.TGMM, "when 2 share an SM"),  # 4 stages of 32 KiB
 ])
 def test_invalid_warp_specialized_tiling_names_the_rule(tiling, kernel, rule):
     problem = Problem(kernel, 512, 256, 384, 4, 4, "bfloat16", "bfloat16", "bfloat16", False)
@@ -514,6 +521,20 @@ def test_invalid_tgmm_tiling_names_the_rule(tiling, dtype, rule):
     problem = Problem(Kernel.TGMM, 512, 256, 384, 4, 4, dtype, dtype, "float32", False)
     with pytest.raises(ValueError, match=rule):
         config.from_tiling(tiling, problem)
+
+
+def test_two_programs_per_sm_take_half_the_shared_memory_each():
+    """programs_per_sm, the tiling's eighth entry: a tiling names it after an upcast entry,
+    which is 0 where upcast does not apply (the same as leaving it out), and round-trips."""
+    problem = Problem(Kernel.TGMM, 512, 256, 384, 4, 4, "bfloat16", "bfloat16", "bfloat16",
+                      False)
+    blocks = config.from_tiling((64, 64, 128, 3, 1, 1, 0, 2), problem)
+    assert (blocks.programs_per_sm, blocks.upcast) == (2, None)
+    assert blocks.as_tiling() == (64, 64, 128, 3, 1, 1, 0, 2)
+    assert config.shared_memory_limit(blocks) == 233472 // 2 - 1024
+    assert config.shared_memory_bytes(blocks, problem) <= config.shared_memory_limit(blocks)
+    assert config.from_tiling((64, 64, 128, 3, 1, 1, 0), problem) == config.from_tiling(
+        (64, 64, 128, 3), problem)
 
 
 def test_tiles_fitted_to_tiny_problems_keep_every_rule():
@@ -533,7 +554,7 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
 
 @pytest.mark.parametrize("tiling, dtype, kernel, rule", [
     ((64, 64, 128, 4, 1, 1, 1), "bfloat16", Kernel.GMM, "two fp8 operands of one kind"),
-    ((64, 128, 128, 4, 1, 1, 0), "float8_e4m3fn", Kernel.GMM_TRANSPOSED_RHS, "leave it out"),
+    ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.GMM_TRANSPOSED_RHS, "leave it out"),
     ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "two fp8 operands of one kind"),
     ((64, 128, 256, 4, 2, 1, 1), "float8_e4m3fn", Kernel.GMM, "one compute warpgroup"),
     ((64, 128, 128, 4, 1, 1, 2), "float8_e4m3fn", Kernel.GMM, "must be 0 or 1"),
@@ -563,7 +584,9 @@ def test_fp8_weights_are_upcast_where_their_bytes_bound_the_call(name, m, k, n, 
     assert {c[6] for c in candidates if len(c) == 7} == {0, 1}
     transposed = dataclasses.replace(problem, kernel=Kernel.GMM_TRANSPOSED_RHS)
     assert config.from_tiling(None, transposed).upcast is None
-    assert all(len(c) < 7 for c in tuning_space._candidates(transposed))
+    # No upcast entry chooses anything there: 0 only, holding programs_per_sm's place.
+    assert all(len(c) < 7 or (c[6], len(c)) == (0, 8)
+               for c in tuning_space._candidates(transposed))
     bf16 = dataclasses.replace(problem, lhs_dtype="bfloat16", rhs_dtype="bfloat16")
     assert config.from_tiling(None, bf16).upcast is None
 

@@ -1,7 +1,7 @@
 """Tiles of the Mosaic GPU grouped matmuls: the heuristic and the `tiling` override.
 
 A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[,
-upcast]]]])` (megablox's order; `m` is the grouped axis for both ops: gmm's output rows, tgmm's
+upcast[, programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops: gmm's output rows, tgmm's
 summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is
 how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` (gmm only)
 warp-specializes the program: a memory warpgroup loads for two compute warpgroups, each of
@@ -11,7 +11,12 @@ groups one work item sums through one pipeline, storing a tile at each group's e
 [G, k, n] only): 1 converts each step's two tiles to float16 in shared memory and multiplies
 them on 16-bit wgmma, which reads the weights as stored; 0 multiplies the stored values on
 8-bit wgmma, which reads B only K-major, so the weights are first transposed to [G, n, k] (a
-copy of all of them). Left out, the roofline decides (`upcast_pays`).
+copy of all of them). Left out, the roofline decides (`upcast_pays`); where it does not
+apply, 0 is the same as leaving it out. `programs_per_sm` (1 or 2, one compute warpgroup
+only) is how many programs of the persistent grid share an SM: with 2, each has half the SM's
+shared memory, and one program's loads are in flight while the other waits, where a work item
+is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert: one chunk
+per item).
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -58,9 +63,14 @@ LAYOUT_ROWS = 64
 # Shared memory one block may take on Hopper (227 KiB), and what the kernels take beside the
 # pipeline and the output tile (barriers, the epilogue's vectors).
 SHARED_MEMORY_BYTES = 232448
+# An SM's shared memory (228 KiB), of which the hardware reserves 1 KiB per resident block:
+# what each of several programs per SM may take.
+SM_SHARED_MEMORY_BYTES = 233472
+BLOCK_RESERVED_BYTES = 1024
+MAX_PROGRAMS_PER_SM = 2
 SHARED_MEMORY_SLACK = 4096
 TILING_FORM = ("(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[, "
-               "upcast]]]])")
+               "upcast[, programs_per_sm]]]]])")
 # Types whose wgmma reads the B operand K-major only.
 K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
 # What 8-bit tiles are converted to for 16-bit wgmma (`upcast`): Hopper converts fp8 to
@@ -82,9 +92,13 @@ class BlockConfig:
     compute_warpgroups: int = 1
     group_span: int = 1
     upcast: bool | None = None  # None: not an 8-bit gmm of weights [G, k, n], or not decided
+    programs_per_sm: int = 1
 
     def as_tiling(self) -> tuple[int, ...]:
         tiling = (self.block_m, self.block_k, self.block_n, self.stages)
+        if self.programs_per_sm != 1:
+            return (*tiling, self.compute_warpgroups, self.group_span, int(bool(self.upcast)),
+                    self.programs_per_sm)
         if self.upcast is not None:
             return (*tiling, self.compute_warpgroups, self.group_span, int(self.upcast))
         if self.group_span != 1:
@@ -146,6 +160,11 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
                          f"1, and 1 for gmm (tgmm's groups per work item)")
     if config.upcast is not None:
         _check_upcast(config, problem, source)
+    if config.programs_per_sm not in range(1, MAX_PROGRAMS_PER_SM + 1) or (
+            config.programs_per_sm > 1 and config.compute_warpgroups != 1):
+        raise ValueError(f"tiling {source!r}: programs_per_sm={config.programs_per_sm} must be "
+                         f"1, or 2 with one compute warpgroup (the registers of two programs "
+                         f"of three warpgroups do not fit one SM)")
     name = contraction_block(kernel)
     if getattr(config, name) < min_contraction(problem):
         raise ValueError(f"tiling {source!r}: {name}={getattr(config, name)} is the "
@@ -164,24 +183,38 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
                              f"{problem.rhs_dtype} weights are tiled [block_n, block_m], and "
                              f"tgmm masks them in wgmma's layout, {LAYOUT_ROWS} rows at a time"))
     needed = shared_memory_bytes(config, problem, weight_tiles)
-    if needed > SHARED_MEMORY_BYTES:
+    if needed > shared_memory_limit(config):
+        per = ("block" if config.programs_per_sm == 1 else
+               f"program when {config.programs_per_sm} share an SM")
         raise ValueError(f"tiling {source!r}: its {config.stages} stages and output tile take "
                          f"{needed} bytes of shared memory, over Hopper's "
-                         f"{SHARED_MEMORY_BYTES} per block; take fewer stages or smaller "
-                         f"blocks")
+                         f"{shared_memory_limit(config)} per {per}; take fewer stages or "
+                         f"smaller blocks")
     return config
 
 
+def shared_memory_limit(config: BlockConfig) -> int:
+    """The shared memory one program may take: a block's most, or its share of the SM."""
+    if config.programs_per_sm == 1:
+        return SHARED_MEMORY_BYTES
+    return SM_SHARED_MEMORY_BYTES // config.programs_per_sm - BLOCK_RESERVED_BYTES
+
+
 def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
-    if problem.kernel is not Kernel.GMM or operand_bytes(problem) != 1:
+    if not upcast_applies(problem):
         raise ValueError(
             f"tiling {source!r}: upcast={int(config.upcast)} is for gmm of two fp8 operands "
             f"of one kind with weights [G, k, n] only (8-bit wgmma reads those only after a "
             f"copy); this is a {problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: "
-            f"leave it out")
+            f"leave it out, or 0")
     if config.upcast and config.compute_warpgroups != 1:
         raise ValueError(f"tiling {source!r}: upcast=1 is written for one compute warpgroup; "
                          f"compute_warpgroups={config.compute_warpgroups} takes upcast=0")
+
+
+def upcast_applies(problem: Problem) -> bool:
+    """Whether the tiling's `upcast` entry chooses anything: gmm of 8-bit weights [G, k, n]."""
+    return problem.kernel is Kernel.GMM and operand_bytes(problem) == 1
 
 
 def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
@@ -191,7 +224,7 @@ def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
     by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs / 8-bit peak,
     bytes / HBM) + 2 * weight bytes / HBM. Memory-bound calls (fine-grained MoE: 64 rows per
     expert) upcast, compute-bound ones (Mixtral) copy. The tuner times both."""
-    if problem.kernel is not Kernel.GMM or operand_bytes(problem) != 1:
+    if not upcast_applies(problem):
         return False
     if compute_warpgroups != 1 or not problem.static:
         return False
@@ -248,35 +281,36 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockCo
     if isinstance(chosen, BlockConfig):
         return _upcast_decided(validate(chosen, problem, chosen, weight_tiles), problem,
                                weight_tiles)
-    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 7 or not all(
+    if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 8 or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in chosen):
         raise ValueError(f"tiling {chosen!r} must be a tuple of ints {TILING_FORM}")
     values = [int(v) for v in chosen]
     warpgroups = values[4] if len(values) >= 5 else 1
     span = values[5] if len(values) >= 6 else 1
     upcast = None
-    if len(values) == 7:
+    if len(values) >= 7:
         if values[6] not in (0, 1):
             raise ValueError(f"tiling {chosen!r}: upcast={values[6]} must be 0 or 1")
-        upcast = bool(values[6])
+        # 0 where upcast does not apply means nothing (it holds the place of programs_per_sm).
+        upcast = bool(values[6]) if values[6] or upcast_applies(problem) else None
+    programs = values[7] if len(values) == 8 else 1
     stages = values[3] if len(values) >= 4 else _stages_that_fit(
         BlockConfig(*values[:3], heuristic(problem).stages, warpgroups, upcast=upcast),
         problem, weight_tiles).stages
-    config = validate(BlockConfig(*values[:3], stages, warpgroups, span, upcast), problem,
-                      chosen, weight_tiles)
+    config = validate(BlockConfig(*values[:3], stages, warpgroups, span, upcast, programs),
+                      problem, chosen, weight_tiles)
     return _upcast_decided(config, problem, weight_tiles)
 
 
 def _upcast_decided(config: BlockConfig, problem: Problem, weight_tiles: int) -> BlockConfig:
     """`config` with `upcast` set where it applies and was left out: `upcast_pays`, where the
     float16 tiles fit beside the stages (cut to fit, not below 2)."""
-    if config.upcast is not None or problem.kernel is not Kernel.GMM or (
-            operand_bytes(problem) != 1):
+    if config.upcast is not None or not upcast_applies(problem):
         return config
     if upcast_pays(problem, config.compute_warpgroups):
         upcast = _stages_that_fit(dataclasses.replace(config, upcast=True), problem,
                                   weight_tiles)
-        if shared_memory_bytes(upcast, problem, weight_tiles) <= SHARED_MEMORY_BYTES:
+        if shared_memory_bytes(upcast, problem, weight_tiles) <= shared_memory_limit(upcast):
             return upcast
     return dataclasses.replace(config, upcast=False)
 
@@ -385,6 +419,6 @@ def _stages_that_fit(config: BlockConfig, problem: Problem,
     """`config` with its stages cut (not below 2) until shared memory holds it."""
     stages = config.stages
     while stages > 2 and shared_memory_bytes(dataclasses.replace(config, stages=stages),
-                                             problem, weight_tiles) > SHARED_MEMORY_BYTES:
+                                             problem, weight_tiles) > shared_memory_limit(config):
         stages -= 1
     return dataclasses.replace(config, stages=stages)

@@ -114,7 +114,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     copied = () if existing is None or aliased else (existing,)
     out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *copied),
                               (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
-                              starting_as=existing if aliased else None, threads=threads)
+                              starting_as=existing if aliased else None, threads=threads,
+                              programs_per_sm=blocks.programs_per_sm)
     return out if (m_p, n_p) == (m, n_out) else out[:m, :n_out]
 
 

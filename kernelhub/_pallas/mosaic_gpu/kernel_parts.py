@@ -30,9 +30,11 @@ SM_AXIS = "sm"
 
 def launch(body: Callable[..., None], operands: Sequence[jax.Array],
            out_shape: tuple[int, ...], out_dtype, interpret: bool, name: str,
-           starting_as: jax.Array | None = None, threads: dict | None = None) -> jax.Array:
-    """Runs `body(*operand_refs, out_ref)` on a persistent grid of one program per SM; the
-    body spreads its work over them with `plgpu.nd_loop(..., collective_axes=SM_AXIS)`.
+           starting_as: jax.Array | None = None, threads: dict | None = None,
+           programs_per_sm: int = 1) -> jax.Array:
+    """Runs `body(*operand_refs, out_ref)` on a persistent grid of `programs_per_sm` programs
+    per SM (config.py); the body spreads its work over them with
+    `plgpu.nd_loop(..., collective_axes=SM_AXIS)`.
 
     With `starting_as` (compiled only) the output is that array's buffer, aliased (a ref the
     kernel updates in place, XLA copying it only when the caller does not donate it):
@@ -47,8 +49,8 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
     if starting_as is not None:
         if interpret:
             raise ValueError("the interpreter takes no aliased output")
-        mesh = plgpu.Mesh(grid=(_sm_count(),), grid_names=(SM_AXIS,), kernel_name=name,
-                          **(threads or {}))
+        mesh = plgpu.Mesh(grid=(_sm_count() * programs_per_sm,), grid_names=(SM_AXIS,),
+                          kernel_name=name, **(threads or {}))
         kernel = pl.kernel(body, out_type=(), mesh=mesh, compiler_params=params)
         # run_state: the ref lives only inside, so the call stays a pure function.
         return pl.run_state(lambda out_ref: kernel(*operands, out_ref))(starting_as)
@@ -56,7 +58,7 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
     kernel = plgpu.kernel(
         body,
         out_type=out_type,
-        grid=(INTERPRET_SMS if interpret else _sm_count(),),
+        grid=((INTERPRET_SMS if interpret else _sm_count()) * programs_per_sm,),
         grid_names=(SM_AXIS,),
         compiler_params=params,
         interpret=jax_internals.mosaic_gpu_interpret_params() if interpret else None,

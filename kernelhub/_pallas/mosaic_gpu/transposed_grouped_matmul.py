@@ -63,7 +63,8 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         body = functools.partial(_body, groups=groups, rows_padded=m_p, **tiles)
         tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
     out = kernel_parts.launch(body, (*tables, lhs, rhs, *existing), (groups, k_p, n_p),
-                              out_dtype, interpret, "kernelhub_transposed_grouped_matmul")
+                              out_dtype, interpret, "kernelhub_transposed_grouped_matmul",
+                              programs_per_sm=blocks.programs_per_sm)
     return out if (k_p, n_p) == (k, n) else out[:, :k, :n]
 
 
