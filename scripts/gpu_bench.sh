@@ -17,6 +17,8 @@
 # epilogue: fused epilogues against the same math unfused, forward and forward + grad
 # bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
 # sweep:    a few block configs per shape (gpu_sweep.md)
+# profile:  Mosaic GPU's on-device profiler over one call of each pass at the fine-grained
+#           shapes (or $KERNELHUB_GPU_SHAPES): profile.md, where each kernel's time goes
 # tune:     kernelhub tune of both Hopper kernels (mosaic, triton; or $KERNELHUB_GPU_TUNE_PLATFORMS)
 #           in bf16 (or $KERNELHUB_GPU_TUNE_DTYPES, e.g. fp8)
 #           at the scoreboard's shapes (or those named in $KERNELHUB_GPU_TUNE_SHAPES; gmm's
@@ -319,8 +321,20 @@ for stage in "${stages[@]}"; do
         done
       fi
       ;;
+    profile)
+      # Mosaic GPU's on-device profiler over one call of each pass (issue 34: what limits
+      # each figure): profile.md, the share of each kernel's time per region.
+      if [ ${#smoke[@]} -gt 0 ]; then
+        note "profile: skipped in smoke mode (the on-device profiler needs a GPU)"
+      else
+        read -r -a profile_shapes <<<"${KERNELHUB_GPU_SHAPES:-deepseek-v3 qwen3-moe}"
+        run_stage profile "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.mosaic_profile \
+          --shapes "${profile_shapes[@]}" --out "$RESULTS/profile"
+        [ -f "$RESULTS/profile/profile.md" ] && cp "$RESULTS/profile/profile.md" "$RESULTS/"
+      fi
+      ;;
     *)
-      note "unknown stage $stage (expected tests, tests-others, tests-mosaic, roofline, epilogue, bench, sweep or tune)"
+      note "unknown stage $stage (expected tests, tests-others, tests-mosaic, roofline, epilogue, bench, sweep, tune or profile)"
       failed=1
       ;;
   esac
@@ -339,7 +353,7 @@ if [ -n "${OUT:-}" ]; then
   # $OUT can pass 8 files, and then only the archives are sure to come back.
   (cd "$RESULTS" && logs=$(find . -maxdepth 1 -type f ! -name summary.txt \
       ! -name 'roofline*.json' ! -name 'roofline*.md' ! -name roofline.png ! -name tuning.json \
-      ! -name tuning-bench.md ! -name results.tar.gz -printf '%f\n') &&
+      ! -name tuning-bench.md ! -name profile.md ! -name results.tar.gz -printf '%f\n') &&
     find . -maxdepth 1 -type f ! -name results.tar.gz -printf '%f\n' | tar -czf results.tar.gz -T - &&
     printf '%s\n' "$logs" | xargs -r rm -f --)
 fi

@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from kernelhub._cli.bench import gpu_roofline, gpu_scoreboard, gpu_scoreboard_report
-from kernelhub._cli.bench.gpu_measurement import SMOKE_SHAPES, Shape
+from kernelhub._cli.bench.gpu_measurement import SHAPES, SMOKE_SHAPES, Shape
 from kernelhub._cli.bench.gpu_roofline import PassProblem
 
 H100 = gpu_roofline.peak_for("NVIDIA H100 80GB HBM3")
@@ -391,3 +391,39 @@ def test_kernelhub_rows_name_the_tiling_each_kernel_call_ran():
         with active_table.activated(observer):  # the table in force while it lowers: none
             under.fn.lower(*under.args)
         assert observer.calls == []
+
+
+def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
+    """mosaic_profile reads Mosaic GPU's trace events (begin/end per region and warpgroup):
+    one warpgroup of two work items (two steps, then one), 10 us waited between the first
+    item's steps; one that ran no work item is left out of the means."""
+    from kernelhub._cli.bench import mosaic_profile
+
+    def region(tid, name, begin, end):
+        return [{"name": name, "ph": "B", "ts": begin, "tid": tid},
+                {"name": name, "ph": "E", "ts": end, "tid": tid}]
+
+    events = (region(1, "sums", 0, 50) + region(1, "step", 5, 15) + region(1, "step", 25, 40)
+              + region(1, "store", 50, 60) + region(1, "sums", 60, 80)
+              + region(1, "step", 62, 70) + region(1, "store", 80, 100)
+              + region(2, "store", 0, 5))
+    per_trace = mosaic_profile.region_times(events[::-1])  # any order
+    assert per_trace[1] == dict(span=100, totals={"sums": 70, "step": 33, "store": 30},
+                                counts={"sums": 2, "step": 3, "store": 2}, between_steps=10)
+    found = mosaic_profile.summary(per_trace)
+    assert found["warpgroups"] == 1 and found["items"] == 2 and found["steps"] == 3
+    assert found["us_per_item"] == 50
+    assert (found["sums_share"], found["step_share"], found["store_share"],
+            found["between_steps_share"]) == pytest.approx((0.7, 0.33, 0.3, 0.1))
+    # The buffer is sized from above: DeepSeek-V3's forward on 64x64x128 tiles has
+    # (16384 / 64 + 256 visits) x 16 column tiles over 132 programs, 63 each, of 2 regions
+    # and 7168 / 64 steps; its tgmm, 32 x 56 x 16 items, 218 each, of 2 regions and 2 steps.
+    deepseek = next(shape for shape in SHAPES if shape.name == "deepseek-v3")
+    assert mosaic_profile.regions_for(deepseek, "forward", "gmm", [64, 64, 128, 4]) == \
+        63 * (2 + 112) + 32
+    assert mosaic_profile.regions_for(deepseek, "rhs_gradient", "tgmm",
+                                      [64, 128, 128, 4, 1, 1, 0, 2]) == 109 * (2 + 2) + 32
+    table = mosaic_profile.report([("deepseek-v3", "rhs_gradient", found),
+                                   ("qwen3-moe", "forward", "failed: ValueError: x")])
+    assert "| deepseek-v3 | rhs_gradient | 1 | 100 | 2.0 | 50.00 | 3 | 0.70 | 0.33 | 0.10 | 0.30 |" \
+        in table and "| qwen3-moe | forward | failed: ValueError: x |" in table

@@ -39,7 +39,7 @@ import numpy as np
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import gmm_problem
 from kernelhub._grouped_matmul import polynomial_erf, visits
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts, warp_specialized
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling, warp_specialized
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 # n-tiles per band of the schedule (the weights' tiles read at once).
@@ -170,11 +170,12 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # Column tiles of rhs that this output tile sums: its own, and for a gated unit
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
-            totals = pl.run_scoped(
-                lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
-                                        rhs_ref.at[group], column_tiles,
-                                        blocks, k_tiles, transpose_rhs, interpret),
-                *[plgpu.ACC(shape) for _ in range(halves)])
+            with jax.named_scope(profiling.SUMS):
+                totals = pl.run_scoped(
+                    lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
+                                            rhs_ref.at[group], column_tiles,
+                                            blocks, k_tiles, transpose_rhs, interpret),
+                    *[plgpu.ACC(shape) for _ in range(halves)])
             if plain:
                 (result,) = totals
             else:
@@ -191,7 +192,8 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
                                        columns, column_scale_ref),
                                    None if bias_ref is None else functools.partial(
                                        columns, bias_ref))
-            store(result.astype(out_ref.dtype))
+            with jax.named_scope(profiling.STORE):
+                store(result.astype(out_ref.dtype))
 
         @pl.when(group == visits.FILL)
         def _fill():
@@ -244,6 +246,7 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
+    @jax.named_scope(profiling.STEP)
     def step(indices, lhs_smem, *rhs_smems):
         if upcast_tiles is None:
             for acc, rhs_smem in zip(accs, rhs_smems):

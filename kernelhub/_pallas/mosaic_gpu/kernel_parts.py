@@ -18,7 +18,7 @@ import numpy as np
 
 from kernelhub._core import jax_internals
 from kernelhub._grouped_matmul import visits
-from kernelhub._pallas.mosaic_gpu import config
+from kernelhub._pallas.mosaic_gpu import config, profiling
 
 # Streaming multiprocessors of an H100 SXM and an H200: the persistent grid, one program each.
 HOPPER_SMS = 132
@@ -45,7 +45,8 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup)
+    params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
+                                  **({} if interpret else profiling.compiler_params_fields()))
     if starting_as is not None:
         if interpret:
             raise ValueError("the interpreter takes no aliased output")

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import local_bounds
 from kernelhub._grouped_matmul.problem import tgmm_problem
-from kernelhub._pallas.mosaic_gpu import config, group_spans, kernel_parts
+from kernelhub._pallas.mosaic_gpu import config, group_spans, kernel_parts, profiling
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
@@ -107,6 +107,7 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
             return layout.chunk_rows(start, chunk, bm, rows_padded)
 
         def accumulate(acc, scratch=None):
+            @jax.named_scope(profiling.STEP)
             def step(indices, lhs_smem, rhs_smem):
                 first_row, summed_from = rows_of(indices[0])
                 layout.zero_rows_outside(lhs_smem, rhs_smem, first_row, summed_from, end,
@@ -128,14 +129,17 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
             return acc[...]
 
         scratch = layout.scratch(blocks, lhs_ref.dtype, interpret)
-        if scratch is not None:
-            # Registers and shared memory come from separate scopes (the interpreter's rule).
-            total = pl.run_scoped(lambda acc: pl.run_scoped(
-                lambda tile: accumulate(acc, tile), scratch), plgpu.ACC(shape))
-        else:
-            total = pl.run_scoped(accumulate, plgpu.ACC(shape))
+        with jax.named_scope(profiling.SUMS):
+            if scratch is not None:
+                # Registers and shared memory come from separate scopes (the interpreter's
+                # rule).
+                total = pl.run_scoped(lambda acc: pl.run_scoped(
+                    lambda tile: accumulate(acc, tile), scratch), plgpu.ACC(shape))
+            else:
+                total = pl.run_scoped(accumulate, plgpu.ACC(shape))
         where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
-        kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref, where)
+        with jax.named_scope(profiling.STORE):
+            kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref, where)
 
     # The last store completes before the kernel ends.
     plgpu.wait_smem_to_gmem(0)

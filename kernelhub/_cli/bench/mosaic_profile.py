@@ -1,0 +1,178 @@
+"""Where the Mosaic GPU kernels spend their time: one call of each pass at the scoreboard's
+shapes with Mosaic GPU's on-device profiler on (kernelhub/_pallas/mosaic_gpu/profiling.py),
+its traces summed into profile.md.
+
+    python -m kernelhub._cli.bench.mosaic_profile --shapes deepseek-v3 qwen3-moe --out DIR
+
+For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
+share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
+previous one waited for; store: epilogue and TMA store), and the time between steps, which is
+the wait for a step's tiles. GPU only: the profile buffer is read back through a host
+callback, which a cross-platform export cannot lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from kernelhub._pallas.mosaic_gpu import profiling
+from kernelhub._pallas.mosaic_gpu.kernel_parts import HOPPER_SMS
+
+def region_times(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per trace (`tid`, one warpgroup): its span (first begin to last end, us) and, per
+    region name, how many times it ran, its total time, and for `step` the time between one
+    step's end and the next one's start within the same work item (`between_steps`)."""
+    by_trace: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        by_trace[event["tid"]].append(event)
+    result = {}
+    for tid, trace in by_trace.items():
+        trace.sort(key=lambda e: e["ts"])
+        open_at: dict[str, list[float]] = defaultdict(list)
+        totals: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        between = 0.0
+        last_step_end = None
+        for event in trace:
+            name = event["name"]
+            if event["ph"] == "B":
+                open_at[name].append(event["ts"])
+                if name == profiling.SUMS:
+                    last_step_end = None  # a new work item: no wait between its items
+                elif name == profiling.STEP and last_step_end is not None:
+                    between += event["ts"] - last_step_end
+            elif open_at[name]:
+                totals[name] += event["ts"] - open_at[name].pop()
+                counts[name] += 1
+                if name == profiling.STEP:
+                    last_step_end = event["ts"]
+        span = trace[-1]["ts"] - trace[0]["ts"] if trace else 0.0
+        result[tid] = dict(span=span, totals=dict(totals), counts=dict(counts),
+                           between_steps=between)
+    return result
+
+
+def summary(per_trace: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """The means over warpgroups that ran at least one work item."""
+    busy = [t for t in per_trace.values() if t["counts"].get(profiling.SUMS)]
+    if not busy:
+        return {}
+
+    def mean(value):
+        return statistics.fmean(value(t) for t in busy)
+
+    items = mean(lambda t: t["counts"][profiling.SUMS])
+    steps = mean(lambda t: t["counts"].get(profiling.STEP, 0))
+    span = mean(lambda t: t["span"])
+    out = dict(warpgroups=len(busy), span_us=span, items=items, steps=steps,
+               us_per_item=span / items if items else math.nan)
+    for name in profiling.REGIONS:
+        out[f"{name}_share"] = mean(lambda t, n=name: t["totals"].get(n, 0.0) / t["span"]
+                                    if t["span"] else 0.0)
+    out["between_steps_share"] = mean(lambda t: t["between_steps"] / t["span"]
+                                      if t["span"] else 0.0)
+    return out
+
+
+def report(rows: list[tuple[str, str, dict[str, float] | str]]) -> str:
+    lines = ["# Mosaic GPU kernels: where a pass's time goes (on-device profiler)", "",
+             "Per warpgroup, averaged over those that ran work: the kernel's span, work items "
+             "and pipeline steps, and the share of the span in each region. `sums` holds "
+             "the steps and the waits between them; `store` is the epilogue and TMA store; "
+             "what is left is the persistent loop between items.", "",
+             "| shape | pass | warpgroups | span us | items | us per item | steps | sums | "
+             "step | between steps | store |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for shape, pass_name, found in rows:
+        if isinstance(found, str):
+            lines.append(f"| {shape} | {pass_name} | {found} |" + " |" * 8)
+            continue
+        lines.append(
+            f"| {shape} | {pass_name} | {found['warpgroups']} | {found['span_us']:.0f} | "
+            f"{found['items']:.1f} | {found['us_per_item']:.2f} | {found['steps']:.0f} | "
+            f"{found['sums_share']:.2f} | {found['step_share']:.2f} | "
+            f"{found['between_steps_share']:.2f} | {found['store_share']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def regions_for(shape: Any, pass_name: str, kernel: str, tiling: list[int]) -> int:
+    """An upper bound of the regions one program enters in a pass at balanced sizes, from the
+    tiling its kernel runs: work items per program times (two regions and the steps of one
+    item). The buffer takes 16 bytes a region of shared memory beside the kernel's; where
+    that is too much, compiling says so (a program entering more regions than its buffer holds
+    would overwrite the kernel's shared memory instead)."""
+    block_m, block_k, block_n = tiling[:3]
+    programs = HOPPER_SMS * (tiling[7] if len(tiling) == 8 else 1)
+    if kernel == "tgmm":
+        items = shape.local * math.ceil(shape.k / block_k) * math.ceil(shape.n / block_n)
+        steps = math.ceil(shape.m / shape.experts / block_m) + 1
+    else:
+        columns = shape.n if pass_name == "forward" else shape.k
+        contraction = shape.k if pass_name == "forward" else shape.n
+        items = (math.ceil(shape.m / block_m) + shape.experts) * math.ceil(columns / block_n)
+        steps = math.ceil(contraction / block_k)
+    return math.ceil(items / programs) * (2 + steps) + 32
+
+
+def run(shapes: list[str], passes: list[str], out: Path) -> str:
+    import jax
+
+    import kernelhub
+    from kernelhub._cli.bench import gpu_scoreboard_calls as calls
+    from kernelhub._cli.bench.gpu_measurement import SHAPES
+
+    rows = []
+    for shape in (s for s in SHAPES if s.name in shapes):
+        ops = calls.make_operands(shape, "balanced")
+        for pass_name in passes:
+            operands = calls.pass_operands(ops, pass_name, "bf16")
+            args = (*operands.ours, ops.sizes)
+            call = kernelhub.get(calls.PASS_OP[pass_name], platform="mosaic")
+            folder = out / f"{shape.name}-{pass_name}"
+            folder.mkdir(parents=True, exist_ok=True)
+            started = time.time()
+            try:
+                (ran,) = calls.kernel_tilings(calls._pass_function(call, pass_name, shape), args)
+                regions = regions_for(shape, pass_name, ran["kernel"], ran["tiling"])
+                with profiling.profiled(str(folder), regions):
+                    fn = calls._pass_function(call, pass_name, shape)  # traced in here
+                    jax.block_until_ready(fn(*args))
+                jax.effects_barrier()
+                traces = [p for p in folder.iterdir() if p.suffix == ".json"
+                          and p.stat().st_mtime >= started - 1]
+                events = [e for p in traces for e in json.loads(p.read_text())["traceEvents"]]
+                found = summary(region_times(events)) or "no events recorded"
+            except Exception as error:  # noqa: BLE001 - the row says why
+                found = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            rows.append((shape.name, pass_name, found))
+            print(rows[-1], flush=True)
+    return report(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["deepseek-v3", "qwen3-moe"])
+    parser.add_argument("--passes", nargs="+", default=["forward", "lhs_gradient",
+                                                          "rhs_gradient"],
+                        choices=["forward", "lhs_gradient", "rhs_gradient"])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    import jax
+
+    if jax.default_backend() != "gpu":
+        parser.error("the on-device profiler needs a GPU")
+    text = run(args.shapes, args.passes, args.out)
+    (args.out / "profile.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
