@@ -398,6 +398,13 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
     one warpgroup of two work items (two steps, then one), 10 us waited between the first
     item's steps; one that ran no work item is left out of the means."""
     from kernelhub._cli.bench import mosaic_profile
+    from kernelhub._pallas.mosaic_gpu import profiling
+
+    assert profiling.compiler_params_fields() == {}
+    with profiling.profiled("/tmp/traces", 64):
+        assert profiling.compiler_params_fields() == dict(profile_space=64,
+                                                          profile_dir="/tmp/traces")
+    assert profiling.compiler_params_fields() == {}
 
     def region(tid, name, begin, end):
         return [{"name": name, "ph": "B", "ts": begin, "tid": tid},
