@@ -699,6 +699,35 @@ def test_tgmm_over_group_spans_exports_for_cuda(dtype):
                                  jax.ShapeDtypeStruct((), jnp.int32)), 1, unpadded=True)
 
 
+@pytest.mark.parametrize("kernel", [Kernel.GMM, Kernel.GMM_TRANSPOSED_RHS, Kernel.TGMM])
+def test_two_programs_per_sm_candidates_export_for_cuda(kernel):
+    """Every tuning candidate with two programs per SM at DeepSeek-V3's shape (bf16 in and
+    out, a traced group_offset) lowers to one Mosaic GPU kernel without padding: the next GPU
+    tune times them all."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    bf16 = jnp.bfloat16
+    problem = Problem(kernel, m, k, n, experts, local, "bfloat16", "bfloat16", "bfloat16",
+                      False)
+    call = kernelhub.get(TGMM if kernel is Kernel.TGMM else GMM, platform="mosaic",
+                         backend="gpu")
+    shapes = {Kernel.GMM: ((m, k), (local, k, n)),
+              Kernel.GMM_TRANSPOSED_RHS: ((m, n), (local, k, n)),
+              Kernel.TGMM: ((k, m), (m, n))}[kernel]
+    candidates = [c for c in tuning_space._candidates(problem) if len(c) == 8 and c[7] == 2]
+    assert len(candidates) >= 3
+    for tiling in candidates:
+        def one_pass(lhs, rhs, sizes, offset, tiling=tiling):
+            if kernel is Kernel.TGMM:
+                return call(lhs, rhs, sizes, group_offset=offset, num_actual_groups=local,
+                            preferred_element_type=bf16, tiling=tiling)
+            return call(lhs, rhs, sizes, group_offset=offset, preferred_element_type=bf16,
+                        transpose_rhs=kernel is Kernel.GMM_TRANSPOSED_RHS, tiling=tiling)
+
+        _check_mosaic_only(_exported(one_pass, *(jax.ShapeDtypeStruct(s, bf16) for s in shapes),
+                                     jax.ShapeDtypeStruct((experts,), jnp.int32),
+                                     jax.ShapeDtypeStruct((), jnp.int32)), 1, unpadded=True)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
     """The contract tests' tiny shapes (20 x 24 x 6: every block fitted down to its least), a
