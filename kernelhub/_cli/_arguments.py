@@ -38,6 +38,25 @@ def dtype(value: str) -> str:
             f"{value!r} is not a dtype here; choose from {', '.join(DTYPES)}") from None
 
 
+# Quantized operand dtypes, for commands whose calls quantize bf16 operands (kernelhub tune).
+QUANTIZED_DTYPES = {"fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+                    "float8_e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2",
+                    "float8_e5m2": "float8_e5m2", "int8": "int8"}
+
+
+def operand_dtype(value: str) -> str:
+    """A float dtype's name (as `dtype`), or a quantized one's (float8_e4m3fn, ...)."""
+    quantized = QUANTIZED_DTYPES.get(value.lower())
+    if quantized is not None:
+        return quantized
+    try:
+        return dtype(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an operand dtype here; choose from "
+            f"{', '.join([*DTYPES, *QUANTIZED_DTYPES])}") from None
+
+
 def positive(value: str) -> int:
     try:
         number = int(value)

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local-groups", type=positive, metavar="L",
                         help="experts on this device when they are sharded (gmm's rhs holds L "
                              "of the groups, from group_offset 0; tgmm makes L); default all")
-    parser.add_argument("--dtypes", "--dtype", type=operand_dtype, nargs="+",
+    parser.add_argument("--dtypes", "--dtype", type=_arguments.operand_dtype, nargs="+",
                         default=["bfloat16"], metavar="DTYPE",
                         help="operand dtypes: float32 (f32), bfloat16 (bf16), float16 (f16), or "
                              "quantized: fp8 (e4m3), e5m2, int8 (both operands quantized in "
@@ -78,25 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "table is saved after each kernel, so a run stopped from outside "
                              "keeps what it finished")
     _arguments.add_import_option(parser)
-
-
-# Quantized operand dtypes: the step quantizes bf16 operands to them (kernelhub.quantize).
-QUANTIZED_DTYPES = {"fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
-                    "float8_e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2",
-                    "float8_e5m2": "float8_e5m2", "int8": "int8"}
-
-
-def operand_dtype(value: str) -> str:
-    """A float dtype's name (as `dtype`), or a quantized one's (float8_e4m3fn, ...)."""
-    quantized = QUANTIZED_DTYPES.get(value.lower())
-    if quantized is not None:
-        return quantized
-    try:
-        return dtype(value)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not an operand dtype here; choose from "
-            f"{', '.join([*_arguments.DTYPES, *QUANTIZED_DTYPES])}") from None
 
 
 def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: Any,

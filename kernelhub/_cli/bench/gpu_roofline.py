@@ -19,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# The chips' peaks live in the kit, where the Mosaic GPU kernels' upcast choice reads them too.
+from kernelhub._grouped_matmul.gpu_peaks import PEAKS, Peak, peak_for  # noqa: F401
+
 PASSES = ("forward", "lhs_gradient", "rhs_gradient")
 # What each pass is as one kernel call (the custom VJP's own calls, autodiff.py).
 PASS_CALLS = {"forward": "gmm", "lhs_gradient": "gmm, weights transposed",
@@ -27,39 +30,6 @@ PASS_CALLS = {"forward": "gmm", "lhs_gradient": "gmm, weights transposed",
 DTYPES = {"bf16": (2, 0), "fp8": (1, 4)}
 OUT_DTYPE = "bf16"
 OUT_BYTES = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Peak:
-    """A chip's dense tensor-core rate per operand format and its HBM bandwidth, from the
-    vendor's spec sheet (not measured: a measured ceiling is lower, so fractions read high
-    against the spec would be impossible, and low ones are honest)."""
-
-    name: str  # as the report names it
-    tflops: dict[str, float]  # dense, by operand format of DTYPES
-    tbps: float
-    kinds: tuple[str, ...]  # jax device_kind contains one of these
-    not_kinds: tuple[str, ...] = ()  # ... and none of these (another part of the same name)
-
-    def matches(self, device_kind: str) -> bool:
-        kind = device_kind.upper()
-        return (any(part in kind for part in self.kinds)
-                and not any(part in kind for part in self.not_kinds))
-
-    def record(self) -> dict[str, Any]:
-        return {"name": self.name, "tflops": dict(self.tflops), "tbps": self.tbps}
-
-
-# One table, the spec sheets' dense (no sparsity) figures. H100 PCIe and NVL parts have lower
-# clocks and other memory: they are not the SXM part and get no peak rather than a wrong one.
-PEAKS = (
-    Peak("H100 SXM", {"bf16": 989.0, "fp8": 1979.0}, 3.35, ("H100",), ("PCIE", "NVL")),
-    Peak("H200", {"bf16": 989.0, "fp8": 1979.0}, 4.8, ("H200",)),
-)
-
-
-def peak_for(device_kind: str) -> Peak | None:
-    return next((peak for peak in PEAKS if peak.matches(device_kind)), None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Tiles of the Mosaic GPU grouped matmuls: the heuristic and the `tiling` override.
 
 A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[,
-upcast[, programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops: gmm's output rows, tgmm's
-summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is
+upcast[, programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops:
+gmm's output rows, tgmm's summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is
 how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` (gmm only)
 warp-specializes the program: a memory warpgroup loads for two compute warpgroups, each of
 block_n / 2 columns (warp_specialized.py). `group_span` (tgmm only) is how many consecutive
@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from kernelhub._core.shapes import is_static
+from kernelhub._grouped_matmul import gpu_peaks
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 
 OUTPUT_ROWS = (64, 128)
@@ -77,10 +78,9 @@ K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
 # float16 in one instruction (to bfloat16 only through float32), and float16 holds every e4m3
 # and e5m2 value exactly.
 UPCAST_DTYPE = np.dtype(np.float16)
-# The roofline of `upcast_pays` (an H100 SXM's spec sheet): only their ratios matter.
-HOPPER_16_BIT_FLOPS = 989e12
-HOPPER_8_BIT_FLOPS = 1979e12
-HOPPER_HBM_BYTES = 3.35e12
+# The roofline of `upcast_pays`: an H100 SXM's spec sheet (an H200's differs only in HBM);
+# only the ratios of its rates matter.
+_UPCAST_PEAK = gpu_peaks.peak_for("H100 SXM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,9 +232,10 @@ def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
     flops = 2.0 * m * k * n
     weights = float(problem.local_groups) * k * n
     moved = m * k + weights + m * n * np.dtype(problem.out_dtype).itemsize
-    memory = moved / HOPPER_HBM_BYTES
-    upcast = max(flops / HOPPER_16_BIT_FLOPS, memory)
-    copied = max(flops / HOPPER_8_BIT_FLOPS, memory) + 2 * weights / HOPPER_HBM_BYTES
+    hbm = _UPCAST_PEAK.tbps * 1e12
+    memory = moved / hbm
+    upcast = max(flops / (_UPCAST_PEAK.tflops["bf16"] * 1e12), memory)
+    copied = max(flops / (_UPCAST_PEAK.tflops["fp8"] * 1e12), memory) + 2 * weights / hbm
     return upcast < copied
 
 

@@ -3,8 +3,8 @@
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
 64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
 for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
-tgmm three shallow pipelines (2 or 3 stages) and four that sum spans of 8 or 32 groups in one
-pipeline (group_spans.py), for every kernel three or four with two programs per SM, for gmm of
+tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py), for every kernel
+three or four with two programs per SM (each with half the shared memory), for gmm of
 8-bit weights [G, k, n] each single-warpgroup tiling with and without upcast (config.py);
 each fitted to the problem as the heuristic's own is, and kept only where it is legal.
 """
@@ -35,22 +35,16 @@ _CANDIDATES = (
 # tgmm only: (output rows, contraction rows, columns, stages, groups per work item): one
 # pipeline over several groups' chunks (group_spans.py), where one group's few rows leave the
 # per-group pipeline nothing to overlap.
-_TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32),
-               (128, 1, 128, 2, 8))
-# tgmm only, shallow pipelines: at 64 rows per expert a per-group pipeline has one step, so
-# its stages past the first hold nothing.
-_TGMM_SHALLOW = ((128, 1, 128, 2, 1), (128, 1, 128, 3, 1), (64, 1, 128, 2, 1))
+_TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32))
 
 # Two programs per SM (config.py's programs_per_sm), each with half the shared memory: (output
-# rows, contraction in 128-byte rows, columns, stages[, groups per work item]). A program of
-# the persistent grid waits out each work item's first load; a second program on the SM keeps
-# HBM busy meanwhile. The Triton tgmm's tune on an H200 found the same trade (3 stages of half
-# the rows, more programs per SM) 1.6x to 1.9x faster at the fine-grained shapes.
-_TWO_PER_SM = {
-    Kernel.TGMM: ((128, 1, 128, 2), (64, 1, 128, 2), (64, 1, 128, 3), (128, 1, 128, 2, 8)),
-    Kernel.GMM: ((64, 1, 128, 3), (64, 1, 128, 4), (128, 1, 128, 3)),
-    Kernel.GMM_TRANSPOSED_RHS: ((64, 1, 128, 3), (64, 1, 128, 4), (128, 1, 128, 3)),
-}
+# rows, contraction in 128-byte rows, columns, stages, groups per work item). A program of the
+# persistent grid waits out each work item's first load; a second program on the SM keeps HBM
+# busy meanwhile. The Triton tgmm's tune on an H200 found the same trade (3 stages of half the
+# rows, more programs per SM) 1.6x to 1.9x faster at the fine-grained shapes.
+_TWO_PER_SM_GMM = ((64, 1, 128, 3, 1), (64, 1, 128, 4, 1), (128, 1, 128, 3, 1))
+_TWO_PER_SM_TGMM = ((128, 1, 128, 2, 1), (64, 1, 128, 2, 1), (64, 1, 128, 3, 1),
+                    (128, 1, 128, 2, 8))
 
 
 def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: int,
@@ -66,13 +60,13 @@ def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: 
 
 def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     tilings = [_tiling(*c, problem) for c in _CANDIDATES]
-    if problem.kernel is Kernel.TGMM:
-        tilings += [_tiling(*c, problem) for c in _TGMM_SHALLOW]
+    tgmm = problem.kernel is Kernel.TGMM
+    if tgmm:
         tilings += [_tiling(*c[:4], 1, problem, span=c[4]) for c in _TGMM_SPANS]
-    tilings += [_tiling(*c[:4], 1, problem, span=(c[4:] or (1,))[0], programs=2)
-                for c in _TWO_PER_SM.get(problem.kernel, ())]
+    tilings += [_tiling(*c[:4], 1, problem, span=c[4], programs=2)
+                for c in (_TWO_PER_SM_TGMM if tgmm else _TWO_PER_SM_GMM)]
     fitted = [config.fitted(tiling, problem) for tiling in tilings]
-    if problem.kernel is Kernel.GMM and config.operand_bytes(problem) == 1:
+    if config.upcast_applies(problem):
         # 8-bit gmm of weights [G, k, n]: each single-warpgroup tiling both ways, float16
         # conversions of the tiles as stored and 8-bit wgmma after a copy of the weights (the
         # roofline's choice, config.upcast_pays, is only an estimate).
