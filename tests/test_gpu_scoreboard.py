@@ -247,14 +247,16 @@ def test_the_default_row_is_the_platform_whose_kernel_a_plain_call_lowers():
 
 
 def test_the_lowering_is_read_only_where_a_table_can_choose(monkeypatch):
-    """The shipped CPU table times one implementation (xla): no export per pass is spent;
-    a table named by KERNELHUB_TUNING may hold two kernels' times."""
+    """The shipped CPU table times one implementation (xla): no export per pass is spent; the
+    H100's holds both Hopper kernels' times, as may a table named by KERNELHUB_TUNING. (The
+    device kinds are named: the first device is the GPU where the GPU runs these tests.)"""
     from kernelhub._cli.bench import gpu_scoreboard_calls
 
     monkeypatch.delenv("KERNELHUB_TUNING", raising=False)
-    assert not gpu_scoreboard_calls._tables_may_choose()
+    assert not gpu_scoreboard_calls._tables_may_choose("cpu")
+    assert gpu_scoreboard_calls._tables_may_choose("NVIDIA H100 80GB HBM3")
     monkeypatch.setenv("KERNELHUB_TUNING", "/tmp/table.json")
-    assert gpu_scoreboard_calls._tables_may_choose()
+    assert gpu_scoreboard_calls._tables_may_choose("cpu")
 
 
 def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tmp_path):

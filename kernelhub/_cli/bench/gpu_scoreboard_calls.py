@@ -206,13 +206,14 @@ def lowered_platform(fn: Callable[..., Any], args: Sequence[Any]) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def _tables_may_choose() -> bool:
-    """Whether a tuning table can make a plain call lower another kernel than resolve's here:
-    one named by KERNELHUB_TUNING, or one shipped for this GPU with entries of two kernels.
-    Else the lowering is not read (an export per pass costs the run's GPU seconds)."""
+def _tables_may_choose(device_kind: str | None = None) -> bool:
+    """Whether a tuning table can make a plain call lower another kernel than resolve's on
+    device_kind (default: the first device's): one named by KERNELHUB_TUNING, or one shipped
+    for it with entries of two kernels. Else the lowering is not read (an export per pass
+    costs the run's GPU seconds)."""
     if os.environ.get("KERNELHUB_TUNING"):
         return True
-    table = kernelhub.tuning.shipped(jax.devices()[0].device_kind)
+    table = kernelhub.tuning.shipped(device_kind or jax.devices()[0].device_kind)
     return len({key.implementation for key in table.entries}) > 1
 
 
