@@ -432,7 +432,11 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
         63 * (2 + 112) + 32
     assert mosaic_profile.regions_for(deepseek, "rhs_gradient", "tgmm",
                                       [64, 128, 128, 4, 1, 1, 0, 2]) == 109 * (2 + 2) + 32
+    found["tiling"] = (64, 128, 128, 2, 1, 1, 0, 2)
     table = mosaic_profile.report([("deepseek-v3", "rhs_gradient", found),
-                                   ("qwen3-moe", "forward", "failed: ValueError: x")])
-    assert "| deepseek-v3 | rhs_gradient | 1 | 100 | 2.0 | 50.00 | 3 | 0.70 | 0.33 | 0.10 | 0.30 |" \
-        in table and "| qwen3-moe | forward | failed: ValueError: x |" in table
+                                   ("qwen3-moe", "forward", "failed: ValueError: x")],
+                                  {"deepseek-v3": (939.5, 2.914)})
+    assert ("| deepseek-v3 | rhs_gradient | 64x128x128x2x1x1x0x2 | 1 | 100 | 2.0 | 50.00 | 3 | "
+            "0.70 | 0.33 | 0.10 | 0.30 |") in table
+    assert "| qwen3-moe | forward | failed: ValueError: x |" in table
+    assert "| deepseek-v3 | 940 | 2.91 |" in table

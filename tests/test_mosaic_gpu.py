@@ -214,35 +214,31 @@ def test_gmm_fp8_weights_copied_or_upcast_with_offset_existing_out_and_a_gated_u
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit(transpose_rhs):
+def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     """compute_warpgroups=2: a memory warpgroup feeding two compute warpgroups, each of half
     the columns, on the interpreter's two programs (each walks several work items, so the
     pipeline runs on across them). Local groups 1..2 of 4 with existing_out (the other rows
-    kept bitwise), unaligned groups, rows past the sum; then a gated unit with a bias, whose
-    two accumulators per warpgroup read two weight tiles a step."""
+    kept bitwise), unaligned groups, rows past the sum; then a gated unit with a bias and the
+    weights [G, n, k] (transpose_rhs), whose two accumulators per warpgroup read two weight
+    tiles a step. (One layout each: the interpreter takes transposed weights as [G, k, n],
+    and export checks the compiled kernel's transposed view.)"""
     rng = np.random.default_rng(9)
     m, k, n = 150, 80, 96
     sizes = np.array([20, 50, 3, 60], np.int32)  # groups 1, 2 local: rows 20..73
-    weights = (2, n, k) if transpose_rhs else (2, k, n)
-    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, weights, jnp.bfloat16)
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
     existing = _values(rng, (m, n), jnp.float32)
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 64, 2, 2),
-                       group_offset=jnp.int32(1), existing_out=existing,
-                       transpose_rhs=transpose_rhs)
-    expected = reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing,
-                             transpose_rhs=transpose_rhs)
+                       group_offset=jnp.int32(1), existing_out=existing)
+    expected = reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing)
     assert_close(out, expected, jnp.float32, contraction=k)
     kept = np.r_[0:20, 73:m]
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
-    gate_up = _values(rng, (4, 2 * n, k) if transpose_rhs else (4, k, 2 * n), jnp.bfloat16)
+    gate_up = _values(rng, (4, 2 * n, k), jnp.bfloat16)
     bias = _values(rng, (4, 2 * n), jnp.float32)
     out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), tiling=(64, 64, 128, 3, 2), bias=bias,
-                       glu="silu", transpose_rhs=transpose_rhs,
-                       preferred_element_type=jnp.bfloat16)
-    expected = reference.gmm(lhs, gate_up, sizes, bias=bias, glu="silu",
-                             transpose_rhs=transpose_rhs)
+                       glu="silu", transpose_rhs=True, preferred_element_type=jnp.bfloat16)
+    expected = reference.gmm(lhs, gate_up, sizes, bias=bias, glu="silu", transpose_rhs=True)
     assert_close(out, expected, jnp.bfloat16, contraction=k)
     assert np.all(np.asarray(out)[133:] == 0)
 
@@ -467,6 +463,30 @@ def test_heuristic_gives_small_groups_64_row_tiles():
     assert tgmm.block_k in config.OUTPUT_ROWS
 
 
+SHARED = (64, 64, 128, 3, 1, 1, 0, 2)
+
+
+@pytest.mark.parametrize("shape, tiling, float32_tiling", [
+    # The winners of the H100 tune of 2026-11-27 at the fine-grained shapes (bf16 out); a
+    # float32 output tile beside 128 rows in 2 stages passes half the shared memory.
+    ((16384, 7168, 2048, 256, 32), (64, 128, 128, 2, 1, 1, 0, 2), SHARED),
+    ((8192, 2048, 768, 128, 128), (64, 128, 128, 2, 1, 1, 0, 2), SHARED),
+    ((8192, 2880, 5760, 128, 128), SHARED, SHARED),  # 2880: 64-row tiles, 3 stages
+    # Mixtral's 1024 rows per expert fill a pipeline; a small problem leaves a second program
+    # per SM no work.
+    ((8192, 4096, 14336, 8, 8), (64, 128, 128, 4), (64, 128, 128, 4)),
+    ((512, 256, 384, 4, 4), (64, 128, 128, 4), (64, 128, 128, 4)),
+])
+def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_chunks(
+        shape, tiling, float32_tiling):
+    m, k, n, groups, local = shape
+    problem = Problem(Kernel.TGMM, m, k, n, groups, local, "bfloat16", "bfloat16", "bfloat16",
+                      False)
+    assert config.heuristic(problem).as_tiling() == tiling
+    wide = dataclasses.replace(problem, out_dtype="float32")
+    assert config.heuristic(wide).as_tiling() == float32_tiling
+
+
 def test_row_tiles_start_with_their_group_so_each_reads_its_weights_once():
     """64-row groups that start 3 rows off a tile boundary: with tiles at fixed multiples of
     128 rows half the groups cross one and are visited (their weights read) twice; with tiles
@@ -502,7 +522,8 @@ def test_invalid_tiling_names_the_rule(tiling, rule):
     ((64, 64, 64, 4, 2), Kernel.GMM, "compute warpgroups' halves"),  # 32 bf16 columns each
     ((64, 64, 128, 4, 1, 2), Kernel.GMM, "group_span=2"),  # tgmm's option
     ((64, 128, 128, 4, 1, 0), Kernel.TGMM, "group_span=0"),
-    ((64, 64, 128, 4, 1, 1, 0, 3), Kernel.GMM, "programs_per_sm=3"),
+    ((64, 64, 128, 2, 1, 1, 0, 5), Kernel.GMM, "programs_per_sm=5"),
+    ((64, 64, 128, 4, 1, 1, 0, 3), Kernel.GMM, "when 3 share an SM"),
     ((64, 64, 256, 4, 2, 1, 0, 2), Kernel.GMM, "one compute warpgroup"),
     ((64, 128, 128, 4, 1, 1, 0, 2), Kernel.TGMM, "when 2 share an SM"),  # 4 stages of 32 KiB
 ])
@@ -704,10 +725,10 @@ def test_tgmm_over_group_spans_exports_for_cuda(dtype):
 
 
 @pytest.mark.parametrize("kernel", [Kernel.GMM, Kernel.GMM_TRANSPOSED_RHS, Kernel.TGMM])
-def test_two_programs_per_sm_candidates_export_for_cuda(kernel):
-    """Every tuning candidate with two programs per SM at DeepSeek-V3's shape (bf16 in and
-    out, a traced group_offset) lowers to one Mosaic GPU kernel without padding: the next GPU
-    tune times them all."""
+def test_shared_sm_candidates_export_for_cuda(kernel):
+    """Every tuning candidate with programs sharing an SM (two to four) at DeepSeek-V3's shape
+    (bf16 in and out, a traced group_offset) lowers to one Mosaic GPU kernel without padding:
+    the next GPU tune times them all."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     bf16 = jnp.bfloat16
     problem = Problem(kernel, m, k, n, experts, local, "bfloat16", "bfloat16", "bfloat16",
@@ -717,8 +738,8 @@ def test_two_programs_per_sm_candidates_export_for_cuda(kernel):
     shapes = {Kernel.GMM: ((m, k), (local, k, n)),
               Kernel.GMM_TRANSPOSED_RHS: ((m, n), (local, k, n)),
               Kernel.TGMM: ((k, m), (m, n))}[kernel]
-    candidates = [c for c in tuning_space._candidates(problem) if len(c) == 8 and c[7] == 2]
-    assert len(candidates) >= 3
+    candidates = [c for c in tuning_space._candidates(problem) if len(c) == 8 and c[7] > 1]
+    assert {c[7] for c in candidates} == {2, 3, 4}
     for tiling in candidates:
         def one_pass(lhs, rhs, sizes, offset, tiling=tiling):
             if kernel is Kernel.TGMM:

@@ -328,8 +328,9 @@ def _assert_compiled(result: ahead_of_time.CompileResult) -> None:
 # (`kernelhub verify --tpu`, docs/tpu.md's table), and every pair's tiles are checked against
 # that table from its lowering (the next test), which takes a second where a compilation takes
 # 8 to 17 in CI. (v4 at Qwen3, v5e at DeepSeek-V3 and v6e at the odd shape also ran in CI until
-# 2026-11-27.)
-COMPILED_PAIRS = [("v4", "odd"), ("v5e", "mixtral"), ("v5p", "mixtral-down"), ("v5p", "qwen3-moe"),
+# 2026-11-27, v5p at Qwen3 until the second session of that day; Qwen3's shape still compiles
+# in the 4-bit case below.)
+COMPILED_PAIRS = [("v4", "odd"), ("v5e", "mixtral"), ("v5p", "mixtral-down"),
                   ("v6e", "deepseek-v3")]
 
 
@@ -458,15 +459,15 @@ def test_quantized_operands_compile_for_tpu(generation, quantized, shape, block_
 # the odd shape, and its gated forward at its shape (test_the_gated_forward_is_one_mosaic_kernel).
 @pytest.mark.parametrize("generation, shape, epilogue", [
     ("v5p", "odd", ahead_of_time.GPT_OSS_EPILOGUE),
-    ("v5p", "qwen3-moe", {"activation": "gelu", "bias": True}),
+    ("v5p", "odd", {"activation": "gelu", "bias": True}),
     ("v5e", "odd", {"glu": "gelu_tanh", "glu_layout": "interleaved", "bias": True}),
 ])
 def test_epilogues_compile_for_tpu(generation, shape, epilogue):
     """Fused epilogues in the Mosaic kernel, forward and VJP (three kernels: the backward
     takes the forward kernel's pre-activation): GPT-OSS-120B's interleaved swiglu_oai with a bias,
-    bias and gelu (erf) at Qwen3's shape, and an interleaved glu with gelu_tanh, each of the
-    interleaved ones at a shape no tile divides. (DeepSeek-V3's shape with group_offset
-    compiled too, 11 s: left out for CI's time.)"""
+    bias and gelu (erf), and an interleaved glu with gelu_tanh, each at a shape no tile divides.
+    (DeepSeek-V3's shape with group_offset compiled too, 11 s, and bias and gelu at Qwen3's,
+    17 s: left out for CI's time.)"""
     moe = ahead_of_time.GATED_SHAPES.get(shape) or ahead_of_time.SHAPES[shape]
     result = ahead_of_time.compile_for(generation, moe, epilogue=epilogue)
     assert result.compiled, f"{generation} {shape}: {result.error}\n{result.details}"

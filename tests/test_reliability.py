@@ -237,8 +237,9 @@ def test_autotune_works_again_and_again():
         def loss(x, w, s):
             return kernelhub.grouped_matmul(x, w, s).sum()
 
-        # Again after jax's caches are cleared: the gradient, whose trace records every pass.
-        for fn in (loss, jax.jit(loss), jax.grad(loss)) if round_ == 0 else (jax.grad(loss),):
+        # A jitted function, then the gradient, whose trace records every pass; the gradient
+        # again after jax's caches are cleared. (An unjitted function traces as a jitted one.)
+        for fn in (jax.jit(loss), jax.grad(loss)) if round_ == 0 else (jax.grad(loss),):
             table = kernelhub.autotune(fn, lhs, rhs, sizes, repeats=1, draws=1, progress=False)
             assert len(table) >= 1, (round_, fn)
         jax.clear_caches()

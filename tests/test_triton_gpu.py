@@ -619,8 +619,10 @@ _QUANTIZED_PAIRS = [
 ]
 # Every pair with N-major weights; K-major (transpose_rhs) where the path differs: 8-bit tiles
 # straight from memory to the tensor cores (e4m3, e5m2 beside it, int8) and int4's 8-bit wgmma.
-# Weight-only pairs, e5m2 x e5m2 and e2m1 transposed also passed (2026-11-26), left out of CI.
-_K_MAJOR = {(E4M3, E4M3), (E4M3, E5M2), (INT8, INT8), (INT4, INT4)}
+# Weight-only pairs, e5m2 x e5m2 and e2m1 transposed also passed (2026-11-26), left out of CI;
+# so is int8 K-major since 2026-11-27 (8 s; the GPU runs pass it, and e4m3 K-major takes the
+# same 8-bit path here).
+_K_MAJOR = {(E4M3, E4M3), (E4M3, E5M2), (INT4, INT4)}
 
 
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype, forward_wgmma, transpose_rhs", [

@@ -7,8 +7,10 @@ its traces summed into profile.md.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. GPU only: the profile buffer is read back through a host
-callback, which a cross-platform export cannot lower.
+the wait for a step's tiles. Beside them, per shape, the rate at which XLA reads the local
+experts' weights once (a max over them): what this GPU streams where nothing else is asked of
+it, against which each pass's own bytes per second read. GPU only: the profile buffer is read
+back through a host callback, which a cross-platform export cannot lower.
 """
 
 from __future__ import annotations
@@ -81,25 +83,52 @@ def summary(per_trace: dict[int, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def report(rows: list[tuple[str, str, dict[str, float] | str]]) -> str:
+def report(rows: list[tuple[str, str, dict[str, float] | str]],
+           streams: dict[str, float] | None = None) -> str:
+    """profile.md: a row per pass (its tiling, its regions' shares) and, per shape in
+    `streams`, XLA's rate reading the weights (TB/s)."""
     lines = ["# Mosaic GPU kernels: where a pass's time goes (on-device profiler)", "",
              "Per warpgroup, averaged over those that ran work: the kernel's span, work items "
              "and pipeline steps, and the share of the span in each region. `sums` holds "
              "the steps and the waits between them; `store` is the epilogue and TMA store; "
              "what is left is the persistent loop between items.", "",
-             "| shape | pass | warpgroups | span us | items | us per item | steps | sums | "
-             "step | between steps | store |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| shape | pass | tiling | warpgroups | span us | items | us per item | steps | "
+             "sums | step | between steps | store |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for shape, pass_name, found in rows:
         if isinstance(found, str):
-            lines.append(f"| {shape} | {pass_name} | {found} |" + " |" * 8)
+            lines.append(f"| {shape} | {pass_name} | {found} |" + " |" * 9)
             continue
+        tiling = "x".join(str(t) for t in found.get("tiling", ())) or "?"
         lines.append(
-            f"| {shape} | {pass_name} | {found['warpgroups']} | {found['span_us']:.0f} | "
-            f"{found['items']:.1f} | {found['us_per_item']:.2f} | {found['steps']:.0f} | "
-            f"{found['sums_share']:.2f} | {found['step_share']:.2f} | "
+            f"| {shape} | {pass_name} | {tiling} | {found['warpgroups']} | "
+            f"{found['span_us']:.0f} | {found['items']:.1f} | {found['us_per_item']:.2f} | "
+            f"{found['steps']:.0f} | {found['sums_share']:.2f} | {found['step_share']:.2f} | "
             f"{found['between_steps_share']:.2f} | {found['store_share']:.2f} |")
+    if streams:
+        lines += ["", "XLA reading the local experts' weights once (a max over them, median "
+                  "of 10 calls): what HBM gives a plain stream here.", "",
+                  "| shape | weights MB | TB/s |", "|---|---:|---:|"]
+        lines += [f"| {shape} | {megabytes:.0f} | {tbps:.2f} |"
+                  for shape, (megabytes, tbps) in streams.items()]
     return "\n".join(lines) + "\n"
+
+
+def weight_stream(w: Any, repeats: int = 10) -> tuple[float, float]:
+    """(megabytes, TB/s) of XLA reading `w` once: a max over it, median of `repeats` calls
+    after a compiled warm-up."""
+    import jax
+    import jax.numpy as jnp
+
+    read = jax.jit(lambda w: jnp.max(w))
+    jax.block_until_ready(read(w))
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(read(w))
+        seconds.append(time.perf_counter() - started)
+    size = w.size * w.dtype.itemsize
+    return size / 1e6, size / statistics.median(seconds) / 1e12
 
 
 def regions_for(shape: Any, pass_name: str, kernel: str, tiling: list[int]) -> int:
@@ -129,8 +158,10 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
     from kernelhub._cli.bench.gpu_measurement import SHAPES
 
     rows = []
+    streams = {}
     for shape in (s for s in SHAPES if s.name in shapes):
         ops = calls.make_operands(shape, "balanced")
+        streams[shape.name] = weight_stream(ops.w)
         for pass_name in passes:
             operands = calls.pass_operands(ops, pass_name, "bf16")
             args = (*operands.ours, ops.sizes)
@@ -149,11 +180,13 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
                           and p.stat().st_mtime >= started - 1]
                 events = [e for p in traces for e in json.loads(p.read_text())["traceEvents"]]
                 found = summary(region_times(events)) or "no events recorded"
+                if isinstance(found, dict):
+                    found["tiling"] = tuple(ran["tiling"])
             except Exception as error:  # noqa: BLE001 - the row says why
                 found = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
             rows.append((shape.name, pass_name, found))
             print(rows[-1], flush=True)
-    return report(rows)
+    return report(rows, streams)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,11 +12,13 @@ groups one work item sums through one pipeline, storing a tile at each group's e
 them on 16-bit wgmma, which reads the weights as stored; 0 multiplies the stored values on
 8-bit wgmma, which reads B only K-major, so the weights are first transposed to [G, n, k] (a
 copy of all of them). Left out, the roofline decides (`upcast_pays`); where it does not
-apply, 0 is the same as leaving it out. `programs_per_sm` (1 or 2, one compute warpgroup
-only) is how many programs of the persistent grid share an SM: with 2, each has half the SM's
-shared memory, and one program's loads are in flight while the other waits, where a work item
-is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert: one chunk
-per item).
+apply, 0 is the same as leaving it out. `programs_per_sm` (1 to 4; above 1, one compute
+warpgroup only) is how many programs of the persistent grid share an SM: each has its share of
+the SM's shared memory, and one program's loads are in flight while another waits, where a
+work item is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert:
+one chunk per item; on the H100 of 2026-11-27 two per SM ran those tgmms 1.18x to 1.71x
+faster). Programs whose registers do not fit the SM together run one after another: correct,
+only slower.
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -68,7 +70,10 @@ SHARED_MEMORY_BYTES = 232448
 # what each of several programs per SM may take.
 SM_SHARED_MEMORY_BYTES = 233472
 BLOCK_RESERVED_BYTES = 1024
-MAX_PROGRAMS_PER_SM = 2
+MAX_PROGRAMS_PER_SM = 4
+# Streaming multiprocessors of an H100 SXM and an H200: the persistent grid's programs per
+# programs_per_sm, and the heuristic's measure of whether a problem has work for more.
+HOPPER_SMS = 132
 SHARED_MEMORY_SLACK = 4096
 TILING_FORM = ("(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[, "
                "upcast[, programs_per_sm]]]]])")
@@ -163,8 +168,9 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
     if config.programs_per_sm not in range(1, MAX_PROGRAMS_PER_SM + 1) or (
             config.programs_per_sm > 1 and config.compute_warpgroups != 1):
         raise ValueError(f"tiling {source!r}: programs_per_sm={config.programs_per_sm} must be "
-                         f"1, or 2 with one compute warpgroup (the registers of two programs "
-                         f"of three warpgroups do not fit one SM)")
+                         f"1 to {MAX_PROGRAMS_PER_SM} with one compute warpgroup, and 1 with "
+                         f"two (the registers of two programs of three warpgroups do not fit "
+                         f"one SM)")
     name = contraction_block(kernel)
     if getattr(config, name) < min_contraction(problem):
         raise ValueError(f"tiling {source!r}: {name}={getattr(config, name)} is the "
@@ -356,17 +362,43 @@ def heuristic(problem: Problem) -> BlockConfig:
     """Output tiles of 64 rows when a group's expected rows fit them (fine-grained MoE: a
     64-row group does not pay for a half-empty 128-row tile), else 128; 128 columns; one
     128-byte row of contraction per step; 4 stages in flight (at most 128 KiB of shared
-    memory). Each block then shrinks to the problem."""
+    memory). Each block then shrinks to the problem. A tgmm whose groups' expected rows fill
+    at most two steps, with work for two programs on every SM, runs two per SM in 2 or 3
+    stages (`_shared_sm_tgmm`)."""
     width = operand_bytes(problem)
     contraction = SWIZZLE_BYTES // width
+    rows_per_group = problem.m / max(problem.num_groups, 1)
     if problem.kernel is Kernel.TGMM:
         blocks = BlockConfig(block_m=contraction, block_k=128 if problem.k >= 128 else 64,
                              block_n=128)
+        if problem.static and rows_per_group <= 2 * contraction:
+            shared = _shared_sm_tgmm(blocks, problem)
+            if shared is not None:
+                return shared
     else:
-        rows_per_group = problem.m / max(problem.num_groups, 1)
         blocks = BlockConfig(block_m=64 if rows_per_group <= 64 else 128, block_k=contraction,
                              block_n=128)
     return fitted(blocks, problem)
+
+
+def _shared_sm_tgmm(blocks: BlockConfig, problem: Problem) -> BlockConfig | None:
+    """Two tgmm programs per SM, for groups of one or two chunks: each work item's pipeline
+    has nothing to overlap its first load with, so another program's loads fill the wait (the
+    H100 tune of 2026-11-27: 1.31x at DeepSeek-V3, 1.18x at Qwen3-MoE, 1.71x at GPT-OSS, with
+    128 output rows in 2 stages or 64 in 3). None where the output tiles are fewer than two per
+    SM, or neither fits half the shared memory."""
+    for rows, stages in ((blocks.block_k, 2), (64, 3)):
+        shared = fitted(dataclasses.replace(blocks, block_k=rows, stages=stages,
+                                            programs_per_sm=2), problem)
+        if shared.block_k != rows:
+            continue  # fitted to fewer rows (GPT-OSS's 2880): the next, deeper, is that one
+        tiles = (problem.local_groups * -(-problem.k // shared.block_k)
+                 * -(-problem.n // shared.block_n))
+        if tiles < 2 * HOPPER_SMS:
+            return None
+        if shared_memory_bytes(shared, problem) <= shared_memory_limit(shared):
+            return shared
+    return None
 
 
 def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:

@@ -20,8 +20,7 @@ from kernelhub._core import jax_internals
 from kernelhub._grouped_matmul import visits
 from kernelhub._pallas.mosaic_gpu import config, profiling
 
-# Streaming multiprocessors of an H100 SXM and an H200: the persistent grid, one program each.
-HOPPER_SMS = 132
+HOPPER_SMS = config.HOPPER_SMS
 # In interpret mode every simulated program is a thread on this host: two still run the
 # persistent loop's hand-over of work from one program to the next.
 INTERPRET_SMS = 2

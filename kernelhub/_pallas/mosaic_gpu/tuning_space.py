@@ -4,7 +4,8 @@ Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row o
 64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
 for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
 tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py), for every kernel
-three or four with two programs per SM (each with half the shared memory), for gmm of
+four to six with two to four programs per SM (each with its share of the shared memory),
+for gmm of
 8-bit weights [G, k, n] each single-warpgroup tiling with and without upcast (config.py);
 each fitted to the problem as the heuristic's own is, and kept only where it is legal.
 """
@@ -37,14 +38,16 @@ _CANDIDATES = (
 # per-group pipeline nothing to overlap.
 _TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32))
 
-# Two programs per SM (config.py's programs_per_sm), each with half the shared memory: (output
-# rows, contraction in 128-byte rows, columns, stages, groups per work item). A program of the
-# persistent grid waits out each work item's first load; a second program on the SM keeps HBM
-# busy meanwhile. The Triton tgmm's tune on an H200 found the same trade (3 stages of half the
-# rows, more programs per SM) 1.6x to 1.9x faster at the fine-grained shapes.
-_TWO_PER_SM_GMM = ((64, 1, 128, 3, 1), (64, 1, 128, 4, 1), (128, 1, 128, 3, 1))
-_TWO_PER_SM_TGMM = ((128, 1, 128, 2, 1), (64, 1, 128, 2, 1), (64, 1, 128, 3, 1),
-                    (128, 1, 128, 2, 8))
+# Programs sharing an SM (config.py's programs_per_sm), each with its share of the shared
+# memory: (output rows, contraction in 128-byte rows, columns, stages, groups per work item,
+# programs per SM). A program of the persistent grid waits out each work item's first load;
+# another program on the SM keeps HBM busy meanwhile. Two per SM won every fine-grained tgmm
+# of the H100 tune of 2026-11-27 (1.18x to 1.71x); three and four, in tiles whose float32 sums
+# leave each program 128 or 170 registers per thread, test how far that goes.
+_SHARED_SM_GMM = ((64, 1, 128, 3, 1, 2), (64, 1, 128, 4, 1, 2), (128, 1, 128, 3, 1, 2),
+                  (64, 1, 128, 2, 1, 3), (64, 1, 64, 3, 1, 4))
+_SHARED_SM_TGMM = ((128, 1, 128, 2, 1, 2), (64, 1, 128, 2, 1, 2), (64, 1, 128, 3, 1, 2),
+                   (128, 1, 128, 2, 8, 2), (64, 1, 128, 2, 1, 3), (64, 1, 64, 2, 1, 4))
 
 
 def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: int,
@@ -63,8 +66,8 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     tgmm = problem.kernel is Kernel.TGMM
     if tgmm:
         tilings += [_tiling(*c[:4], 1, problem, span=c[4]) for c in _TGMM_SPANS]
-    tilings += [_tiling(*c[:4], 1, problem, span=c[4], programs=2)
-                for c in (_TWO_PER_SM_TGMM if tgmm else _TWO_PER_SM_GMM)]
+    tilings += [_tiling(*c[:4], 1, problem, span=c[4], programs=c[5])
+                for c in (_SHARED_SM_TGMM if tgmm else _SHARED_SM_GMM)]
     fitted = [config.fitted(tiling, problem) for tiling in tilings]
     if config.upcast_applies(problem):
         # 8-bit gmm of weights [G, k, n]: each single-warpgroup tiling both ways, float16
