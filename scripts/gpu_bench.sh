@@ -328,9 +328,12 @@ for stage in "${stages[@]}"; do
         note "profile: skipped in smoke mode (the on-device profiler needs a GPU)"
       else
         read -r -a profile_shapes <<<"${KERNELHUB_GPU_SHAPES:-deepseek-v3 qwen3-moe}"
+        # The traces (8-12 MB a pass) stay off $OUT, whose 8 returned files they crowded out on
+        # 2026-11-27: profile.md sums them.
+        traces=$(mktemp -d)
         run_stage profile "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.mosaic_profile \
-          --shapes "${profile_shapes[@]}" --out "$RESULTS/profile"
-        [ -f "$RESULTS/profile/profile.md" ] && cp "$RESULTS/profile/profile.md" "$RESULTS/"
+          --shapes "${profile_shapes[@]}" --out "$traces"
+        [ -f "$traces/profile.md" ] && cp "$traces/profile.md" "$RESULTS/"
       fi
       ;;
     *)

@@ -395,6 +395,24 @@ def test_kernelhub_rows_name_the_tiling_each_kernel_call_ran():
         assert observer.calls == []
 
 
+def test_mosaic_profile_passes_run_the_kernel_each_names():
+    """Each profiled pass, traced at a smoke shape, makes one Mosaic GPU kernel call: the
+    forward gmm, the forward on weights stored [G, n, k] and the lhs gradient gmm_t (at
+    transposed sizes), the weight gradient tgmm."""
+    from kernelhub._cli.bench import gpu_scoreboard_calls as calls
+    from kernelhub._cli.bench import mosaic_profile
+
+    shape = SMOKE_SHAPES[1]
+    ops = calls.make_operands(shape, "balanced")
+    kernels = {}
+    for pass_name in mosaic_profile.PASSES:
+        args, make = mosaic_profile._pass(ops, shape, pass_name)
+        (ran,) = calls.kernel_tilings(make(), args)
+        kernels[pass_name] = ran["kernel"]
+    assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t", "lhs_gradient": "gmm_t",
+                       "rhs_gradient": "tgmm"}
+
+
 def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
     """mosaic_profile reads Mosaic GPU's trace events (begin/end per region and warpgroup):
     one warpgroup of two work items (two steps, then one), 10 us waited between the first

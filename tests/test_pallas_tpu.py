@@ -328,9 +328,8 @@ def _assert_compiled(result: ahead_of_time.CompileResult) -> None:
 # (`kernelhub verify --tpu`, docs/tpu.md's table), and every pair's tiles are checked against
 # that table from its lowering (the next test), which takes a second where a compilation takes
 # 8 to 17 in CI. (v4 at Qwen3, v5e at DeepSeek-V3 and v6e at the odd shape also ran in CI until
-# 2026-11-27, v5p at Qwen3 until the second session of that day; Qwen3's shape still compiles
-# in the 4-bit case below.)
-COMPILED_PAIRS = [("v4", "odd"), ("v5e", "mixtral"), ("v5p", "mixtral-down"),
+# 2026-11-27.)
+COMPILED_PAIRS = [("v4", "odd"), ("v5e", "mixtral"), ("v5p", "mixtral-down"), ("v5p", "qwen3-moe"),
                   ("v6e", "deepseek-v3")]
 
 

@@ -7,7 +7,9 @@ its traces summed into profile.md.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Beside them, per shape, the rate at which XLA reads the local
+the wait for a step's tiles. `forward_k_major` is the forward with the weights stored [G, n, k]
+(transpose_rhs=True): whether the forward's loads go faster in that layout, where each weight
+tile's rows run along the contraction. Beside them, per shape, the rate at which XLA reads the local
 experts' weights once (a max over them): what this GPU streams where nothing else is asked of
 it, against which each pass's own bytes per second read. GPU only: the profile buffer is read
 back through a host callback, which a cross-platform export cannot lower.
@@ -143,8 +145,9 @@ def regions_for(shape: Any, pass_name: str, kernel: str, tiling: list[int]) -> i
         items = shape.local * math.ceil(shape.k / block_k) * math.ceil(shape.n / block_n)
         steps = math.ceil(shape.m / shape.experts / block_m) + 1
     else:
-        columns = shape.n if pass_name == "forward" else shape.k
-        contraction = shape.k if pass_name == "forward" else shape.n
+        forward = pass_name.startswith("forward")
+        columns = shape.n if forward else shape.k
+        contraction = shape.k if forward else shape.n
         items = (math.ceil(shape.m / block_m) + shape.experts) * math.ceil(columns / block_n)
         steps = math.ceil(contraction / block_k)
     return math.ceil(items / programs) * (2 + steps) + 32
@@ -153,7 +156,6 @@ def regions_for(shape: Any, pass_name: str, kernel: str, tiling: list[int]) -> i
 def run(shapes: list[str], passes: list[str], out: Path) -> str:
     import jax
 
-    import kernelhub
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench.gpu_measurement import SHAPES
 
@@ -163,17 +165,15 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
         ops = calls.make_operands(shape, "balanced")
         streams[shape.name] = weight_stream(ops.w)
         for pass_name in passes:
-            operands = calls.pass_operands(ops, pass_name, "bf16")
-            args = (*operands.ours, ops.sizes)
-            call = kernelhub.get(calls.PASS_OP[pass_name], platform="mosaic")
+            args, make = _pass(ops, shape, pass_name)
             folder = out / f"{shape.name}-{pass_name}"
             folder.mkdir(parents=True, exist_ok=True)
             started = time.time()
             try:
-                (ran,) = calls.kernel_tilings(calls._pass_function(call, pass_name, shape), args)
+                (ran,) = calls.kernel_tilings(make(), args)
                 regions = regions_for(shape, pass_name, ran["kernel"], ran["tiling"])
                 with profiling.profiled(str(folder), regions):
-                    fn = calls._pass_function(call, pass_name, shape)  # traced in here
+                    fn = make()  # traced in here
                     jax.block_until_ready(fn(*args))
                 jax.effects_barrier()
                 traces = [p for p in folder.iterdir() if p.suffix == ".json"
@@ -189,12 +189,32 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
     return report(rows, streams)
 
 
+def _pass(ops: Any, shape: Any, pass_name: str) -> tuple[tuple, Any]:
+    """(arguments, a maker of the jitted call) of one profiled pass on Mosaic GPU."""
+    import jax
+    import jax.numpy as jnp
+
+    import kernelhub
+    from kernelhub._cli.bench import gpu_scoreboard_calls as calls
+
+    if pass_name == "forward_k_major":
+        call = kernelhub.get("grouped_matmul", platform="mosaic")
+        args = (ops.x, jnp.swapaxes(ops.w, 1, 2), ops.sizes)  # stored [G, n, k] beforehand
+        return args, lambda: jax.jit(lambda x, w, s: call(
+            x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
+            transpose_rhs=True))
+    call = kernelhub.get(calls.PASS_OP[pass_name], platform="mosaic")
+    operands = calls.pass_operands(ops, pass_name, "bf16")
+    return (*operands.ours, ops.sizes), lambda: calls._pass_function(call, pass_name, shape)
+
+
+PASSES = ("forward", "forward_k_major", "lhs_gradient", "rhs_gradient")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["deepseek-v3", "qwen3-moe"])
-    parser.add_argument("--passes", nargs="+", default=["forward", "lhs_gradient",
-                                                          "rhs_gradient"],
-                        choices=["forward", "lhs_gradient", "rhs_gradient"])
+    parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     import jax
