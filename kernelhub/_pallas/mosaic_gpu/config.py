@@ -16,7 +16,7 @@ apply, 0 is the same as leaving it out. `programs_per_sm` (1 to 4; above 1, one 
 warpgroup only) is how many programs of the persistent grid share an SM: each has its share of
 the SM's shared memory, and one program's loads are in flight while another waits, where a
 work item is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert:
-one chunk per item; on the H100 of 2026-11-27 two per SM ran those tgmms 1.18x to 1.71x
+one chunk per item; on the H100 of 2026-11-27 two per SM ran those tgmms 1.14x to 1.62x
 faster). Programs whose registers do not fit the SM together run one after another: correct,
 only slower.
 
@@ -384,7 +384,7 @@ def heuristic(problem: Problem) -> BlockConfig:
 def _shared_sm_tgmm(blocks: BlockConfig, problem: Problem) -> BlockConfig | None:
     """Two tgmm programs per SM, for groups of one or two chunks: each work item's pipeline
     has nothing to overlap its first load with, so another program's loads fill the wait (the
-    H100 tune of 2026-11-27: 1.31x at DeepSeek-V3, 1.18x at Qwen3-MoE, 1.71x at GPT-OSS, with
+    H100 tune of 2026-11-27: 1.30x at DeepSeek-V3, 1.14x at Qwen3-MoE, 1.62x at GPT-OSS, with
     128 output rows in 2 stages or 64 in 3). None where the output tiles are fewer than two per
     SM, or neither fits half the shared memory."""
     for rows, stages in ((blocks.block_k, 2), (64, 3)):

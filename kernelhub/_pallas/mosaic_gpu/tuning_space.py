@@ -42,7 +42,7 @@ _TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32))
 # memory: (output rows, contraction in 128-byte rows, columns, stages, groups per work item,
 # programs per SM). A program of the persistent grid waits out each work item's first load;
 # another program on the SM keeps HBM busy meanwhile. Two per SM won every fine-grained tgmm
-# of the H100 tune of 2026-11-27 (1.18x to 1.71x); three and four, in tiles whose float32 sums
+# of the H100 tune of 2026-11-27 (1.14x to 1.62x); three and four, in tiles whose float32 sums
 # leave each program 128 or 170 registers per thread, test how far that goes.
 _SHARED_SM_GMM = ((64, 1, 128, 3, 1, 2), (64, 1, 128, 4, 1, 2), (128, 1, 128, 3, 1, 2),
                   (64, 1, 128, 2, 1, 3), (64, 1, 64, 3, 1, 4))
