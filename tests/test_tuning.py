@@ -663,7 +663,10 @@ def test_a_time_limit_stops_between_kernels_and_reports_each_entry_as_decided(mo
     (key,) = tuned.entries
     assert decided == [(key, tuned.entries[key])]
     untuned = {p for p in tuning.PASSES if p != key.pass_name}
-    assert all(f"grouped_matmul {p} " in str(caught[0].message) for p in untuned)
+    # (Other warnings may come too: the test run's shared XLA cache warns of an entry read while
+    # another process writes it.)
+    message = next(str(w.message) for w in caught if "time_limit" in str(w.message))
+    assert all(f"grouped_matmul {p} " in message for p in untuned)
     with pytest.raises(ValueError, match="time_limit must be a number of seconds > 0"):
         kernelhub.autotune(step, lhs, rhs, existing, sizes, progress=False, time_limit=0)
 
