@@ -411,6 +411,8 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         kernels[pass_name] = ran["kernel"]
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t", "lhs_gradient": "gmm_t",
                        "rhs_gradient": "tgmm"}
+    megabytes, tbps = mosaic_profile.weight_stream(ops.w, repeats=2)
+    assert megabytes == ops.w.size * 2 / 1e6 and tbps > 0  # bf16 weights, read once
 
 
 def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():

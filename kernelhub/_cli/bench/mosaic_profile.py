@@ -122,13 +122,10 @@ def weight_stream(w: Any, repeats: int = 10) -> tuple[float, float]:
     import jax
     import jax.numpy as jnp
 
+    from kernelhub._cli.bench.timing import interleaved_samples
+
     read = jax.jit(lambda w: jnp.max(w))
-    jax.block_until_ready(read(w))
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        jax.block_until_ready(read(w))
-        seconds.append(time.perf_counter() - started)
+    (seconds,) = interleaved_samples([lambda: read(w)], repeats)
     size = w.size * w.dtype.itemsize
     return size / 1e6, size / statistics.median(seconds) / 1e12
 
