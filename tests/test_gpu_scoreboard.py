@@ -397,20 +397,28 @@ def test_kernelhub_rows_name_the_tiling_each_kernel_call_ran():
 
 def test_mosaic_profile_passes_run_the_kernel_each_names():
     """Each profiled pass, traced at a smoke shape, makes one Mosaic GPU kernel call: the
-    forward gmm, the forward on weights stored [G, n, k] and the lhs gradient gmm_t (at
-    transposed sizes), the weight gradient tgmm."""
+    forward gmm (also with bands of every column tile), the forward on weights stored
+    [G, n, k] and the lhs gradient gmm_t (at transposed sizes), the weight gradient tgmm (also
+    over spans of 8 groups). The wide bands last only while their pass is traced."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import mosaic_profile
+    from kernelhub._pallas.mosaic_gpu import grouped_matmul
 
     shape = SMOKE_SHAPES[1]
     ops = calls.make_operands(shape, "balanced")
-    kernels = {}
+    kernels, tilings = {}, {}
     for pass_name in mosaic_profile.PASSES:
         args, make = mosaic_profile._pass(ops, shape, pass_name)
-        (ran,) = calls.kernel_tilings(make(), args)
+        with mosaic_profile._band(pass_name):
+            assert (grouped_matmul.BAND > 8) == (pass_name == "forward_whole_rows")
+            (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
-    assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t", "lhs_gradient": "gmm_t",
-                       "rhs_gradient": "tgmm"}
+        tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
+    assert grouped_matmul.BAND == 8
+    assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
+                       "forward_whole_rows": "gmm", "lhs_gradient": "gmm_t",
+                       "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm"}
+    assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8)}
     megabytes, tbps = mosaic_profile.weight_stream(ops.w, repeats=2)
     assert megabytes == ops.w.size * 2 / 1e6 and tbps > 0  # bf16 weights, read once
 
@@ -452,6 +460,10 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
         63 * (2 + 112) + 32
     assert mosaic_profile.regions_for(deepseek, "rhs_gradient", "tgmm",
                                       [64, 128, 128, 4, 1, 1, 0, 2]) == 109 * (2 + 2) + 32
+    # Over spans of 8 groups: 4 x 56 x 16 items, 28 each, of a pipeline region and 8 groups'
+    # steps (up to 2 chunks each) and stores.
+    assert mosaic_profile.regions_for(deepseek, "rhs_gradient_spans", "tgmm",
+                                      [64, 128, 128, 4, 1, 8]) == 28 * (1 + 8 * 2 + 8) + 32
     found["tiling"] = (64, 128, 128, 2, 1, 1, 0, 2)
     table = mosaic_profile.report([("deepseek-v3", "rhs_gradient", found),
                                    ("qwen3-moe", "forward", "failed: ValueError: x")],

@@ -7,9 +7,17 @@ its traces summed into profile.md.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. `forward_k_major` is the forward with the weights stored [G, n, k]
-(transpose_rhs=True): whether the forward's loads go faster in that layout, where each weight
-tile's rows run along the contraction. Beside them, per shape, the rate at which XLA reads the local
+the wait for a step's tiles. Three probes beside the passes:
+- `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
+  its loads go faster in that layout, where each weight tile's rows run along the contraction;
+- `forward_whole_rows`: the forward with every column tile of a row tile in one band
+  (grouped_matmul.BAND), so that the programs on one group read whole rows of its weights at
+  once rather than half of each (8 of DeepSeek-V3's 16 tiles): whether HBM gives more to
+  long runs of adjacent bytes;
+- `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
+  (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
+  holds its group's store, when it ends one).
+Beside them, per shape, the rate at which XLA reads the local
 experts' weights once (a max over them): what this GPU streams where nothing else is asked of
 it, against which each pass's own bytes per second read. GPU only: the profile buffer is read
 back through a host callback, which a cross-platform export cannot lower.
@@ -18,11 +26,13 @@ back through a host callback, which a cross-platform export cannot lower.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,22 +142,26 @@ def weight_stream(w: Any, repeats: int = 10) -> tuple[float, float]:
 
 def regions_for(shape: Any, pass_name: str, kernel: str, tiling: list[int]) -> int:
     """An upper bound of the regions one program enters in a pass at balanced sizes, from the
-    tiling its kernel runs: work items per program times (two regions and the steps of one
-    item). The buffer takes 16 bytes a region of shared memory beside the kernel's; where
-    that is too much, compiling says so (a program entering more regions than its buffer holds
-    would overwrite the kernel's shared memory instead)."""
+    tiling its kernel runs: work items per program times the regions of one item (its
+    pipeline, its steps, its stores). The buffer takes 16 bytes a region of shared memory
+    beside the kernel's; where that is too much, compiling says so (a program entering more
+    regions than its buffer holds would overwrite the kernel's shared memory instead)."""
     block_m, block_k, block_n = tiling[:3]
     programs = HOPPER_SMS * (tiling[7] if len(tiling) == 8 else 1)
     if kernel == "tgmm":
-        items = shape.local * math.ceil(shape.k / block_k) * math.ceil(shape.n / block_n)
-        steps = math.ceil(shape.m / shape.experts / block_m) + 1
+        # A work item sums `span` groups: per group its chunks (one more where a group's rows
+        # straddle a chunk boundary) and a store.
+        span = tiling[5] if len(tiling) >= 6 else 1
+        items = (math.ceil(shape.local / span) * math.ceil(shape.k / block_k)
+                 * math.ceil(shape.n / block_n))
+        per_item = 1 + span * (math.ceil(shape.m / shape.experts / block_m) + 2)
     else:
         forward = pass_name.startswith("forward")
         columns = shape.n if forward else shape.k
         contraction = shape.k if forward else shape.n
         items = (math.ceil(shape.m / block_m) + shape.experts) * math.ceil(columns / block_n)
-        steps = math.ceil(contraction / block_k)
-    return math.ceil(items / programs) * (2 + steps) + 32
+        per_item = 2 + math.ceil(contraction / block_k)
+    return math.ceil(items / programs) * per_item + 32
 
 
 def run(shapes: list[str], passes: list[str], out: Path) -> str:
@@ -167,11 +181,13 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
             folder.mkdir(parents=True, exist_ok=True)
             started = time.time()
             try:
-                (ran,) = calls.kernel_tilings(make(), args)
-                regions = regions_for(shape, pass_name, ran["kernel"], ran["tiling"])
-                with profiling.profiled(str(folder), regions):
-                    fn = make()  # traced in here
-                    jax.block_until_ready(fn(*args))
+                with _band(pass_name):
+                    (ran,) = calls.kernel_tilings(make(), args)
+                    ran["tiling"] = list(explicit_tiling(shape, pass_name) or ran["tiling"])
+                    regions = regions_for(shape, pass_name, ran["kernel"], ran["tiling"])
+                    with profiling.profiled(str(folder), regions):
+                        fn = make()  # traced and lowered in here
+                        jax.block_until_ready(fn(*args))
                 jax.effects_barrier()
                 traces = [p for p in folder.iterdir() if p.suffix == ".json"
                           and p.stat().st_mtime >= started - 1]
@@ -194,6 +210,13 @@ def _pass(ops: Any, shape: Any, pass_name: str) -> tuple[tuple, Any]:
     import kernelhub
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
 
+    if pass_name == "rhs_gradient_spans":
+        call = kernelhub.get("transposed_grouped_matmul", platform="mosaic")
+        return (ops.x, ops.dy, ops.sizes), lambda: jax.jit(lambda x, dy, s: call(
+            x.T, dy, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
+            num_actual_groups=shape.local, tiling=explicit_tiling(shape, pass_name)))
+    if pass_name == "forward_whole_rows":
+        pass_name = "forward"
     if pass_name == "forward_k_major":
         call = kernelhub.get("grouped_matmul", platform="mosaic")
         args = (ops.x, jnp.swapaxes(ops.w, 1, 2), ops.sizes)  # stored [G, n, k] beforehand
@@ -205,7 +228,39 @@ def _pass(ops: Any, shape: Any, pass_name: str) -> tuple[tuple, Any]:
     return (*operands.ours, ops.sizes), lambda: calls._pass_function(call, pass_name, shape)
 
 
-PASSES = ("forward", "forward_k_major", "lhs_gradient", "rhs_gradient")
+def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
+    """The tiling a probe passes its call (the table's or the heuristic's otherwise):
+    `rhs_gradient_spans` takes the heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by
+    128 outputs where they divide k and n), 4 stages, one program per SM, spans of 8 groups."""
+    if pass_name != "rhs_gradient_spans":
+        return None
+    return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
+
+
+@contextlib.contextmanager
+def _band(pass_name: str) -> Iterator[None]:
+    """For `forward_whole_rows`, gmm's bands as wide as the whole row of column tiles while
+    the call is traced and lowered (jax's caches cleared on both sides, so no other pass
+    reuses its kernel)."""
+    if pass_name != "forward_whole_rows":
+        yield
+        return
+    import jax
+
+    from kernelhub._pallas.mosaic_gpu import grouped_matmul
+
+    saved = grouped_matmul.BAND
+    jax.clear_caches()
+    grouped_matmul.BAND = 1 << 30  # every column tile: banded_order takes the smaller
+    try:
+        yield
+    finally:
+        grouped_matmul.BAND = saved
+        jax.clear_caches()
+
+
+PASSES = ("forward", "forward_k_major", "forward_whole_rows", "lhs_gradient", "rhs_gradient",
+          "rhs_gradient_spans")
 
 
 def main(argv: list[str] | None = None) -> int:

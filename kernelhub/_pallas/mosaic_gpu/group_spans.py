@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import running_sum
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 
 # Rows of the chunk table: a visit's group, the first row of its chunk's tiles, the rows
@@ -104,6 +104,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
         def accumulate(scratch=None):
             zeros = kernel_parts.wgmma_zeros(shape, interpret)
 
+            @jax.named_scope(profiling.STEP)
             def step(indices, lhs_smem, rhs_smem, running):
                 visit = first_visit + indices[0]
                 group = table_ref[GROUP, visit]
@@ -123,6 +124,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                 total = before + pl.run_scoped(product, plgpu.ACC(shape))
 
                 @pl.when(table_ref[LAST, visit] == 1)
+                @jax.named_scope(profiling.STORE)
                 def _store():
                     where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
                     kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref,
@@ -131,6 +133,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                 return total
 
             @pl.when(visit_count > 0)
+            @jax.named_scope(profiling.SUMS)
             def _sum():
                 plgpu.emit_pipeline(
                     step,
