@@ -3,7 +3,7 @@
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
 64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
 for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
-tgmm three that sum spans of 8 or 32 groups in one pipeline (group_spans.py), for every kernel
+tgmm two that sum spans of 8 groups in one pipeline (group_spans.py), for every kernel
 four to six with two to four programs per SM (each with its share of the shared memory),
 for gmm of
 8-bit weights [G, k, n] each single-warpgroup tiling with and without upcast (config.py);
@@ -18,10 +18,13 @@ from kernelhub._grouped_matmul.passes import TuningSpace
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import config
 
-# (output rows, contraction in 128-byte rows, columns, stages, compute warpgroups)
+# (output rows, contraction in 128-byte rows, columns, stages, compute warpgroups). Left out
+# since the H100 tune of 2026-11-27, which timed each at four MoE shapes in every pass:
+# (128, 1, 256, 3, 1), at best 0.46-0.54 of the winner's speed wherever it ran (a 128 x 256
+# float32 accumulator takes all of one warpgroup's registers).
 _CANDIDATES = (
     (64, 1, 128, 4, 1), (64, 1, 256, 3, 1), (64, 2, 128, 3, 1), (128, 1, 128, 4, 1),
-    (128, 1, 256, 3, 1), (128, 2, 128, 3, 1), (128, 1, 64, 5, 1), (64, 1, 64, 5, 1),
+    (128, 2, 128, 3, 1), (128, 1, 64, 5, 1), (64, 1, 64, 5, 1),
     (64, 1, 256, 4, 2), (128, 1, 256, 3, 2), (64, 1, 128, 5, 2),
     # Narrow and deep: 64 columns, two 128-byte rows of contraction per step (tokamax's H100
     # table settles on this shape for its sm90 kernel at every MoE shape it lists).
@@ -35,8 +38,9 @@ _CANDIDATES = (
 
 # tgmm only: (output rows, contraction rows, columns, stages, groups per work item): one
 # pipeline over several groups' chunks (group_spans.py), where one group's few rows leave the
-# per-group pipeline nothing to overlap.
-_TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8), (128, 1, 128, 4, 32))
+# per-group pipeline nothing to overlap. (Spans of 32 groups were left out after the same
+# tune: 0.73-0.78 of the winner, behind spans of 8.)
+_TGMM_SPANS = ((64, 1, 128, 4, 8), (128, 1, 128, 4, 8))
 
 # Programs sharing an SM (config.py's programs_per_sm), each with its share of the shared
 # memory: (output rows, contraction in 128-byte rows, columns, stages, groups per work item,
