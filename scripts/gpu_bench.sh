@@ -19,6 +19,8 @@
 # sweep:    a few block configs per shape (gpu_sweep.md)
 # profile:  Mosaic GPU's on-device profiler over one call of each pass at the fine-grained
 #           shapes (or $KERNELHUB_GPU_SHAPES): profile.md, where each kernel's time goes
+# counters: Nsight Compute's counters (DRAM and L2 throughput, hit rates, occupancy) of one
+#           launch of each Mosaic GPU and Triton kernel at the same shapes: counters.md
 # tune:     kernelhub tune of both Hopper kernels (mosaic, triton; or $KERNELHUB_GPU_TUNE_PLATFORMS)
 #           in bf16 (or $KERNELHUB_GPU_TUNE_DTYPES, e.g. fp8)
 #           at the scoreboard's shapes (or those named in $KERNELHUB_GPU_TUNE_SHAPES; gmm's
@@ -336,8 +338,19 @@ for stage in "${stages[@]}"; do
         [ -f "$traces/profile.md" ] && cp "$traces/profile.md" "$RESULTS/"
       fi
       ;;
+    counters)
+      # Nsight Compute's counters of one launch per kernel and pass (issue 34: is DRAM busy
+      # while a kernel runs at half of HBM's rate?): counters.md; ncu's CSV goes with the logs.
+      if [ ${#smoke[@]} -gt 0 ]; then
+        note "counters: skipped in smoke mode (Nsight Compute needs a GPU)"
+      else
+        read -r -a counter_shapes <<<"${KERNELHUB_GPU_SHAPES:-deepseek-v3 qwen3-moe}"
+        run_stage counters "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.kernel_counters \
+          --shapes "${counter_shapes[@]}" --out "$RESULTS"
+      fi
+      ;;
     *)
-      note "unknown stage $stage (expected tests, tests-others, tests-mosaic, roofline, epilogue, bench, sweep, tune or profile)"
+      note "unknown stage $stage (expected tests, tests-others, tests-mosaic, roofline, epilogue, bench, sweep, tune, profile or counters)"
       failed=1
       ;;
   esac
@@ -356,7 +369,8 @@ if [ -n "${OUT:-}" ]; then
   # $OUT can pass 8 files, and then only the archives are sure to come back.
   (cd "$RESULTS" && logs=$(find . -maxdepth 1 -type f ! -name summary.txt \
       ! -name 'roofline*.json' ! -name 'roofline*.md' ! -name roofline.png ! -name tuning.json \
-      ! -name tuning-bench.md ! -name profile.md ! -name results.tar.gz -printf '%f\n') &&
+      ! -name tuning-bench.md ! -name profile.md ! -name counters.md ! -name results.tar.gz \
+      -printf '%f\n') &&
     find . -maxdepth 1 -type f ! -name results.tar.gz -printf '%f\n' | tar -czf results.tar.gz -T - &&
     printf '%s\n' "$logs" | xargs -r rm -f --)
 fi

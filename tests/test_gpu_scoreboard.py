@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import pathlib
 
 import jax
 import pytest
@@ -472,3 +473,52 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
             "0.70 | 0.33 | 0.10 | 0.30 |") in table
     assert "| qwen3-moe | forward | failed: ValueError: x |" in table
     assert "| deepseek-v3 | 940 | 2.91 |" in table
+
+
+def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows():
+    """Each case of the Nsight Compute run traces, at a smoke shape, to one kernel call of its
+    platform's kind (so the n-th profiled launch is the n-th case's); ncu's details page (its
+    CSV after its own log lines) becomes one row per launch, in launch order, and a case with
+    no launch says so."""
+    from kernelhub._cli.bench import gpu_scoreboard_calls as calls
+    from kernelhub._cli.bench import kernel_counters
+
+    shape = SMOKE_SHAPES[1]
+    made = kernel_counters.case_calls(shape)
+    assert [label for label, _, _ in made] == [f"smoke-shard: {label}"
+                                                for label, _, _ in kernel_counters.CASES]
+    kinds = []
+    for label, make, args in made:
+        (ran,) = calls.kernel_tilings(make(), args)
+        kinds.append(ran["kernel"])
+    assert kinds == ["gmm", "gmm", "gmm_t", "gmm_t", "tgmm", "tgmm"]
+
+    header = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit",'
+              '"Metric Value"')
+    rows = [
+        ("1", "kernelhub_transposed_grouped_matmul", "GPU Speed Of Light Throughput",
+         "Duration", "usecond", "812.22"),
+        ("0", "kernelhub_grouped_matmul_mosaic_gpu_kernel", "GPU Speed Of Light Throughput",
+         "DRAM Throughput", "%", "51.20"),
+        ("0", "kernelhub_grouped_matmul_mosaic_gpu_kernel", "GPU Speed Of Light Throughput",
+         "Duration", "usecond", "640.10"),
+        ("0", "kernelhub_grouped_matmul_mosaic_gpu_kernel", "Memory Workload Analysis",
+         "Memory Throughput", "Tbyte/second", "1.72"),
+    ]
+    text = ("==PROF== Connected to process 7\n" + header + "\n"
+            + "\n".join(",".join(f'"{v}"' for v in (r[0], "7", *r[1:])) for r in rows) + "\n")
+    launches = kernel_counters.kernel_rows(text)
+    assert [launch["kernel"] for launch in launches] == [
+        "kernelhub_grouped_matmul_mosaic_gpu_kernel", "kernelhub_transposed_grouped_matmul"]
+    assert launches[0]["metrics"][("GPU Speed Of Light Throughput", "DRAM Throughput")] == (
+        "51.20 %")
+    table = kernel_counters.report(["a: mosaic forward", "a: mosaic rhs_gradient", "a: more"],
+                                   launches)
+    assert ("| a: mosaic forward | kernelhub_grouped_matmul_mosaic_gpu_kernel | 640.10 usecond "
+            "| 51.20 % | 1.72 Tbyte/second | - |") in table
+    assert "| a: more | not profiled |" in table
+    assert kernel_counters.kernel_rows("==ERROR== ERR_NVGPUCTRPERM\n") == []
+    command = kernel_counters.ncu_command("ncu", pathlib.Path("/tmp/c.csv"), ["qwen3-moe"])
+    assert command[:5] == ["ncu", "--target-processes", "all", "--kernel-name",
+                           "regex:kernelhub"]
+    assert command[-3:] == ["--target", "--shapes", "qwen3-moe"]

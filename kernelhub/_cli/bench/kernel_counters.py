@@ -1,0 +1,188 @@
+"""The GPU's own counters for kernelhub's kernels, from Nsight Compute (ncu): one call of each
+case at the fine-grained shapes, in one process that ncu watches, summed into counters.md.
+
+    python -m kernelhub._cli.bench.kernel_counters --shapes deepseek-v3 qwen3-moe --out DIR
+
+The on-device profiler (mosaic_profile.py) says where a Mosaic GPU kernel's time goes between
+its own regions; the counters say what the memory system did meanwhile: how busy DRAM was
+(its throughput as a share of the peak), the bytes per second it moved, L2's hit rate, how
+busy the SMs were, and the registers, shared memory and occupancy each kernel launched with.
+A forward at half of HBM's rate with DRAM half busy waits on something else than HBM; one
+with DRAM busy moves bytes it need not. The cases put the Mosaic GPU and Triton kernels side
+by side on the same operands (CASES). ncu profiles only kernels whose name holds
+`kernelhub` (both backends name theirs so), one launch per case, in CASES order: a case's
+row is the n-th such launch. Clocks are left as the driver sets them (`--clock-control
+none`), so durations are the ones a user sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# (name, platform, pass): the passes as the scoreboard makes them; `forward_k_major` is the
+# forward on weights stored [G, n, k] (mosaic_profile.py).
+CASES = (
+    ("mosaic forward", "mosaic", "forward"),
+    ("triton forward", "triton", "forward"),
+    ("mosaic forward, weights [G, n, k]", "mosaic", "forward_k_major"),
+    ("mosaic lhs_gradient", "mosaic", "lhs_gradient"),
+    ("mosaic rhs_gradient", "mosaic", "rhs_gradient"),
+    ("triton rhs_gradient", "triton", "rhs_gradient"),
+)
+# The counters in the table: (column, section of ncu's details page, metric name there).
+COLUMNS = (
+    ("duration", "GPU Speed Of Light Throughput", "Duration"),
+    ("DRAM busy %", "GPU Speed Of Light Throughput", "DRAM Throughput"),
+    ("memory rate", "Memory Workload Analysis", "Memory Throughput"),
+    ("L2 hit %", "Memory Workload Analysis", "L2 Hit Rate"),
+    ("L2 busy %", "GPU Speed Of Light Throughput", "L2 Cache Throughput"),
+    ("SM busy %", "GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
+    ("registers", "Launch Statistics", "Registers Per Thread"),
+    ("shared KB", "Launch Statistics", "Dynamic Shared Memory Per Block"),
+    ("grid", "Launch Statistics", "Grid Size"),
+    ("occupancy %", "Occupancy", "Achieved Occupancy"),
+)
+SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy")
+# Both backends' kernels carry it (their launches' names; Mosaic GPU adds a suffix).
+KERNEL_NAME = "kernelhub"
+
+
+def ncu_command(ncu: str, log: Path, shapes: list[str]) -> list[str]:
+    """ncu over this module's --target run, its details page as CSV in `log`."""
+    sections = [arg for section in SECTIONS for arg in ("--section", section)]
+    return [ncu, "--target-processes", "all", "--kernel-name", f"regex:{KERNEL_NAME}",
+            "--clock-control", "none", *sections, "--csv", "--page", "details",
+            "--log-file", str(log), sys.executable, "-m", __name__, "--target",
+            "--shapes", *shapes]
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for root in sorted(Path("/usr/local").glob("cuda*"), reverse=True):
+        if (root / "bin" / "ncu").exists():
+            return str(root / "bin" / "ncu")
+    return None
+
+
+def case_calls(shape: Any) -> list[tuple[str, Callable[[], Any], tuple]]:
+    """(label, a maker of the jitted call, arguments) of each case at `shape`, balanced sizes:
+    each call launches one kernelhub kernel."""
+    import kernelhub
+    from kernelhub._cli.bench import gpu_scoreboard_calls as calls
+    from kernelhub._cli.bench import mosaic_profile
+
+    ops = calls.make_operands(shape, "balanced")
+    made = []
+    for label, platform, pass_name in CASES:
+        if platform == "mosaic":
+            args, make = mosaic_profile._pass(ops, shape, pass_name)
+        else:
+            call = kernelhub.get(calls.PASS_OP[pass_name], platform=platform)
+            operands = calls.pass_operands(ops, pass_name, "bf16")
+            args = (*operands.ours, ops.sizes)
+            make = (lambda call=call, pass_name=pass_name:
+                    calls._pass_function(call, pass_name, shape))
+        made.append((f"{shape.name}: {label}", make, args))
+    return made
+
+
+def run_target(shapes: list[str]) -> None:
+    """Each case compiled ahead (no launch), then run once: one launch of a kernelhub kernel
+    per case, in order, for ncu."""
+    import jax
+
+    from kernelhub._cli.bench.gpu_measurement import SHAPES
+
+    for shape in (s for s in SHAPES if s.name in shapes):
+        for label, make, args in case_calls(shape):
+            compiled = make().lower(*args).compile()
+            jax.block_until_ready(compiled(*args))
+            print(f"ran {label}", flush=True)
+
+
+def kernel_rows(text: str) -> list[dict[str, Any]]:
+    """ncu's details page (CSV) as one row per profiled launch, in launch order: its kernel
+    name and {(section, metric): "value unit"}."""
+    start = text.find('"ID"')
+    if start < 0:
+        return []
+    launches: dict[str, dict[str, Any]] = {}
+    for record in csv.DictReader(io.StringIO(text[start:])):
+        launch = launches.setdefault(record["ID"], {"kernel": record.get("Kernel Name", "?"),
+                                                    "metrics": {}})
+        unit = record.get("Metric Unit", "").strip()
+        value = record.get("Metric Value", "").strip()
+        launch["metrics"][(record.get("Section Name", ""), record.get("Metric Name", ""))] = (
+            f"{value} {unit}".strip())
+    return [launches[key] for key in sorted(launches, key=lambda k: int(k))]
+
+
+def report(labels: list[str], launches: list[dict[str, Any]]) -> str:
+    """counters.md: a row per case (the n-th launch is the n-th case's)."""
+    lines = ["# kernelhub's kernels as Nsight Compute counts them", "",
+             "One launch per case, balanced group sizes, bf16; clocks as the driver sets them. "
+             "DRAM busy: DRAM throughput as a share of its peak; memory rate: the bytes DRAM "
+             "moved per second.", "",
+             "| case | kernel | " + " | ".join(column for column, _, _ in COLUMNS) + " |",
+             "|---|---|" + "---:|" * len(COLUMNS)]
+    for index, label in enumerate(labels):
+        if index >= len(launches):
+            lines.append(f"| {label} | not profiled |" + " |" * len(COLUMNS))
+            continue
+        launch = launches[index]
+        cells = [launch["metrics"].get((section, metric), "-") for _, section, metric in COLUMNS]
+        lines.append(f"| {label} | {launch['kernel'][:48]} | " + " | ".join(cells) + " |")
+    if len(launches) > len(labels):
+        lines += ["", f"{len(launches) - len(labels)} more launches than cases: the rows may "
+                  "be shifted (a case launched two kernelhub kernels)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["deepseek-v3", "qwen3-moe"])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--target", action="store_true",
+                        help="run the cases once each (what ncu watches)")
+    args = parser.parse_args(argv)
+    if args.target:
+        run_target(args.shapes)
+        return 0
+    if args.out is None:
+        parser.error("--out is required")
+    import jax
+
+    if jax.default_backend() != "gpu":
+        parser.error("Nsight Compute needs a GPU")
+    ncu = find_ncu()
+    if ncu is None:
+        parser.error("ncu (Nsight Compute) is not on PATH or under /usr/local/cuda*/bin")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "counters.csv"
+    done = subprocess.run(ncu_command(ncu, log, args.shapes), env=dict(os.environ))
+    text = log.read_text() if log.exists() else ""
+    from kernelhub._cli.bench.gpu_measurement import SHAPES
+
+    labels = [f"{shape.name}: {label}" for shape in SHAPES if shape.name in args.shapes
+              for label, _, _ in CASES]
+    table = report(labels, kernel_rows(text))
+    (args.out / "counters.md").write_text(table)
+    print(table)
+    if done.returncode != 0:
+        print(f"ncu exited {done.returncode}; the end of its log:\n{text[-3000:]}")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
