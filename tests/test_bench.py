@@ -104,3 +104,34 @@ def test_gpu_bench_epilogue_rows_build_on_cpu():
     lines = epilogue.gpu_markdown_lines(rows)
     assert lines[-3].startswith("| smoke-shard | bias + glu swiglu_oai, interleaved, forward |")
     assert epilogue.gpu_record(rows[0])["pass"] == rows[0].pass_name
+
+
+def test_median_seconds_times_calls_back_to_back_and_waits_once(monkeypatch):
+    """With calls_per_sample, a sample makes that many calls and waits for the last only: its
+    time is the total over the calls. A thunk that fails before timing gets None."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    from kernelhub._cli.bench import timing
+
+    made, waits = [], []
+
+    def slow():
+        made.append(time.perf_counter())
+        time.sleep(0.01)
+        return jnp.zeros(())
+
+    def broken():
+        raise RuntimeError("no memory")
+
+    real_wait = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready",
+                        lambda value: (waits.append(len(made)), real_wait(value))[1])
+    seconds = timing.median_seconds({"slow": slow, "broken": broken}, reps=3, warmup=1,
+                                    calls_per_sample=4)
+    assert seconds["broken"] is None
+    assert len(made) == 2 + 3 * 4  # compile and one warm-up, then 3 samples of 4 calls
+    assert waits == [1, 2, 6, 10, 14]  # once after each warm-up call and each sample's last
+    assert 0.01 <= seconds["slow"] < 0.02  # per call, not per sample

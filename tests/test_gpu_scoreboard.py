@@ -151,7 +151,7 @@ def test_a_pass_is_checked_against_the_reference_and_tokamax_against_its_vjp():
     import jax
 
     with jax.numpy_dtype_promotion("standard"):  # tokamax's code, as the command runs it
-        measured = {call.implementation: (seconds, note) for call, seconds, note in
+        measured = {call.implementation: (seconds, note) for call, seconds, note, _ in
                     gpu_scoreboard.measure(calls, 1, 0, {}, ("t",), threads=1)}
     assert all(seconds is not None and seconds > 0 for seconds, _ in measured.values()), measured
     # Without kernelhub:xla (left out: it compiles slowly here), lax is the reference.
@@ -172,7 +172,7 @@ def test_kernelhubs_weight_gradient_takes_x_as_training_holds_it():
                                        only=("lax.ragged_dot", "kernelhub:triton"))
     ours = next(call for call in calls if call.implementation == "kernelhub:triton")
     assert ours.args[0].shape == operands.x.shape
-    measured = {call.implementation: note for call, _, note in
+    measured = {call.implementation: note for call, _, note, _ in
                 gpu_scoreboard.measure(calls, 1, 0, {}, ("t",), threads=1)}
     assert measured["kernelhub:triton"].startswith("agrees with lax.ragged_dot"), measured
 

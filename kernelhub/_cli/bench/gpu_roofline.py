@@ -97,17 +97,22 @@ def figures(problem: PassProblem, peak: Peak, seconds: float | None) -> dict[str
 # A result row, field for field as issue 33 lists them, plus `note` (why a row has no time, or
 # what its check found) and, for kernelhub's rows, `tilings`: each kernel call's kernel and the
 # tiling it ran (the table in force or the heuristic's), so that a table made from the row
-# files its time under the tiling it measured (gpu_scoreboard_table.py).
+# files its time under the tiling it measured (gpu_scoreboard_table.py). `seconds` is the
+# device's time per call (calls back to back, gpu_scoreboard.BACK_TO_BACK); `seconds_one_call`
+# one call's median round trip from the host, as the scoreboard's first four runs (to
+# 2026-11-27) timed `seconds`.
 ROW_FIELDS = ("shape", "groups", "pass", "dtype", "out_dtype", "implementation", "default",
-              "seconds", "tflops", "tbps", "roofline_fraction", "note", "tilings")
+              "seconds", "tflops", "tbps", "roofline_fraction", "note", "tilings",
+              "seconds_one_call")
 
 
 def row(shape: str, groups: str, problem: PassProblem, implementation: str, default: bool,
         peak: Peak, seconds: float | None, note: str | None = None,
-        tilings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        tilings: list[dict[str, Any]] | None = None,
+        seconds_one_call: float | None = None) -> dict[str, Any]:
     record = {"shape": shape, "groups": groups, "pass": problem.pass_name,
               "dtype": problem.dtype, "out_dtype": OUT_DTYPE, "implementation": implementation,
               "default": default, **figures(problem, peak, seconds), "note": note,
-              "tilings": tilings}
+              "tilings": tilings, "seconds_one_call": seconds_one_call}
     assert tuple(record) == ROW_FIELDS
     return record

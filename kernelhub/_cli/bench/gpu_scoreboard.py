@@ -38,6 +38,15 @@ TOLERANCE = 5e-2
 REFERENCES = ("kernelhub:xla", "lax.ragged_dot")
 
 
+# Calls per timed sample, made back to back (timing.median_seconds): the roofline compares the
+# device's time per call with the chip's limits, as published kernels' figures do, not one
+# call's round trip from the host (its dispatch and the wait for its result: what the first
+# four runs, to 2026-11-27, timed, and each row still records as `seconds_one_call`). Smoke mode takes the
+# same path with fewer calls.
+BACK_TO_BACK = 5
+SMOKE_BACK_TO_BACK = 2
+
+
 def folder_name(device_kind: str, date: datetime.date | None = None) -> str:
     """<date>-<gpu>, e.g. 2026-11-27-h100: where benchmarks/gpu keeps a run's files."""
     model = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", device_kind.upper())
@@ -58,6 +67,7 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
     the Mosaic GPU kernels so, where a fault in one cannot cost the other rows). With
     `heuristic_rows` each tabled kernel also runs under the heuristic (gpu_scoreboard_calls)."""
     started = time.monotonic()
+    back_to_back = SMOKE_BACK_TO_BACK if smoke else BACK_TO_BACK
     earlier = _earlier_rows(out) if merge else []
     device_kind = jax.devices()[0].device_kind
     peak = gpu_roofline.peak_for(device_kind)
@@ -76,7 +86,8 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
         "peak": {**peak.record(), "named": peak_named},
         "tokamax": gpu_tokamax.version(tokamax) if tokamax else tokamax_missing,
         "timing": (f"median of up to {reps} turns after compile + {warmup} warm-up calls, "
-                   "implementations timed in turns in one process"),
+                   f"each turn {back_to_back} calls back to back over their number (the "
+                   "device's time per call), implementations timed in turns in one process"),
         "mode": "smoke (interpret mode, tiny shapes: not a measurement)" if smoke else "full",
         "implementations": ("all" if only is None else list(only)) if not exclude else {
             "of": "all" if only is None else list(only), "excluding": list(exclude)},
@@ -106,12 +117,12 @@ def run_scoreboard(out: Path, shapes: tuple[Shape, ...], dtypes: tuple[str, ...]
                     calls = [call for call in gpu_scoreboard_calls.calls(
                         operands, pass_name, dtype, tokamax_names, only, heuristic_rows)
                         if call.implementation not in exclude]
-                    for call, seconds, note in measure(calls, reps, warmup, compiled,
-                                                       (shape.name, pass_name, dtype),
-                                                       compile_threads):
+                    for call, seconds, note, one_call in measure(
+                            calls, reps, warmup, compiled, (shape.name, pass_name, dtype),
+                            compile_threads, back_to_back):
                         record = gpu_roofline.row(shape.name, pattern, problem,
                                                   call.implementation, call.default, peak,
-                                                  seconds, note, call.tilings)
+                                                  seconds, note, call.tilings, one_call)
                         document["rows"].append(record)
                         print(gpu_scoreboard_report.one_line(record), flush=True)
                     # How long a pass takes (compiling, mostly) sizes the next run's budget.
@@ -162,9 +173,12 @@ def write(out: Path, document: dict[str, Any], plot: bool = False) -> None:
 
 
 def measure(calls: list[gpu_scoreboard_calls.Call], reps: int, warmup: int,
-            compiled: dict[Any, Any], key: tuple, threads: int
-            ) -> list[tuple[gpu_scoreboard_calls.Call, float | None, str | None]]:
-    """Each call's median seconds and note (why it has no time; what its checks found)."""
+            compiled: dict[Any, Any], key: tuple, threads: int, back_to_back: int = 1
+            ) -> list[tuple[gpu_scoreboard_calls.Call, float | None, str | None,
+                            float | None]]:
+    """Each call's median seconds per call of `back_to_back` made in a row (timing's
+    median_seconds), its note (why it has no time; what its checks found), and its median
+    seconds of one call waited for alone (None where back_to_back is 1: the same)."""
     notes: dict[str, list[str]] = {call.implementation: [call.note] if call.note else []
                                    for call in calls}
     runnable = _compiled(calls, compiled, key, threads, notes)
@@ -196,12 +210,14 @@ def measure(calls: list[gpu_scoreboard_calls.Call], reps: int, warmup: int,
             notes[call.implementation].append(call.check())
         thunks[call.implementation] = (lambda e=executable, a=call.args: e(*a))
     expected = None
-    seconds = median_seconds(thunks, reps, warmup) if thunks else {}
+    seconds = median_seconds(thunks, reps, warmup, back_to_back) if thunks else {}
+    one_call = median_seconds(thunks, reps, 0) if thunks and back_to_back > 1 else {}
     for name in thunks:
         if seconds.get(name) is None:
             notes[name].append("failed while timed (its error is in the log)")
     return [(call, seconds.get(call.implementation),
-             "; ".join(n for n in notes[call.implementation] if n) or None) for call in calls]
+             "; ".join(n for n in notes[call.implementation] if n) or None,
+             one_call.get(call.implementation)) for call in calls]
 
 
 def _compiled(calls, compiled: dict[Any, Any], key: tuple, threads: int,

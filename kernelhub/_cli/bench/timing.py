@@ -42,10 +42,16 @@ def best_medians(draw: Callable[[], Sequence[Callable[[], jax.Array]]], reps: in
     return [min(times) for times in zip(*rounds)]
 
 
-def median_seconds(fns: dict[str, Callable[[], Any]], reps: int,
-                   warmup: int) -> dict[str, float | None]:
+def median_seconds(fns: dict[str, Callable[[], Any]], reps: int, warmup: int,
+                   calls_per_sample: int = 1) -> dict[str, float | None]:
     """Median wall time of each thunk, timed in turns (so drift hits all alike). A thunk that
-    fails (out of memory, say) gets None instead of stopping the run."""
+    fails (out of memory, say) gets None instead of stopping the run.
+
+    With `calls_per_sample` > 1 a sample is that many calls made back to back, waited for once
+    at the end, over their number: while one call runs on the device the next is dispatched,
+    so a sample measures the device's time per call rather than one call's round trip from
+    the host (dispatch, and the wait for the result, add tens of microseconds to a call of a
+    few hundred)."""
     live: dict[str, Callable[[], Any]] = {}
     for name, fn in fns.items():
         try:
@@ -57,9 +63,12 @@ def median_seconds(fns: dict[str, Callable[[], Any]], reps: int,
     samples: dict[str, list[float]] = {name: [] for name in live}
     for _ in range(reps):
         for name, fn in live.items():
-            if len(samples[name]) >= 2 and sum(samples[name]) > _SECONDS_PER_MEASUREMENT:
+            spent = sum(samples[name]) * calls_per_sample
+            if len(samples[name]) >= 2 and spent > _SECONDS_PER_MEASUREMENT:
                 continue
             start = time.perf_counter()
+            for _ in range(calls_per_sample - 1):
+                fn()
             jax.block_until_ready(fn())
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append((time.perf_counter() - start) / calls_per_sample)
     return {name: statistics.median(samples[name]) if name in live else None for name in fns}
