@@ -175,6 +175,38 @@ def _entry(tiling) -> tuning.Entry:
     return tuning.Entry(tuple(tiling), (512, K, N), 1.0, 1.0, "test")
 
 
+def test_an_entry_serves_its_kernel_problem_in_every_pass():
+    """gmm with the weights transposed is both a gmm's lhs gradient and the forward of weights
+    stored [G, n, k]: an entry the tuner filed under the lhs gradient gives its tiling (and its
+    time) to the forward call of the same problem; an entry under the call's own pass wins."""
+    lhs, rhs, _, d_out = _operands()
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    recorder = _autotune.Recorder()
+    with active_table.activated(recorder):
+        jax.vjp(lambda l, r: gmm(l, r, SIZES, group_offset=OFFSET), lhs, rhs)[1](d_out)
+    (gradient_key,) = [key for key in recorder.calls if key.pass_name == "lhs_gradient"]
+    recorder = _autotune.Recorder()
+    with active_table.activated(recorder):
+        gmm(d_out, rhs, SIZES, group_offset=OFFSET, transpose_rhs=True)
+    ((forward_key, forward_call),) = recorder.calls.items()
+    assert forward_key.pass_name == "forward"
+    assert dataclasses.replace(forward_key, pass_name="lhs_gradient") == gradient_key
+    tiling = _autotune_legal_tiling(forward_call)
+    table = tuning.Tuning({gradient_key: _entry(tiling)})
+    assert table.lookup(forward_key) == tiling
+    assert _table.measured_entry(table, forward_call) is not None
+    own = tuple(forward_call.space.default(forward_call.problem))
+    both = tuning.Tuning({gradient_key: _entry(tiling), forward_key: _entry(own)})
+    assert both.lookup(forward_key) == own
+    assert tuning.Tuning({}).lookup(forward_key) is None
+
+
+def _autotune_legal_tiling(call) -> tuple[int, ...]:
+    """A candidate of the call's tuning space other than its default."""
+    default = tuple(call.space.default(call.problem))
+    return next(tuple(c) for c in call.space.candidates(call.problem) if tuple(c) != default)
+
+
 def test_active_table_is_used_when_traced_and_retraced_per_table():
     """A table's tiling reaches the kernel (an illegal one, refused, falls back to the
     heuristic with one warning), a call traced before the table is traced again under it, and

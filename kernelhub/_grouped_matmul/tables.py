@@ -23,7 +23,7 @@ import jax
 
 from kernelhub._grouped_matmul import active_table
 from kernelhub._grouped_matmul.problem import Problem
-from kernelhub._grouped_matmul.tilings import single
+from kernelhub._grouped_matmul.tilings import PASSES, single
 
 
 class KernelCall(Protocol):
@@ -68,6 +68,22 @@ class TuningKey:
         return (f"{self.op} {self.pass_name} ({p.kernel} {p.m}x{p.k}x{p.n}, "
                 f"{p.local_groups}/{p.num_groups} groups, {p.lhs_dtype} x {p.rhs_dtype} -> "
                 f"{p.out_dtype}) on {self.implementation}, {self.device_kind}")
+
+
+def entry_for(entries: Mapping[TuningKey, Entry], key: TuningKey) -> Entry | None:
+    """The entry filed under `key`, else one filed under another pass for the same kernel
+    problem: one kernel runs in several passes (gmm with the weights transposed is the lhs
+    gradient of a gmm and the forward of weights stored [G, n, k]), and the problem, not the
+    pass, decides which tiling is fastest and how long it takes. Passes in PASSES order."""
+    entry = entries.get(key)
+    if entry is not None:
+        return entry
+    for pass_name in PASSES:
+        if pass_name != key.pass_name:
+            entry = entries.get(dataclasses.replace(key, pass_name=pass_name))
+            if entry is not None:
+                return entry
+    return None
 
 
 def device_kind() -> str:
@@ -133,7 +149,7 @@ class Tuning:
         return Tuning({**self.entries, **other.entries}, f"{self.source} + {other.source}")
 
     def lookup(self, key: TuningKey) -> tuple[int, ...] | None:
-        entry = self.entries.get(key)
+        entry = entry_for(self.entries, key)
         return None if entry is None else entry.tiling
 
     def tiling_for(self, call: KernelCall) -> tuple[int, ...] | None:
@@ -294,9 +310,9 @@ def measured_entry(table: Any, call: KernelCall) -> Entry | None:
     if not call.problem.static:
         return None
     key = call.key()
-    entry = table.entries.get(key) if isinstance(table, Tuning) else None
+    entry = entry_for(table.entries, key) if isinstance(table, Tuning) else None
     if entry is None:
-        entry = shipped(key.device_kind).entries.get(key)
+        entry = entry_for(shipped(key.device_kind).entries, key)
     if entry is None or not call.space.accepts(entry.tiling, call.problem):
         return None
     return entry
