@@ -513,12 +513,14 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
     assert launches[0]["metrics"][("GPU Speed Of Light Throughput", "DRAM Throughput")] == (
         "51.20 %")
     table = kernel_counters.report(["a: mosaic forward", "a: mosaic rhs_gradient", "a: more"],
-                                   launches)
-    assert ("| a: mosaic forward | kernelhub_grouped_matmul_mosaic_gpu_kernel | 640.10 usecond "
-            "| 51.20 % | 1.72 Tbyte/second | - |") in table
-    assert "| a: more | not profiled |" in table
+                                   launches, {"a: mosaic forward": [[128, 64, 256, 3, 2]]})
+    assert ("| a: mosaic forward | 128x64x256x3x2 | kernelhub_grouped_matmul_mosaic_gpu_kernel "
+            "| 640.10 usecond | 51.20 % | 1.72 Tbyte/second | - |") in table
+    assert "| a: mosaic rhs_gradient | ? | kernelhub_transposed_grouped_matmul |" in table
+    assert "| a: more | ? | not profiled |" in table
     assert kernel_counters.kernel_rows("==ERROR== ERR_NVGPUCTRPERM\n") == []
-    command = kernel_counters.ncu_command("ncu", pathlib.Path("/tmp/c.csv"), ["qwen3-moe"])
+    command = kernel_counters.ncu_command("ncu", pathlib.Path("/tmp/c"), ["qwen3-moe"])
     assert command[:5] == ["ncu", "--target-processes", "all", "--kernel-name",
                            "regex:kernelhub"]
-    assert command[-3:] == ["--target", "--shapes", "qwen3-moe"]
+    assert "/tmp/c/counters.csv" in command
+    assert command[-5:] == ["--target", "--out", "/tmp/c", "--shapes", "qwen3-moe"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -56,13 +57,14 @@ SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy"
 KERNEL_NAME = "kernelhub"
 
 
-def ncu_command(ncu: str, log: Path, shapes: list[str]) -> list[str]:
-    """ncu over this module's --target run, its details page as CSV in `log`."""
+def ncu_command(ncu: str, out: Path, shapes: list[str]) -> list[str]:
+    """ncu over this module's --target run: its details page as CSV in out/counters.csv, the
+    cases' tilings in out/cases.json."""
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
     return [ncu, "--target-processes", "all", "--kernel-name", f"regex:{KERNEL_NAME}",
             "--clock-control", "none", *sections, "--csv", "--page", "details",
-            "--log-file", str(log), sys.executable, "-m", __name__, "--target",
-            "--shapes", *shapes]
+            "--log-file", str(out / "counters.csv"), sys.executable, "-m", __name__,
+            "--target", "--out", str(out), "--shapes", *shapes]
 
 
 def find_ncu() -> str | None:
@@ -97,15 +99,21 @@ def case_calls(shape: Any) -> list[tuple[str, Callable[[], Any], tuple]]:
     return made
 
 
-def run_target(shapes: list[str]) -> None:
+def run_target(shapes: list[str], out: Path) -> None:
     """Each case compiled ahead (no launch), then run once: one launch of a kernelhub kernel
-    per case, in order, for ncu."""
+    per case, in order, for ncu. out/cases.json gets each case's label and the tiling its
+    kernel ran (the table's in force, or the heuristic's)."""
     import jax
 
+    from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench.gpu_measurement import SHAPES
 
+    ran = []
     for shape in (s for s in SHAPES if s.name in shapes):
         for label, make, args in case_calls(shape):
+            kernels = calls.kernel_tilings(make(), args) or []
+            ran.append({"case": label, "tilings": [k["tiling"] for k in kernels]})
+            (out / "cases.json").write_text(json.dumps(ran, indent=1))
             compiled = make().lower(*args).compile()
             jax.block_until_ready(compiled(*args))
             print(f"ran {label}", flush=True)
@@ -128,21 +136,26 @@ def kernel_rows(text: str) -> list[dict[str, Any]]:
     return [launches[key] for key in sorted(launches, key=lambda k: int(k))]
 
 
-def report(labels: list[str], launches: list[dict[str, Any]]) -> str:
-    """counters.md: a row per case (the n-th launch is the n-th case's)."""
+def report(labels: list[str], launches: list[dict[str, Any]],
+           tilings: dict[str, list[list[int]]] | None = None) -> str:
+    """counters.md: a row per case (the n-th launch is the n-th case's), with the tiling its
+    kernel ran where `tilings` (case: tilings) has it."""
     lines = ["# kernelhub's kernels as Nsight Compute counts them", "",
              "One launch per case, balanced group sizes, bf16; clocks as the driver sets them. "
              "DRAM busy: DRAM throughput as a share of its peak; memory rate: the bytes DRAM "
              "moved per second.", "",
-             "| case | kernel | " + " | ".join(column for column, _, _ in COLUMNS) + " |",
-             "|---|---|" + "---:|" * len(COLUMNS)]
+             "| case | tiling | kernel | " + " | ".join(column for column, _, _ in COLUMNS)
+             + " |",
+             "|---|---|---|" + "---:|" * len(COLUMNS)]
     for index, label in enumerate(labels):
+        tiling = " ".join("x".join(map(str, t)) for t in (tilings or {}).get(label, [])) or "?"
         if index >= len(launches):
-            lines.append(f"| {label} | not profiled |" + " |" * len(COLUMNS))
+            lines.append(f"| {label} | {tiling} | not profiled |" + " |" * len(COLUMNS))
             continue
         launch = launches[index]
         cells = [launch["metrics"].get((section, metric), "-") for _, section, metric in COLUMNS]
-        lines.append(f"| {label} | {launch['kernel'][:48]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {tiling} | {launch['kernel'][:48]} | " + " | ".join(cells)
+                     + " |")
     if len(launches) > len(labels):
         lines += ["", f"{len(launches) - len(labels)} more launches than cases: the rows may "
                   "be shifted (a case launched two kernelhub kernels)."]
@@ -156,24 +169,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", action="store_true",
                         help="run the cases once each (what ncu watches)")
     args = parser.parse_args(argv)
-    if args.target:
-        run_target(args.shapes)
-        return 0
     if args.out is None:
         parser.error("--out is required")
+    if args.target:
+        run_target(args.shapes, args.out)
+        return 0
     # No jax here: a backend started in this process would hold GPU memory beside the target's.
     ncu = find_ncu()
     if ncu is None:
         parser.error("ncu (Nsight Compute) is not on PATH or under /usr/local/cuda*/bin")
     args.out.mkdir(parents=True, exist_ok=True)
-    log = args.out / "counters.csv"
-    done = subprocess.run(ncu_command(ncu, log, args.shapes), env=dict(os.environ))
+    done = subprocess.run(ncu_command(ncu, args.out, args.shapes), env=dict(os.environ))
+    log, cases = args.out / "counters.csv", args.out / "cases.json"
     text = log.read_text() if log.exists() else ""
+    tilings = ({c["case"]: c["tilings"] for c in json.loads(cases.read_text())}
+               if cases.exists() else {})
     from kernelhub._cli.bench.gpu_measurement import SHAPES
 
     labels = [f"{shape.name}: {label}" for shape in SHAPES if shape.name in args.shapes
               for label, _, _ in CASES]
-    table = report(labels, kernel_rows(text))
+    table = report(labels, kernel_rows(text), tilings)
     (args.out / "counters.md").write_text(table)
     print(table)
     if done.returncode != 0:

@@ -4,6 +4,8 @@ its traces summed into profile.md.
 
     python -m kernelhub._cli.bench.mosaic_profile --shapes deepseek-v3 qwen3-moe --out DIR
 
+Every pass runs the heuristic's tiling, not a table's: the forward and its probes then share
+one tiling, and no pass runs the warp-specialized forward, whose body names no regions.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
@@ -169,6 +171,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench.gpu_measurement import SHAPES
+    from kernelhub.tuning import heuristic
 
     rows = []
     streams = {}
@@ -181,7 +184,10 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
             folder.mkdir(parents=True, exist_ok=True)
             started = time.time()
             try:
-                with _band(pass_name):
+                # Under the heuristic: the forward and its probes in one tiling, and every
+                # pass in a body with profiling regions (the tables' warp-specialized forward
+                # names none).
+                with heuristic(), _band(pass_name):
                     (ran,) = calls.kernel_tilings(make(), args)
                     ran["tiling"] = list(explicit_tiling(shape, pass_name) or ran["tiling"])
                     regions = regions_for(shape, pass_name, ran["kernel"], ran["tiling"])
