@@ -175,30 +175,40 @@ def _entry(tiling) -> tuning.Entry:
     return tuning.Entry(tuple(tiling), (512, K, N), 1.0, 1.0, "test")
 
 
-def test_an_entry_serves_its_kernel_problem_in_every_pass():
-    """gmm with the weights transposed is both a gmm's lhs gradient and the forward of weights
-    stored [G, n, k]: an entry the tuner filed under the lhs gradient gives its tiling (and its
-    time) to the forward call of the same problem; an entry under the call's own pass wins."""
+def test_an_entry_serves_its_kernel_problem_in_every_op_and_pass():
+    """One kernel runs in several ops and passes: gmm with the weights transposed is a gmm's
+    lhs gradient and the forward of weights stored [G, n, k], tgmm a gmm's weight gradient and
+    transposed_grouped_matmul's forward. An entry the tuner filed under the gradient gives its
+    tiling (and its time) to the direct call of the same problem; an entry under the call's own
+    key wins."""
     lhs, rhs, _, d_out = _operands()
     gmm = kernelhub.get("grouped_matmul", platform="xla")
+    tgmm = kernelhub.get("transposed_grouped_matmul", platform="xla")
     recorder = _autotune.Recorder()
     with active_table.activated(recorder):
         jax.vjp(lambda l, r: gmm(l, r, SIZES, group_offset=OFFSET), lhs, rhs)[1](d_out)
-    (gradient_key,) = [key for key in recorder.calls if key.pass_name == "lhs_gradient"]
-    recorder = _autotune.Recorder()
-    with active_table.activated(recorder):
-        gmm(d_out, rhs, SIZES, group_offset=OFFSET, transpose_rhs=True)
-    ((forward_key, forward_call),) = recorder.calls.items()
-    assert forward_key.pass_name == "forward"
-    assert dataclasses.replace(forward_key, pass_name="lhs_gradient") == gradient_key
-    tiling = _autotune_legal_tiling(forward_call)
-    table = tuning.Tuning({gradient_key: _entry(tiling)})
-    assert table.lookup(forward_key) == tiling
-    assert _table.measured_entry(table, forward_call) is not None
-    own = tuple(forward_call.space.default(forward_call.problem))
-    both = tuning.Tuning({gradient_key: _entry(tiling), forward_key: _entry(own)})
-    assert both.lookup(forward_key) == own
-    assert tuning.Tuning({}).lookup(forward_key) is None
+    gradients = {key.pass_name: key for key in recorder.calls if key.pass_name != "forward"}
+    direct = {}
+    for pass_name, make in (
+            ("lhs_gradient", lambda: gmm(d_out, rhs, SIZES, group_offset=OFFSET,
+                                         transpose_rhs=True)),
+            ("rhs_gradient", lambda: tgmm(lhs.T, d_out, SIZES, group_offset=OFFSET,
+                                          num_actual_groups=3))):
+        recorder = _autotune.Recorder()
+        with active_table.activated(recorder):
+            make()
+        ((key, call),) = recorder.calls.items()
+        assert key.pass_name == "forward" and key.problem == gradients[pass_name].problem
+        direct[pass_name] = key, call
+    for pass_name, (key, call) in direct.items():
+        tiling = _autotune_legal_tiling(call)
+        table = tuning.Tuning({gradients[pass_name]: _entry(tiling)})
+        assert table.lookup(key) == tiling, pass_name
+        assert _table.measured_entry(table, call) is not None
+        own = tuple(call.space.default(call.problem))
+        assert tuning.Tuning({gradients[pass_name]: _entry(tiling),
+                              key: _entry(own)}).lookup(key) == own
+        assert tuning.Tuning({}).lookup(key) is None
 
 
 def _autotune_legal_tiling(call) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ import jax
 
 from kernelhub._grouped_matmul import active_table
 from kernelhub._grouped_matmul.problem import Problem
-from kernelhub._grouped_matmul.tilings import PASSES, single
+from kernelhub._grouped_matmul.tilings import single
 
 
 class KernelCall(Protocol):
@@ -70,20 +70,9 @@ class TuningKey:
                 f"{p.out_dtype}) on {self.implementation}, {self.device_kind}")
 
 
-def entry_for(entries: Mapping[TuningKey, Entry], key: TuningKey) -> Entry | None:
-    """The entry filed under `key`, else one filed under another pass for the same kernel
-    problem: one kernel runs in several passes (gmm with the weights transposed is the lhs
-    gradient of a gmm and the forward of weights stored [G, n, k]), and the problem, not the
-    pass, decides which tiling is fastest and how long it takes. Passes in PASSES order."""
-    entry = entries.get(key)
-    if entry is not None:
-        return entry
-    for pass_name in PASSES:
-        if pass_name != key.pass_name:
-            entry = entries.get(dataclasses.replace(key, pass_name=pass_name))
-            if entry is not None:
-                return entry
-    return None
+def _problem_of(key: TuningKey) -> tuple:
+    """What a key's kernel call computes, whichever op and pass made it."""
+    return key.device_kind, key.implementation, key.problem
 
 
 def device_kind() -> str:
@@ -120,6 +109,7 @@ class Tuning:
     def __init__(self, entries: Mapping[TuningKey, Entry] | None = None,
                  source: str = "a kernelhub tuning table"):
         self.entries: dict[TuningKey, Entry] = dict(entries or {})
+        self._by_problem: dict[tuple, Entry] | None = None  # Tuning.entry's, made on first use
         self.source = source  # where it came from, for messages
         self.refused: set[TuningKey] = set()  # keys whose tiling a kernel refused, warned once
         # The blocks this table is entered in, per thread and task: one table entered from two
@@ -148,8 +138,25 @@ class Tuning:
         """A table with both tables' entries; `other`'s win where both have a key."""
         return Tuning({**self.entries, **other.entries}, f"{self.source} + {other.source}")
 
+    def entry(self, key: TuningKey) -> Entry | None:
+        """The entry filed under `key`, else one filed for the same kernel problem under
+        another op or pass: one kernel runs in several (gmm with the weights transposed is a
+        gmm's lhs gradient and the forward of weights stored [G, n, k]; tgmm is a gmm's weight
+        gradient and transposed_grouped_matmul's forward), and the problem, not the op or pass
+        it came from, decides which tiling is fastest and how long it takes. Among several,
+        the first key in sorted order."""
+        found = self.entries.get(key)
+        if found is not None:
+            return found
+        if self._by_problem is None:
+            by_problem: dict[tuple, Entry] = {}
+            for other in sorted(self.entries):
+                by_problem.setdefault(_problem_of(other), self.entries[other])
+            self._by_problem = by_problem
+        return self._by_problem.get(_problem_of(key))
+
     def lookup(self, key: TuningKey) -> tuple[int, ...] | None:
-        entry = entry_for(self.entries, key)
+        entry = self.entry(key)
         return None if entry is None else entry.tiling
 
     def tiling_for(self, call: KernelCall) -> tuple[int, ...] | None:
@@ -310,9 +317,9 @@ def measured_entry(table: Any, call: KernelCall) -> Entry | None:
     if not call.problem.static:
         return None
     key = call.key()
-    entry = entry_for(table.entries, key) if isinstance(table, Tuning) else None
+    entry = table.entry(key) if isinstance(table, Tuning) else None
     if entry is None:
-        entry = entry_for(shipped(key.device_kind).entries, key)
+        entry = shipped(key.device_kind).entry(key)
     if entry is None or not call.space.accepts(entry.tiling, call.problem):
         return None
     return entry
