@@ -417,9 +417,11 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
     assert grouped_matmul.BAND == 8
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
-                       "forward_whole_rows": "gmm", "lhs_gradient": "gmm_t",
-                       "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm"}
-    assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8)}
+                       "forward_whole_rows": "gmm", "forward_warp_specialized": "gmm",
+                       "lhs_gradient": "gmm_t", "rhs_gradient": "tgmm",
+                       "rhs_gradient_spans": "tgmm"}
+    assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),
+                       "forward_warp_specialized": (128, 64, 256, 3, 2)}
     megabytes, tbps = mosaic_profile.weight_stream(ops.w, repeats=2)
     assert megabytes == ops.w.size * 2 / 1e6 and tbps > 0  # bf16 weights, read once
 

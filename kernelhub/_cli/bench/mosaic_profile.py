@@ -4,18 +4,20 @@ its traces summed into profile.md.
 
     python -m kernelhub._cli.bench.mosaic_profile --shapes deepseek-v3 qwen3-moe --out DIR
 
-Every pass runs the heuristic's tiling, not a table's: the forward and its probes then share
-one tiling, and no pass runs the warp-specialized forward, whose body names no regions.
+Every pass runs the heuristic's tiling, not a table's, so that the forward and its probes
+share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Three probes beside the passes:
+the wait for a step's tiles. Four probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_whole_rows`: the forward with every column tile of a row tile in one band
   (grouped_matmul.BAND), so that the programs on one group read whole rows of its weights at
   once rather than half of each (8 of DeepSeek-V3's 16 tiles): whether HBM gives more to
   long runs of adjacent bytes;
+- `forward_warp_specialized`: the forward in the tables' warp-specialized tiling (a memory
+  warpgroup loading for two compute warpgroups, whose regions are the ones profiled);
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
   (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
   holds its group's store, when it ends one).
@@ -184,9 +186,8 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
             folder.mkdir(parents=True, exist_ok=True)
             started = time.time()
             try:
-                # Under the heuristic: the forward and its probes in one tiling, and every
-                # pass in a body with profiling regions (the tables' warp-specialized forward
-                # names none).
+                # Under the heuristic: the forward and its probes in one tiling (a probe
+                # that names its own runs that).
                 with heuristic(), _band(pass_name):
                     (ran,) = calls.kernel_tilings(make(), args)
                     ran["tiling"] = list(explicit_tiling(shape, pass_name) or ran["tiling"])
@@ -221,6 +222,11 @@ def _pass(ops: Any, shape: Any, pass_name: str) -> tuple[tuple, Any]:
         return (ops.x, ops.dy, ops.sizes), lambda: jax.jit(lambda x, dy, s: call(
             x.T, dy, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             num_actual_groups=shape.local, tiling=explicit_tiling(shape, pass_name)))
+    if pass_name == "forward_warp_specialized":
+        call = kernelhub.get("grouped_matmul", platform="mosaic")
+        return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
+            x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
+            tiling=explicit_tiling(shape, pass_name)))
     if pass_name == "forward_whole_rows":
         pass_name = "forward"
     if pass_name == "forward_k_major":
@@ -235,9 +241,13 @@ def _pass(ops: Any, shape: Any, pass_name: str) -> tuple[tuple, Any]:
 
 
 def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
-    """The tiling a probe passes its call (the table's or the heuristic's otherwise):
-    `rhs_gradient_spans` takes the heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by
-    128 outputs where they divide k and n), 4 stages, one program per SM, spans of 8 groups."""
+    """The tiling a probe passes its call (the heuristic's otherwise):
+    `forward_warp_specialized` the tables' forward at DeepSeek-V3 and Mixtral (128 x 256 output
+    tiles, two compute warpgroups of 128 columns, 3 stages); `rhs_gradient_spans` the
+    heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by 128 outputs where they divide k
+    and n), 4 stages, one program per SM, spans of 8 groups."""
+    if pass_name == "forward_warp_specialized":
+        return (128, 64, 256, 3, 2)
     if pass_name != "rhs_gradient_spans":
         return None
     return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
@@ -265,8 +275,8 @@ def _band(pass_name: str) -> Iterator[None]:
         jax.clear_caches()
 
 
-PASSES = ("forward", "forward_k_major", "forward_whole_rows", "lhs_gradient", "rhs_gradient",
-          "rhs_gradient_spans")
+PASSES = ("forward", "forward_k_major", "forward_whole_rows", "forward_warp_specialized",
+          "lhs_gradient", "rhs_gradient", "rhs_gradient_spans")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.epilogue import Epilogue
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling
 
 COMPUTE_WARPGROUPS = 2
 # Registers the memory warpgroup keeps (it only issues copies): the rest go to the others.
@@ -106,8 +106,13 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
 
             def context(run):
                 def with_accumulators(*accs):
-                    totals = run(tuple(accs))
-                    totals = tuple(acc[...] for acc in totals)
+                    with jax.named_scope(profiling.SUMS):
+                        totals = run(tuple(accs))
+                        totals = tuple(acc[...] for acc in totals)
+                    with jax.named_scope(profiling.STORE):
+                        finish(totals)
+
+                def finish(totals):
                     if plain:
                         (result,) = totals
                     else:
@@ -128,6 +133,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
 
                 pl.run_scoped(with_accumulators, *[plgpu.ACC(shape) for _ in range(halves)])
 
+            @jax.named_scope(profiling.STEP)
             def step(_, lhs_smem, *rest):
                 rhs_smems, accs = rest[:-1], rest[-1]
                 for acc, rhs_smem in zip(accs, rhs_smems):
