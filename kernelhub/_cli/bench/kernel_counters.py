@@ -80,21 +80,13 @@ def find_ncu() -> str | None:
 def case_calls(shape: Any) -> list[tuple[str, Callable[[], Any], tuple]]:
     """(label, a maker of the jitted call, arguments) of each case at `shape`, balanced sizes:
     each call launches one kernelhub kernel."""
-    import kernelhub
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import mosaic_profile
 
     ops = calls.make_operands(shape, "balanced")
     made = []
     for label, platform, pass_name in CASES:
-        if platform == "mosaic":
-            args, make = mosaic_profile._pass(ops, shape, pass_name)
-        else:
-            call = kernelhub.get(calls.PASS_OP[pass_name], platform=platform)
-            operands = calls.pass_operands(ops, pass_name, "bf16")
-            args = (*operands.ours, ops.sizes)
-            make = (lambda call=call, pass_name=pass_name:
-                    calls._pass_function(call, pass_name, shape))
+        args, make = mosaic_profile._pass(ops, shape, pass_name, platform)
         made.append((f"{shape.name}: {label}", make, args))
     return made
 

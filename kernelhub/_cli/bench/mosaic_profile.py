@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelhub._pallas.mosaic_gpu import profiling
-from kernelhub._pallas.mosaic_gpu.kernel_parts import HOPPER_SMS
+from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
 
 def region_times(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per trace (`tid`, one warpgroup): its span (first begin to last end, us) and, per
@@ -209,8 +209,10 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
     return report(rows, streams)
 
 
-def _pass(ops: Any, shape: Any, pass_name: str) -> tuple[tuple, Any]:
-    """(arguments, a maker of the jitted call) of one profiled pass on Mosaic GPU."""
+def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
+          ) -> tuple[tuple, Any]:
+    """(arguments, a maker of the jitted call) of one pass or probe on `platform` (the
+    profiler's is Mosaic GPU; kernel_counters.py also makes the Triton kernels' passes)."""
     import jax
     import jax.numpy as jnp
 
@@ -235,7 +237,7 @@ def _pass(ops: Any, shape: Any, pass_name: str) -> tuple[tuple, Any]:
         return args, lambda: jax.jit(lambda x, w, s: call(
             x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             transpose_rhs=True))
-    call = kernelhub.get(calls.PASS_OP[pass_name], platform="mosaic")
+    call = kernelhub.get(calls.PASS_OP[pass_name], platform=platform)
     operands = calls.pass_operands(ops, pass_name, "bf16")
     return (*operands.ours, ops.sizes), lambda: calls._pass_function(call, pass_name, shape)
 

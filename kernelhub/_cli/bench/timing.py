@@ -50,8 +50,7 @@ def median_seconds(fns: dict[str, Callable[[], Any]], reps: int, warmup: int,
     With `calls_per_sample` > 1 a sample is that many calls made back to back, waited for once
     at the end, over their number: while one call runs on the device the next is dispatched,
     so a sample measures the device's time per call rather than one call's round trip from
-    the host (dispatch, and the wait for the result, add tens of microseconds to a call of a
-    few hundred)."""
+    the host (its dispatch and the wait for its result)."""
     live: dict[str, Callable[[], Any]] = {}
     for name, fn in fns.items():
         try:

@@ -20,7 +20,6 @@ from kernelhub._core import jax_internals
 from kernelhub._grouped_matmul import visits
 from kernelhub._pallas.mosaic_gpu import config, profiling
 
-HOPPER_SMS = config.HOPPER_SMS
 # In interpret mode every simulated program is a thread on this host: two still run the
 # persistent loop's hand-over of work from one program to the next.
 INTERPRET_SMS = 2
@@ -76,13 +75,13 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
 
 
 def _sm_count() -> int:
-    """The SMs of this host's GPU; HOPPER_SMS when lowering without one (export)."""
+    """The SMs of this host's GPU; config.HOPPER_SMS when lowering without one (export)."""
     try:
         device = jax.devices()[0]
     except RuntimeError:
-        return HOPPER_SMS
+        return config.HOPPER_SMS
     count = getattr(device, "core_count", None) if device.platform == "gpu" else None
-    return int(count) if count else HOPPER_SMS
+    return int(count) if count else config.HOPPER_SMS
 
 
 def transposed_operand(smem, scratch):
