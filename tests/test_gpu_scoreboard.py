@@ -400,7 +400,8 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     """Each profiled pass, traced at a smoke shape, makes one Mosaic GPU kernel call: the
     forward gmm (also with bands of every column tile), the forward on weights stored
     [G, n, k] and the lhs gradient gmm_t (at transposed sizes), the weight gradient tgmm (also
-    over spans of 8 groups). The wide bands last only while their pass is traced."""
+    over spans of 8 groups); the padded-strides probes on operands grown by 64 in k and 128 in
+    n. The wide bands last only while their pass is traced."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import mosaic_profile
     from kernelhub._pallas.mosaic_gpu import grouped_matmul
@@ -415,11 +416,18 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
+        if pass_name == "forward_padded_strides":
+            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 64),
+                                                   (shape.local, shape.k + 64, shape.n + 128)]
+        if pass_name == "rhs_gradient_padded_strides":
+            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 64),
+                                                   (shape.m, shape.n + 128)]
     assert grouped_matmul.BAND == 8
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_whole_rows": "gmm", "forward_warp_specialized": "gmm",
-                       "lhs_gradient": "gmm_t", "rhs_gradient": "tgmm",
-                       "rhs_gradient_spans": "tgmm"}
+                       "forward_padded_strides": "gmm", "lhs_gradient": "gmm_t",
+                       "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
+                       "rhs_gradient_padded_strides": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),
                        "forward_warp_specialized": (128, 64, 256, 3, 2)}
     megabytes, tbps = mosaic_profile.weight_stream(ops.w, repeats=2)
@@ -467,12 +475,20 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
     # steps (up to 2 chunks each) and stores.
     assert mosaic_profile.regions_for(deepseek, "rhs_gradient_spans", "tgmm",
                                       [64, 128, 128, 4, 1, 8]) == 28 * (1 + 8 * 2 + 8) + 32
+    # The padded probe's bytes at k + 64 and n + 128: 2048 rows of x and dy read, 32 experts'
+    # [7232, 2176] gradients written, in bf16.
+    sized = mosaic_profile.probe_shape(deepseek, "rhs_gradient_padded_strides")
+    assert (sized.k, sized.n, sized.m) == (7232, 2176, deepseek.m)
+    assert mosaic_profile.compulsory_bytes(sized, 2048, "rhs_gradient_padded_strides") == (
+        2 * (2048 * 7232 + 2048 * 2176 + 32 * 7232 * 2176))
+    assert mosaic_profile.probe_shape(deepseek, "forward_k_major") is deepseek
     found["tiling"] = (64, 128, 128, 2, 1, 1, 0, 2)
+    found["tbps"] = 2.5
     table = mosaic_profile.report([("deepseek-v3", "rhs_gradient", found),
                                    ("qwen3-moe", "forward", "failed: ValueError: x")],
                                   {"deepseek-v3": (939.5, 2.914)})
-    assert ("| deepseek-v3 | rhs_gradient | 64x128x128x2x1x1x0x2 | 1 | 100 | 2.0 | 50.00 | 3 | "
-            "0.70 | 0.33 | 0.10 | 0.30 |") in table
+    assert ("| deepseek-v3 | rhs_gradient | 64x128x128x2x1x1x0x2 | 1 | 100 | 2.50 | 2.0 | "
+            "50.00 | 3 | 0.70 | 0.33 | 0.10 | 0.30 |") in table
     assert "| qwen3-moe | forward | failed: ValueError: x |" in table
     assert "| deepseek-v3 | 940 | 2.91 |" in table
 
@@ -493,7 +509,7 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
     for label, make, args in made:
         (ran,) = calls.kernel_tilings(make(), args)
         kinds.append(ran["kernel"])
-    assert kinds == ["gmm", "gmm", "gmm_t", "gmm_t", "tgmm", "tgmm"]
+    assert kinds == ["gmm", "gmm", "gmm_t", "gmm", "gmm_t", "tgmm", "tgmm"]
 
     header = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit",'
               '"Metric Value"')

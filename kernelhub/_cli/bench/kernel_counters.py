@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 # (name, platform, pass): the passes as the scoreboard makes them; `forward_k_major` is the
-# forward on weights stored [G, n, k] (mosaic_profile.py).
+# forward on weights stored [G, n, k], `forward_padded_strides` on operands whose rows are no
+# power of two bytes apart (mosaic_profile.py).
 CASES = (
     ("mosaic forward", "mosaic", "forward"),
     ("triton forward", "triton", "forward"),
     ("mosaic forward, weights [G, n, k]", "mosaic", "forward_k_major"),
+    ("mosaic forward, padded strides", "mosaic", "forward_padded_strides"),
     ("mosaic lhs_gradient", "mosaic", "lhs_gradient"),
     ("mosaic rhs_gradient", "mosaic", "rhs_gradient"),
     ("triton rhs_gradient", "triton", "rhs_gradient"),

@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Four probes beside the passes:
+the wait for a step's tiles. Six probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_whole_rows`: the forward with every column tile of a row tile in one band
@@ -20,9 +20,15 @@ the wait for a step's tiles. Four probes beside the passes:
   warpgroup loading for two compute warpgroups, whose regions are the ones profiled);
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
   (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
-  holds its group's store, when it ends one).
-Beside them, per shape, the rate at which XLA reads the local
-experts' weights once (a max over them): what this GPU streams where nothing else is asked of
+  holds its group's store, when it ends one);
+- `forward_padded_strides`, `rhs_gradient_padded_strides`: the pass with k grown by 64 and n
+  by 128 (zeros), so that no operand's rows lie a power of two bytes apart. At DeepSeek-V3 the
+  weights' rows are 4096 bytes apart (n = 2048), at Qwen3-MoE the activations' (k = 2048),
+  and those forwards moved 1.6-1.7 TB/s on the H100; at GPT-OSS, which moved 2.2-2.5, none
+  is. Whether such strides crowd a few of HBM's channels or L2's sets: the same tiles, at
+  rows 4352 or 4224 bytes apart.
+Each row also gives the pass's compulsory bytes (gpu_roofline.py) over its span, in TB/s.
+Beside them, per shape, the rate at which XLA reads the local experts' weights once (a max over them): what this GPU streams where nothing else is asked of
 it, against which each pass's own bytes per second read. GPU only: the profile buffer is read
 back through a host callback, which a cross-platform export cannot lower.
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import statistics
@@ -40,8 +47,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kernelhub._cli.bench.gpu_roofline import PassProblem
 from kernelhub._pallas.mosaic_gpu import profiling
 from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
+
+# The padded-strides probes: the pass each runs, and what k and n grow by (one 64-row step of
+# contraction, one 128-column tile: every tiling keeps dividing them).
+PADDED_STRIDES = {"forward_padded_strides": "forward",
+                  "rhs_gradient_padded_strides": "rhs_gradient"}
+EXTRA_K, EXTRA_N = 64, 128
 
 def region_times(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per trace (`tid`, one warpgroup): its span (first begin to last end, us) and, per
@@ -107,18 +121,20 @@ def report(rows: list[tuple[str, str, dict[str, float] | str]],
              "Per warpgroup, averaged over those that ran work: the kernel's span, work items "
              "and pipeline steps, and the share of the span in each region. `sums` holds "
              "the steps and the waits between them; `store` is the epilogue and TMA store; "
-             "what is left is the persistent loop between items.", "",
-             "| shape | pass | tiling | warpgroups | span us | items | us per item | steps | "
-             "sums | step | between steps | store |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "what is left is the persistent loop between items. TB/s: the pass's "
+             "compulsory bytes over the span.", "",
+             "| shape | pass | tiling | warpgroups | span us | TB/s | items | us per item | "
+             "steps | sums | step | between steps | store |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for shape, pass_name, found in rows:
         if isinstance(found, str):
-            lines.append(f"| {shape} | {pass_name} | {found} |" + " |" * 9)
+            lines.append(f"| {shape} | {pass_name} | {found} |" + " |" * 10)
             continue
         tiling = "x".join(str(t) for t in found.get("tiling", ())) or "?"
         lines.append(
             f"| {shape} | {pass_name} | {tiling} | {found['warpgroups']} | "
-            f"{found['span_us']:.0f} | {found['items']:.1f} | {found['us_per_item']:.2f} | "
+            f"{found['span_us']:.0f} | {found.get('tbps', math.nan):.2f} | "
+            f"{found['items']:.1f} | {found['us_per_item']:.2f} | "
             f"{found['steps']:.0f} | {found['sums_share']:.2f} | {found['step_share']:.2f} | "
             f"{found['between_steps_share']:.2f} | {found['store_share']:.2f} |")
     if streams:
@@ -182,6 +198,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
         streams[shape.name] = weight_stream(ops.w)
         for pass_name in passes:
             args, make = _pass(ops, shape, pass_name)
+            sized = probe_shape(shape, pass_name)
             folder = out / f"{shape.name}-{pass_name}"
             folder.mkdir(parents=True, exist_ok=True)
             started = time.time()
@@ -191,7 +208,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
                 with heuristic(), _band(pass_name):
                     (ran,) = calls.kernel_tilings(make(), args)
                     ran["tiling"] = list(explicit_tiling(shape, pass_name) or ran["tiling"])
-                    regions = regions_for(shape, pass_name, ran["kernel"], ran["tiling"])
+                    regions = regions_for(sized, pass_name, ran["kernel"], ran["tiling"])
                     with profiling.profiled(str(folder), regions):
                         fn = make()  # traced and lowered in here
                         jax.block_until_ready(fn(*args))
@@ -202,11 +219,44 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
                 found = summary(region_times(events)) or "no events recorded"
                 if isinstance(found, dict):
                     found["tiling"] = tuple(ran["tiling"])
+                    found["tbps"] = (compulsory_bytes(sized, ops.rows, pass_name)
+                                     / (found["span_us"] * 1e-6) / 1e12)
             except Exception as error:  # noqa: BLE001 - the row says why
                 found = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
             rows.append((shape.name, pass_name, found))
             print(rows[-1], flush=True)
     return report(rows, streams)
+
+
+# The pass each probe is a form of (its roofline's bytes).
+PROBE_PASS = {"forward_k_major": "forward", "forward_whole_rows": "forward",
+              "forward_warp_specialized": "forward", "rhs_gradient_spans": "rhs_gradient",
+              **PADDED_STRIDES}
+
+
+def probe_shape(shape: Any, pass_name: str) -> Any:
+    """`shape` with the k and n the pass or probe runs at (grown for the padded strides)."""
+    if pass_name not in PADDED_STRIDES:
+        return shape
+    return dataclasses.replace(shape, k=shape.k + EXTRA_K, n=shape.n + EXTRA_N)
+
+
+def compulsory_bytes(sized: Any, rows: int, pass_name: str) -> float:
+    """The bytes the roofline has the pass move (gpu_roofline.py), bf16, at `sized`'s
+    dimensions (probe_shape) with `rows` computed rows."""
+    return PassProblem(PROBE_PASS.get(pass_name, pass_name), sized.m, sized.k, sized.n, rows,
+                       sized.local, "bf16").compulsory_bytes
+
+
+def padded_strides(ops: Any) -> Any:
+    """The operands with EXTRA_K columns of zeros added to x, and EXTRA_K rows and EXTRA_N
+    columns to each expert's weights (EXTRA_N columns to dy): no row stride a power of two."""
+    import jax.numpy as jnp
+
+    return dataclasses.replace(
+        ops, x=jnp.pad(ops.x, ((0, 0), (0, EXTRA_K))),
+        w=jnp.pad(ops.w, ((0, 0), (0, EXTRA_K), (0, EXTRA_N))),
+        dy=jnp.pad(ops.dy, ((0, 0), (0, EXTRA_N))))
 
 
 def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
@@ -231,6 +281,8 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
             tiling=explicit_tiling(shape, pass_name)))
     if pass_name == "forward_whole_rows":
         pass_name = "forward"
+    if pass_name in PADDED_STRIDES:
+        ops, pass_name = padded_strides(ops), PADDED_STRIDES[pass_name]
     if pass_name == "forward_k_major":
         call = kernelhub.get("grouped_matmul", platform="mosaic")
         args = (ops.x, jnp.swapaxes(ops.w, 1, 2), ops.sizes)  # stored [G, n, k] beforehand
@@ -278,7 +330,8 @@ def _band(pass_name: str) -> Iterator[None]:
 
 
 PASSES = ("forward", "forward_k_major", "forward_whole_rows", "forward_warp_specialized",
-          "lhs_gradient", "rhs_gradient", "rhs_gradient_spans")
+          "forward_padded_strides", "lhs_gradient", "rhs_gradient", "rhs_gradient_spans",
+          "rhs_gradient_padded_strides")
 
 
 def main(argv: list[str] | None = None) -> int:
