@@ -4,6 +4,7 @@ times from the tuning tables (kernelhub/_grouped_matmul/measured.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import jax
@@ -115,6 +116,13 @@ def twin():
     """The XLA kernels registered a second time, for the cpu as (pallas, cpu) below xla's
     priority under the tuning name "xla-twin"; yields the passes each kernel lowered for (not
     counting traces for measurement): "gmm", "gmm transposed" (the lhs gradient), "tgmm"."""
+    with _registered_twin(TuningSpace(TWIN, XLA_SPACE.candidates, XLA_SPACE.default,
+                                      XLA_SPACE.accepts), features=()) as lowered:
+        yield lowered
+
+
+@contextlib.contextmanager
+def _registered_twin(space: TuningSpace, features: tuple[str, ...]):
     lowered: list[str] = []
 
     def counted(raw, kernel):
@@ -125,12 +133,11 @@ def twin():
             return raw(*args, **kwargs)
         return run
 
-    space = TuningSpace(TWIN, XLA_SPACE.candidates, XLA_SPACE.default, XLA_SPACE.accepts)
     saved = [_registry.unregister(op, "pallas", "cpu")
              for op in (names.GROUPED_MATMUL, names.TRANSPOSED_GROUPED_MATMUL)]
     register_grouped_matmuls("pallas", "cpu", counted(raw_grouped_matmul, "gmm"),
                              counted(raw_transposed_grouped_matmul, "tgmm"), space,
-                             features=(), fold_scales=False, priority=-1)
+                             features=features, fold_scales=False, priority=-1)
     try:
         yield lowered
     finally:
@@ -207,6 +214,33 @@ def test_grouped_matmul_lowers_the_kernel_the_table_measured_faster(twin):
         jax.jit(lambda x, w: kernelhub.get("grouped_matmul", platform="xla")(
             x, w, jnp.asarray(SIZES)))(x, w)
     assert twin == []
+
+
+def test_an_epilogue_the_tables_never_timed_keeps_the_registered_choice():
+    """A backend whose tuning space says a table's time is not its time under an epilogue
+    (Mosaic GPU gathers an interleaved gated unit's columns, a copy of the weights, before its
+    kernel) gets no measured time for such a call: the table's faster entry does not lower it.
+    Under the concatenated layout, which it times, it does; both results against float64."""
+    from kernelhub._pallas.mosaic_gpu import tuning_space as mosaic_space
+
+    space = TuningSpace(TWIN, XLA_SPACE.candidates, XLA_SPACE.default, XLA_SPACE.accepts,
+                        times_epilogue=mosaic_space.space("mosaic").times_epilogue)
+    x, w = _operands()
+    with _registered_twin(space, features=(names.GLU,)) as lowered:
+        for layout, twin_lowers in (("interleaved", False), ("concatenated", True)):
+            def gated(x, w, layout=layout):
+                return kernelhub.grouped_matmul(x, w, jnp.asarray(SIZES), glu="silu",
+                                                glu_layout=layout)
+
+            lowered.clear()
+            with _table({(TWIN, "forward"): 1.0, ("xla", "forward"): 2.0}, gated, x, w):
+                out = jax.jit(gated)(x, w)
+            assert (lowered == ["gmm"]) == twin_lowers, layout
+            z = _reference(x, w)
+            gate, up = ((z[:, 0::2], z[:, 1::2]) if layout == "interleaved"
+                        else (z[:, :N // 2], z[:, N // 2:]))
+            np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-4,
+                                       atol=1e-4)
 
 
 def test_each_half_of_the_gradient_takes_its_faster_kernels(twin):

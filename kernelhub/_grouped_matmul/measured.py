@@ -7,8 +7,9 @@ of one implementation's share of a call (its forward, or both gradients) is the 
 entries of the kernel calls that share makes, each as the call would run: under the table in
 force when the call was made, else the table shipped for this device. A call with a kernel
 lacking an entry has no measured time, nor has a call with an explicit tiling (a tiling is one
-backend's: another backend's time says nothing of it) or one made while a table is recorded
-or the heuristic is forced.
+backend's: another backend's time says nothing of it), one made while a table is recorded
+or the heuristic is forced, or one whose backend does work for its fused epilogue that the
+tables, tuned without epilogues, never timed (TuningSpace.times_epilogue).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def measured_seconds(arguments: dict[str, Any], trace: Callable[[], Any]) -> flo
         return None
     total_ms = 0.0
     for call in observer.calls:
-        entry = tables.measured_entry(table, call)
+        entry = tables.measured_entry(table, call) if call.timed_by_tables else None
         if entry is None:
             return None
         total_ms += entry.tuned_ms

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 
 from kernelhub._grouped_matmul import tables
-from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue
+from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import Problem, gmm_problem, tgmm_problem
 from kernelhub._grouped_matmul.tilings import Tilings, in_pass
 
@@ -28,13 +28,18 @@ class TuningSpace:
 
     candidates(problem) -> tilings to time (each a tuple the backend's `tiling` takes);
     default(problem) -> the tiling its heuristic picks, as such a tuple;
-    accepts(tiling, problem) -> whether a tiling tuned for a nearby shape is legal here.
+    accepts(tiling, problem) -> whether a tiling tuned for a nearby shape is legal here;
+    times_epilogue(epilogue) -> whether a table's time for a gmm call's kernel problem is also
+    the call's time under that fused epilogue. Tables are tuned without epilogues; a backend
+    that does more for one (a copy of an operand) says False, and such a call then has no
+    measured time (kernelhub/_grouped_matmul/measured.py).
     """
 
     implementation: str
     candidates: Callable[[Problem], Sequence[tuple[int, ...]]]
     default: Callable[[Problem], tuple[int, ...]]
     accepts: Callable[[tuple[int, ...], Problem], bool] = lambda tiling, problem: True
+    times_epilogue: Callable[[Epilogue], bool] = lambda epilogue: True
 
 
 # Arrays of a call: (lhs, rhs, group_sizes, group_offset, existing_out); every other argument
@@ -53,6 +58,8 @@ class KernelCall:
     problem: Problem
     arrays: Arrays
     invoke: Callable[[Arrays, Any], jax.Array]
+    # Whether the tables' entry for this call's key times it (TuningSpace.times_epilogue).
+    timed_by_tables: bool = True
 
     def run(self, tiling: Any) -> jax.Array:
         return self.invoke(self.arrays, tiling)
@@ -79,7 +86,8 @@ def gmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rh
                    existing_out, transpose_rhs, **options)
 
     return KernelCall(space, op, pass_name, problem,
-                      (lhs, rhs, group_sizes, group_offset, existing_out), invoke)
+                      (lhs, rhs, group_sizes, group_offset, existing_out), invoke,
+                      timed_by_tables=space.times_epilogue(epilogue.spec))
 
 
 def tgmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rhs, group_sizes,

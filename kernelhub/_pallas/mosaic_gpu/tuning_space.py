@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.passes import TuningSpace
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import config
@@ -100,5 +101,15 @@ def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
     return True
 
 
+def _times_epilogue(epilogue: Epilogue) -> bool:
+    """An interleaved gated unit's gate and up columns are gathered into the concatenated
+    layout before the kernel (grouped_matmul.py): a copy of the weights, which no table entry
+    times, and which at GPT-OSS's shape (whose swiglu is interleaved) costs more than the
+    kernel. Such a call is not given the kernel's time, so the tables never choose it over
+    the Triton kernel, which splits the pairs in registers."""
+    return not epilogue.interleaved
+
+
 def space(implementation: str) -> TuningSpace:
-    return TuningSpace(implementation, _candidates, _default, _accepts)
+    return TuningSpace(implementation, _candidates, _default, _accepts,
+                       times_epilogue=_times_epilogue)
