@@ -28,8 +28,9 @@ the wait for a step's tiles. Six probes beside the passes:
   is. Whether such strides crowd a few of HBM's channels or L2's sets: the same tiles, at
   rows 4352 or 4224 bytes apart.
 Each row also gives the pass's compulsory bytes (gpu_roofline.py) over its span, in TB/s.
-Beside them, per shape, the rate at which XLA reads the local experts' weights once (a max over them): what this GPU streams where nothing else is asked of
-it, against which each pass's own bytes per second read. GPU only: the profile buffer is read
+Beside them, per shape, the rates at which XLA reads the local experts' weights once (a max
+over them) and writes as many bytes (the weight gradient's output is that size): what this
+GPU streams where nothing else is asked of it, against which each pass's own TB/s read. GPU only: the profile buffer is read
 back through a host callback, which a cross-platform export cannot lower.
 """
 
@@ -116,7 +117,7 @@ def summary(per_trace: dict[int, dict[str, Any]]) -> dict[str, float]:
 def report(rows: list[tuple[str, str, dict[str, float] | str]],
            streams: dict[str, float] | None = None) -> str:
     """profile.md: a row per pass (its tiling, its regions' shares) and, per shape in
-    `streams`, XLA's rate reading the weights (TB/s)."""
+    `streams`, XLA's rates reading the weights and writing as many bytes (TB/s)."""
     lines = ["# Mosaic GPU kernels: where a pass's time goes (on-device profiler)", "",
              "Per warpgroup, averaged over those that ran work: the kernel's span, work items "
              "and pipeline steps, and the share of the span in each region. `sums` holds "
@@ -138,26 +139,34 @@ def report(rows: list[tuple[str, str, dict[str, float] | str]],
             f"{found['steps']:.0f} | {found['sums_share']:.2f} | {found['step_share']:.2f} | "
             f"{found['between_steps_share']:.2f} | {found['store_share']:.2f} |")
     if streams:
-        lines += ["", "XLA reading the local experts' weights once (a max over them, median "
-                  "of 10 calls): what HBM gives a plain stream here.", "",
-                  "| shape | weights MB | TB/s |", "|---|---:|---:|"]
-        lines += [f"| {shape} | {megabytes:.0f} | {tbps:.2f} |"
-                  for shape, (megabytes, tbps) in streams.items()]
+        lines += ["", "XLA reading the local experts' weights once (a max over them) and "
+                  "writing as many bytes (a filled array of their shape, as the weight "
+                  "gradient writes), device time per call: what HBM gives a plain stream "
+                  "here.", "",
+                  "| shape | weights MB | read TB/s | write TB/s |", "|---|---:|---:|---:|"]
+        lines += [f"| {shape} | {megabytes:.0f} | {read:.2f} | {write:.2f} |"
+                  for shape, (megabytes, read, write) in streams.items()]
     return "\n".join(lines) + "\n"
 
 
-def weight_stream(w: Any, repeats: int = 10) -> tuple[float, float]:
-    """(megabytes, TB/s) of XLA reading `w` once: a max over it, median of `repeats` calls
-    after a compiled warm-up."""
+def weight_stream(w: Any, repeats: int = 10) -> tuple[float, float, float]:
+    """(megabytes, read TB/s, write TB/s) of XLA reading `w` once (a max over it) and writing
+    as many bytes (an array of `w`'s shape filled with one traced value, as tgmm writes its
+    [G, k, n] output): each the device's time per call, 5 calls back to back (timing.py),
+    median of `repeats`."""
     import jax
     import jax.numpy as jnp
 
-    from kernelhub._cli.bench.timing import interleaved_samples
+    from kernelhub._cli.bench.timing import median_seconds
 
     read = jax.jit(lambda w: jnp.max(w))
-    (seconds,) = interleaved_samples([lambda: read(w)], repeats)
+    write = jax.jit(lambda value: jnp.full(w.shape, value, w.dtype))
+    value = jnp.asarray(1.0, w.dtype)
+    seconds = median_seconds({"read": lambda: read(w), "write": lambda: write(value)},
+                             repeats, warmup=1, calls_per_sample=5)
     size = w.size * w.dtype.itemsize
-    return size / 1e6, size / statistics.median(seconds) / 1e12
+    return (size / 1e6, *(size / seconds[name] / 1e12 if seconds[name] else math.nan
+                          for name in ("read", "write")))
 
 
 def regions_for(shape: Any, pass_name: str, kernel: str, tiling: list[int]) -> int:
