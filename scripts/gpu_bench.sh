@@ -333,14 +333,18 @@ for stage in "${stages[@]}"; do
         # The traces (8-12 MB a pass) stay off $OUT, whose 8 returned files they crowded out on
         # 2026-11-27: profile.md sums them.
         traces=$(mktemp -d)
-        run_stage profile "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.mosaic_profile \
+        profile_time=$(($(left) - 15))
+        # Counters later in this call get half of what is left.
+        [[ " ${stages[*]} " == *" counters "* ]] && profile_time=$(share 50)
+        run_stage profile "$profile_time" "$PYTHON" -m kernelhub._cli.bench.mosaic_profile \
           --shapes "${profile_shapes[@]}" --out "$traces"
         [ -f "$traces/profile.md" ] && cp "$traces/profile.md" "$RESULTS/"
       fi
       ;;
     counters)
       # Nsight Compute's counters of one launch per kernel and pass (issue 34: is DRAM busy
-      # while a kernel runs at half of HBM's rate?): counters.md; ncu's CSV goes with the logs.
+      # while a kernel runs at half of HBM's rate?): counters.md; ncu's CSVs (one run per shape)
+      # go with the logs.
       if [ ${#smoke[@]} -gt 0 ]; then
         note "counters: skipped in smoke mode (Nsight Compute needs a GPU)"
       else

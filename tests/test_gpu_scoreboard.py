@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import os
 import pathlib
 
 import jax
@@ -530,15 +531,53 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
         "kernelhub_grouped_matmul_mosaic_gpu_kernel", "kernelhub_transposed_grouped_matmul"]
     assert launches[0]["metrics"][("GPU Speed Of Light Throughput", "DRAM Throughput")] == (
         "51.20 %")
-    table = kernel_counters.report(["a: mosaic forward", "a: mosaic rhs_gradient", "a: more"],
-                                   launches, {"a: mosaic forward": [[128, 64, 256, 3, 2]]})
+    table = kernel_counters.report(["a: mosaic forward", "a: mosaic rhs_gradient", "a: more",
+                                    "b: mosaic forward"], [*launches, None],
+                                   {"a: mosaic forward": [[128, 64, 256, 3, 2]]})
     assert ("| a: mosaic forward | 128x64x256x3x2 | kernelhub_grouped_matmul_mosaic_gpu_kernel "
             "| 640.10 usecond | 51.20 % | 1.72 Tbyte/second | - |") in table
     assert "| a: mosaic rhs_gradient | ? | kernelhub_transposed_grouped_matmul |" in table
     assert "| a: more | ? | not profiled |" in table
+    assert "| b: mosaic forward | ? | not profiled |" in table
     assert kernel_counters.kernel_rows("==ERROR== ERR_NVGPUCTRPERM\n") == []
-    command = kernel_counters.ncu_command("ncu", pathlib.Path("/tmp/c"), ["qwen3-moe"])
+    command = kernel_counters.ncu_command("ncu", pathlib.Path("/tmp/c"), "qwen3-moe")
     assert command[:5] == ["ncu", "--target-processes", "all", "--kernel-name",
                            "regex:kernelhub"]
-    assert "/tmp/c/counters.csv" in command
+    assert "/tmp/c/counters-qwen3-moe.csv" in command
     assert command[-5:] == ["--target", "--out", "/tmp/c", "--shapes", "qwen3-moe"]
+
+
+def test_kernel_counters_runs_ncu_once_per_shape_and_keeps_what_finished(tmp_path,
+                                                                          monkeypatch):
+    """With a stand-in ncu on PATH (it writes a details page for DeepSeek-V3's run and fails
+    Qwen3-MoE's with no page): one ncu run per shape, each logging to its own CSV; counters.md
+    holds the first shape's launches and says the second's cases were not profiled; the exit
+    status is ncu's failure."""
+    from kernelhub._cli.bench import kernel_counters
+
+    page = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit",'
+            '"Metric Value"\n'
+            '"0","7","kernelhub_grouped_matmul","GPU Speed Of Light Throughput","Duration",'
+            '"usecond","612.5"\n')
+    (tmp_path / "page.csv").write_text(page)
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'while [ "$1" != "--log-file" ]; do shift; done\n'
+        f'case "$2" in *deepseek-v3*) cp {tmp_path / "page.csv"} "$2"; echo "$*" > '
+        f'{tmp_path / "args"}; exit 0;; esac\n'
+        "exit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    status = kernel_counters.main(["--shapes", "qwen3-moe", "deepseek-v3", "--out", str(out)])
+    assert status == 3
+    assert sorted(p.name for p in out.iterdir()) == ["counters-deepseek-v3.csv", "counters.md"]
+    assert "--shapes deepseek-v3" in (tmp_path / "args").read_text()
+    table = (out / "counters.md").read_text()
+    # The scoreboard's order of shapes: DeepSeek-V3's rows first.
+    assert ("| deepseek-v3: mosaic forward | ? | kernelhub_grouped_matmul | 612.5 usecond | - |"
+            in table)
+    assert "| deepseek-v3: triton forward | ? | not profiled |" in table
+    assert "| qwen3-moe: mosaic forward | ? | not profiled |" in table

@@ -1,5 +1,6 @@
 """The GPU's own counters for kernelhub's kernels, from Nsight Compute (ncu): one call of each
-case at the fine-grained shapes, in one process that ncu watches, summed into counters.md.
+case at the fine-grained shapes, in one process per shape that ncu watches, summed into
+counters.md after each shape (ncu writes its page only when its process ends).
 
     python -m kernelhub._cli.bench.kernel_counters --shapes deepseek-v3 qwen3-moe --out DIR
 
@@ -59,14 +60,14 @@ SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy"
 KERNEL_NAME = "kernelhub"
 
 
-def ncu_command(ncu: str, out: Path, shapes: list[str]) -> list[str]:
-    """ncu over this module's --target run: its details page as CSV in out/counters.csv, the
-    cases' tilings in out/cases.json."""
+def ncu_command(ncu: str, out: Path, shape: str) -> list[str]:
+    """ncu over this module's --target run at one shape: its details page as CSV in
+    out/counters-<shape>.csv, the cases' tilings in out/cases-<shape>.json."""
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
     return [ncu, "--target-processes", "all", "--kernel-name", f"regex:{KERNEL_NAME}",
             "--clock-control", "none", *sections, "--csv", "--page", "details",
-            "--log-file", str(out / "counters.csv"), sys.executable, "-m", __name__,
-            "--target", "--out", str(out), "--shapes", *shapes]
+            "--log-file", str(out / f"counters-{shape}.csv"), sys.executable, "-m", __name__,
+            "--target", "--out", str(out), "--shapes", shape]
 
 
 def find_ncu() -> str | None:
@@ -95,19 +96,19 @@ def case_calls(shape: Any) -> list[tuple[str, Callable[[], Any], tuple]]:
 
 def run_target(shapes: list[str], out: Path) -> None:
     """Each case compiled ahead (no launch), then run once: one launch of a kernelhub kernel
-    per case, in order, for ncu. out/cases.json gets each case's label and the tiling its
+    per case, in order, for ncu. out/cases-<shape>.json gets each case's label and the tiling its
     kernel ran (the table's in force, or the heuristic's)."""
     import jax
 
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench.gpu_measurement import SHAPES
 
-    ran = []
     for shape in (s for s in SHAPES if s.name in shapes):
+        ran = []
         for label, make, args in case_calls(shape):
             kernels = calls.kernel_tilings(make(), args) or []
             ran.append({"case": label, "tilings": [k["tiling"] for k in kernels]})
-            (out / "cases.json").write_text(json.dumps(ran, indent=1))
+            (out / f"cases-{shape.name}.json").write_text(json.dumps(ran, indent=1))
             compiled = make().lower(*args).compile()
             jax.block_until_ready(compiled(*args))
             print(f"ran {label}", flush=True)
@@ -132,8 +133,8 @@ def kernel_rows(text: str) -> list[dict[str, Any]]:
 
 def report(labels: list[str], launches: list[dict[str, Any]],
            tilings: dict[str, list[list[int]]] | None = None) -> str:
-    """counters.md: a row per case (the n-th launch is the n-th case's), with the tiling its
-    kernel ran where `tilings` (case: tilings) has it."""
+    """counters.md: a row per case (the n-th launch is the n-th case's; None or none left: not
+    profiled), with the tiling its kernel ran where `tilings` (case: tilings) has it."""
     lines = ["# kernelhub's kernels as Nsight Compute counts them", "",
              "One launch per case, balanced group sizes, bf16; clocks as the driver sets them. "
              "DRAM busy: DRAM throughput as a share of its peak; memory rate: the bytes DRAM "
@@ -143,7 +144,7 @@ def report(labels: list[str], launches: list[dict[str, Any]],
              "|---|---|---|" + "---:|" * len(COLUMNS)]
     for index, label in enumerate(labels):
         tiling = " ".join("x".join(map(str, t)) for t in (tilings or {}).get(label, [])) or "?"
-        if index >= len(launches):
+        if index >= len(launches) or launches[index] is None:
             lines.append(f"| {label} | {tiling} | not profiled |" + " |" * len(COLUMNS))
             continue
         launch = launches[index]
@@ -173,22 +174,32 @@ def main(argv: list[str] | None = None) -> int:
     if ncu is None:
         parser.error("ncu (Nsight Compute) is not on PATH or under /usr/local/cuda*/bin")
     args.out.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(ncu_command(ncu, args.out, args.shapes), env=dict(os.environ))
-    log, cases = args.out / "counters.csv", args.out / "cases.json"
-    text = log.read_text() if log.exists() else ""
-    tilings = ({c["case"]: c["tilings"] for c in json.loads(cases.read_text())}
-               if cases.exists() else {})
     from kernelhub._cli.bench.gpu_measurement import SHAPES
 
-    labels = [f"{shape.name}: {label}" for shape in SHAPES if shape.name in args.shapes
-              for label, _, _ in CASES]
-    table = report(labels, kernel_rows(text), tilings)
-    (args.out / "counters.md").write_text(table)
+    # One ncu run per shape, the table written after each: ncu prints its page only when its
+    # target ends, so a run stopped for time keeps the shapes done before it.
+    labels, launches, tilings, extra, failed = [], [], {}, [], 0
+    for shape in (s.name for s in SHAPES if s.name in args.shapes):
+        done = subprocess.run(ncu_command(ncu, args.out, shape), env=dict(os.environ))
+        log, cases = args.out / f"counters-{shape}.csv", args.out / f"cases-{shape}.json"
+        text = log.read_text() if log.exists() else ""
+        found = kernel_rows(text)
+        if len(found) > len(CASES):
+            extra.append(f"{shape}: {len(found) - len(CASES)} more launches than cases, its "
+                         f"rows may be shifted (a case launched two kernelhub kernels).")
+        # Each shape's rows stand on their own: a missing launch shifts none of the next's.
+        labels += [f"{shape}: {label}" for label, _, _ in CASES]
+        launches += (found + [None] * len(CASES))[:len(CASES)]
+        if cases.exists():
+            tilings.update({c["case"]: c["tilings"] for c in json.loads(cases.read_text())})
+        table = report(labels, launches, tilings) + "".join(f"\n{line}\n" for line in extra)
+        (args.out / "counters.md").write_text(table)
+        if done.returncode != 0:
+            failed = done.returncode
+            print(f"ncu exited {done.returncode} at {shape}; the end of its log:\n"
+                  f"{text[-3000:]}")
     print(table)
-    if done.returncode != 0:
-        print(f"ncu exited {done.returncode}; the end of its log:\n{text[-3000:]}")
-    return done.returncode
-
+    return failed
 
 if __name__ == "__main__":
     raise SystemExit(main())
