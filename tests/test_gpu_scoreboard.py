@@ -401,7 +401,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     """Each profiled pass, traced at a smoke shape, makes one Mosaic GPU kernel call: the
     forward gmm (also with bands of every column tile), the forward on weights stored
     [G, n, k] and the lhs gradient gmm_t (at transposed sizes), the weight gradient tgmm (also
-    over spans of 8 groups); the padded-strides probes on operands grown by 64 in k and 128 in
+    over spans of 8 groups); the padded-strides probes on operands grown by 128 in k and
     n. The wide bands last only while their pass is traced."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import mosaic_profile
@@ -418,10 +418,10 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         kernels[pass_name] = ran["kernel"]
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
         if pass_name == "forward_padded_strides":
-            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 64),
-                                                   (shape.local, shape.k + 64, shape.n + 128)]
+            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
+                                                   (shape.local, shape.k + 128, shape.n + 128)]
         if pass_name == "rhs_gradient_padded_strides":
-            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 64),
+            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
                                                    (shape.m, shape.n + 128)]
     assert grouped_matmul.BAND == 8
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
@@ -476,12 +476,12 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
     # steps (up to 2 chunks each) and stores.
     assert mosaic_profile.regions_for(deepseek, "rhs_gradient_spans", "tgmm",
                                       [64, 128, 128, 4, 1, 8]) == 28 * (1 + 8 * 2 + 8) + 32
-    # The padded probe's bytes at k + 64 and n + 128: 2048 rows of x and dy read, 32 experts'
-    # [7232, 2176] gradients written, in bf16.
+    # The padded probe's bytes at k + 128 and n + 128: 2048 rows of x and dy read, 32 experts'
+    # [7296, 2176] gradients written, in bf16.
     sized = mosaic_profile.probe_shape(deepseek, "rhs_gradient_padded_strides")
-    assert (sized.k, sized.n, sized.m) == (7232, 2176, deepseek.m)
+    assert (sized.k, sized.n, sized.m) == (7296, 2176, deepseek.m)
     assert mosaic_profile.compulsory_bytes(sized, 2048, "rhs_gradient_padded_strides") == (
-        2 * (2048 * 7232 + 2048 * 2176 + 32 * 7232 * 2176))
+        2 * (2048 * 7296 + 2048 * 2176 + 32 * 7296 * 2176))
     assert mosaic_profile.probe_shape(deepseek, "forward_k_major") is deepseek
     found["tiling"] = (64, 128, 128, 2, 1, 1, 0, 2)
     found["tbps"] = 2.5

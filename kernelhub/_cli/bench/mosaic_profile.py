@@ -21,12 +21,12 @@ the wait for a step's tiles. Six probes beside the passes:
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
   (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
   holds its group's store, when it ends one);
-- `forward_padded_strides`, `rhs_gradient_padded_strides`: the pass with k grown by 64 and n
+- `forward_padded_strides`, `rhs_gradient_padded_strides`: the pass with k and n each grown
   by 128 (zeros), so that no operand's rows lie a power of two bytes apart. At DeepSeek-V3 the
   weights' rows are 4096 bytes apart (n = 2048), at Qwen3-MoE the activations' (k = 2048),
   and those forwards moved 1.6-1.7 TB/s on the H100; at GPT-OSS, which moved 2.2-2.5, none
   is. Whether such strides crowd a few of HBM's channels or L2's sets: the same tiles, at
-  rows 4352 or 4224 bytes apart.
+  rows 4352 bytes apart.
 Each row also gives the pass's compulsory bytes (gpu_roofline.py) over its span, in TB/s.
 Beside them, per shape, the rates at which XLA reads the local experts' weights once (a max
 over them) and writes as many bytes (the weight gradient's output is that size): what this
@@ -52,11 +52,12 @@ from kernelhub._cli.bench.gpu_roofline import PassProblem
 from kernelhub._pallas.mosaic_gpu import profiling
 from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
 
-# The padded-strides probes: the pass each runs, and what k and n grow by (one 64-row step of
-# contraction, one 128-column tile: every tiling keeps dividing them).
+# The padded-strides probes: the pass each runs, and what k and n grow by (one 128-row or
+# 128-column tile: the heuristic's blocks keep dividing them, so the probe runs the pass's
+# tiling; 64 more rows of k would cut tgmm's 128-row output tiles to 64).
 PADDED_STRIDES = {"forward_padded_strides": "forward",
                   "rhs_gradient_padded_strides": "rhs_gradient"}
-EXTRA_K, EXTRA_N = 64, 128
+EXTRA_K, EXTRA_N = 128, 128
 
 def region_times(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per trace (`tid`, one warpgroup): its span (first begin to last end, us) and, per
