@@ -414,6 +414,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         args, make = mosaic_profile._pass(ops, shape, pass_name)
         with mosaic_profile._band(pass_name):
             assert (grouped_matmul.BAND > 8) == (pass_name == "forward_whole_rows")
+            assert (grouped_matmul.STAGGER == 7) == (pass_name == "forward_staggered")
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
@@ -423,10 +424,11 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         if pass_name == "rhs_gradient_padded_strides":
             assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
                                                    (shape.m, shape.n + 128)]
-    assert grouped_matmul.BAND == 8
+    assert grouped_matmul.BAND == 8 and grouped_matmul.STAGGER == 0
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_whole_rows": "gmm", "forward_warp_specialized": "gmm",
-                       "forward_padded_strides": "gmm", "lhs_gradient": "gmm_t",
+                       "forward_padded_strides": "gmm", "forward_staggered": "gmm",
+                       "lhs_gradient": "gmm_t",
                        "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
                        "rhs_gradient_padded_strides": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),

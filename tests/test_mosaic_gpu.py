@@ -75,6 +75,31 @@ def test_gmm_row_tiles_moved_back_from_the_end(tiling):
     assert np.all(np.asarray(out)[120:] == 0)
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["weights [G, k, n]",
+                                                              "weights [G, n, k]"])
+def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs):
+    """With grouped_matmul.STAGGER (a profile probe's schedule) each visit starts its k steps
+    elsewhere and wraps round: the same sums. Four groups over 4 k steps of 64 (the lhs and
+    weight tiles must take the same rotated step), both weight layouts."""
+    from kernelhub._pallas.mosaic_gpu import grouped_matmul
+
+    rng = np.random.default_rng(11)
+    m, k, n = 96, 256, 64
+    sizes = np.array([30, 18, 0, 40], np.int32)
+    lhs = _values(rng, (m, k), jnp.bfloat16)
+    rhs = _values(rng, (4, n, k) if transpose_rhs else (4, k, n), jnp.bfloat16)
+    weights = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
+    jax.clear_caches()
+    monkeypatch.setattr(grouped_matmul, "STAGGER", 3)
+    try:
+        out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs,
+                           tiling=(64, 64, 64, 2))
+    finally:
+        jax.clear_caches()
+    assert_close(out, reference.gmm(lhs, weights, sizes), jnp.float32, contraction=k)
+    assert np.all(np.asarray(out)[88:] == 0)
+
+
 def test_gmm_group_offset_existing_out_and_transpose_rhs():
     """Local groups 1..2 of 4, weights [G, n, k], float32 operands, a bf16 output starting as
     existing_out: other groups' rows keep existing_out's values bitwise."""
@@ -774,6 +799,27 @@ def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
             with_gradients, jax.ShapeDtypeStruct((m, k), dtype),
             jax.ShapeDtypeStruct(weights, dtype), jax.ShapeDtypeStruct((m, n), jnp.float32),
             jax.ShapeDtypeStruct((), jnp.int32), sizes), 3)
+
+
+def test_staggered_forward_exports_for_cuda(monkeypatch):
+    """The profile's staggered forward (grouped_matmul.STAGGER) at DeepSeek-V3's shape lowers
+    to one Mosaic GPU kernel: its rotated k steps are index arithmetic Mosaic GPU takes."""
+    from kernelhub._pallas.mosaic_gpu import grouped_matmul
+
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    jax.clear_caches()
+    monkeypatch.setattr(grouped_matmul, "STAGGER", 7)
+    try:
+        exported = _exported(lambda lhs, rhs, sizes, offset: gmm(lhs, rhs, sizes,
+                                                                 group_offset=offset),
+                             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+                             jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+                             jax.ShapeDtypeStruct((experts,), jnp.int32),
+                             jax.ShapeDtypeStruct((), jnp.int32))
+    finally:
+        jax.clear_caches()
+    _check_mosaic_only(exported, 1, unpadded=True)
 
 
 def test_warp_specialized_gmm_exports_for_cuda():

@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Six probes beside the passes:
+the wait for a step's tiles. Seven probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_whole_rows`: the forward with every column tile of a row tile in one band
@@ -26,7 +26,12 @@ the wait for a step's tiles. Six probes beside the passes:
   weights' rows are 4096 bytes apart (n = 2048), at Qwen3-MoE the activations' (k = 2048),
   and those forwards moved 1.6-1.7 TB/s on the H100; at GPT-OSS, which moved 2.2-2.5, none
   is. Whether such strides crowd a few of HBM's channels or L2's sets: the same tiles, at
-  rows 4352 bytes apart.
+  rows 4352 bytes apart (and groups' weights 31 MiB apart rather than 28);
+- `forward_staggered`: the forward with each visit's contraction starting 7 steps after the
+  previous visit's (grouped_matmul.STAGGER): the programs running at once then read
+  different rows of their groups' weights, not the same rows of weights a power-of-two
+  multiple of bytes apart (28 MiB at DeepSeek-V3). With the padded strides, it separates
+  the row stride from the groups' alignment.
 Each row also gives the pass's compulsory bytes (gpu_roofline.py) over its span, in TB/s.
 Beside them, per shape, the rates at which XLA reads the local experts' weights once (a max
 over them) and writes as many bytes (the weight gradient's output is that size): what this
@@ -240,8 +245,8 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 
 # The pass each probe is a form of (its roofline's bytes).
 PROBE_PASS = {"forward_k_major": "forward", "forward_whole_rows": "forward",
-              "forward_warp_specialized": "forward", "rhs_gradient_spans": "rhs_gradient",
-              **PADDED_STRIDES}
+              "forward_warp_specialized": "forward", "forward_staggered": "forward",
+              "rhs_gradient_spans": "rhs_gradient", **PADDED_STRIDES}
 
 
 def probe_shape(shape: Any, pass_name: str) -> Any:
@@ -289,7 +294,7 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
         return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
             x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             tiling=explicit_tiling(shape, pass_name)))
-    if pass_name == "forward_whole_rows":
+    if pass_name in ("forward_whole_rows", "forward_staggered"):
         pass_name = "forward"
     if pass_name in PADDED_STRIDES:
         ops, pass_name = padded_strides(ops), PADDED_STRIDES[pass_name]
@@ -317,31 +322,38 @@ def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
     return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
 
 
+# The schedule knobs of grouped_matmul.py a probe sets while its call is traced: its bands as
+# wide as every column tile (banded_order takes the smaller), or each visit's contraction
+# starting 7 steps after the previous visit's (7: prime, so the visits running at once, 16 at
+# DeepSeek-V3's 112 steps and 22 at Qwen3-MoE's 32, start spread over all of them).
+_KNOBS = {"forward_whole_rows": ("BAND", 1 << 30), "forward_staggered": ("STAGGER", 7)}
+
+
 @contextlib.contextmanager
 def _band(pass_name: str) -> Iterator[None]:
-    """For `forward_whole_rows`, gmm's bands as wide as the whole row of column tiles while
-    the call is traced and lowered (jax's caches cleared on both sides, so no other pass
-    reuses its kernel)."""
-    if pass_name != "forward_whole_rows":
+    """For a probe in _KNOBS, grouped_matmul.py's knob set while the call is traced and
+    lowered (jax's caches cleared on both sides, so no other pass reuses its kernel)."""
+    if pass_name not in _KNOBS:
         yield
         return
     import jax
 
     from kernelhub._pallas.mosaic_gpu import grouped_matmul
 
-    saved = grouped_matmul.BAND
+    name, value = _KNOBS[pass_name]
+    saved = getattr(grouped_matmul, name)
     jax.clear_caches()
-    grouped_matmul.BAND = 1 << 30  # every column tile: banded_order takes the smaller
+    setattr(grouped_matmul, name, value)
     try:
         yield
     finally:
-        grouped_matmul.BAND = saved
+        setattr(grouped_matmul, name, saved)
         jax.clear_caches()
 
 
 PASSES = ("forward", "forward_k_major", "forward_whole_rows", "forward_warp_specialized",
-          "forward_padded_strides", "lhs_gradient", "rhs_gradient", "rhs_gradient_spans",
-          "rhs_gradient_padded_strides")
+          "forward_padded_strides", "forward_staggered", "lhs_gradient", "rhs_gradient",
+          "rhs_gradient_spans", "rhs_gradient_padded_strides")
 
 
 def main(argv: list[str] | None = None) -> int:

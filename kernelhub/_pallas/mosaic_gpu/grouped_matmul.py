@@ -44,6 +44,12 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 # n-tiles per band of the schedule (the weights' tiles read at once).
 BAND = 8
+# k steps by which each visit's contraction starts after the previous visit's, wrapping round
+# (the sum is the same, in another order): 0 starts every visit at step 0, so the programs
+# running at once read the same rows of different groups' weights, addresses that differ only
+# in high bits when a group's weights are a power-of-two multiple of bytes apart (DeepSeek-V3:
+# 28 MiB). Nonzero only in a profile probe (mosaic_profile.py) until a GPU run measures it.
+STAGGER = 0
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
@@ -170,11 +176,13 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # Column tiles of rhs that this output tile sums: its own, and for a gated unit
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
+            first_step = jax.lax.rem(visit * STAGGER, jnp.int32(k_tiles)) if STAGGER else 0
             with jax.named_scope(profiling.SUMS):
                 totals = pl.run_scoped(
                     lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
                                             rhs_ref.at[group], column_tiles,
-                                            blocks, k_tiles, transpose_rhs, interpret),
+                                            blocks, k_tiles, transpose_rhs, interpret,
+                                            first_step),
                     *[plgpu.ACC(shape) for _ in range(halves)])
             if plain:
                 (result,) = totals
@@ -216,15 +224,16 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
 
 def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
-              k_tiles: int, transpose_rhs: bool, interpret: bool):
+              k_tiles: int, transpose_rhs: bool, interpret: bool, first_step=0):
     """The float32 sums of the row tile times each column tile of the group's weights, k step
-    by k step through a TMA pipeline into wgmma."""
+    by k step through a TMA pipeline into wgmma, from step `first_step` round to the one
+    before it (STAGGER)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
-                                 column_tiles, blocks, k_tiles, transpose_rhs)
+                                 column_tiles, blocks, k_tiles, transpose_rhs, first_step)
     if blocks.upcast:
         # Two float16 copies of a step's tiles: wgmma reads one while the next step converts
         # into the other.
@@ -238,8 +247,8 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
 
 
 def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
-                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, scratch,
-                   upcast_tiles=None):
+                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, first_step,
+                   scratch, upcast_tiles=None):
     """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it,
     `upcast_tiles` the float16 tiles [2, bm, bk] and [accumulators, 2, bk, bn] with upcast."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -277,15 +286,21 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     # later. Converted (upcast), they are read once, before the step ends, and free at once.
     delay = 0 if upcast_tiles is not None else 1
 
+    def k_step(i):
+        return i if isinstance(first_step, int) and first_step == 0 else jax.lax.rem(
+            i + first_step, jnp.int32(k_tiles))
+
     def rhs_spec(column_tile):
         if transpose_rhs:
-            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i), delay_release=delay)
-        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=delay)
+            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, k_step(i)),
+                                   delay_release=delay)
+        return plgpu.BlockSpec((bk, bn), lambda i: (k_step(i), column_tile),
+                               delay_release=delay)
 
     plgpu.emit_pipeline(
         step,
         grid=(k_tiles,),
-        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=delay),
+        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, k_step(i)), delay_release=delay),
                   *[rhs_spec(c) for c in column_tiles]],
         max_concurrent_steps=max(blocks.stages, 2),
     )(rows_lhs_ref, *[group_rhs_ref] * len(column_tiles))
