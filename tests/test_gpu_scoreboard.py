@@ -412,7 +412,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     kernels, tilings = {}, {}
     for pass_name in mosaic_profile.PASSES:
         args, make = mosaic_profile._pass(ops, shape, pass_name)
-        with mosaic_profile._band(pass_name):
+        with mosaic_profile._schedule_knob(pass_name):
             assert (grouped_matmul.BAND > 8) == (pass_name == "forward_whole_rows")
             assert (grouped_matmul.STAGGER == 7) == (pass_name == "forward_staggered")
             (ran,) = calls.kernel_tilings(make(), args)

@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     # One ncu run per shape, the table written after each: ncu prints its page only when its
     # target ends, so a run stopped for time keeps the shapes done before it.
     labels, launches, tilings, extra, failed = [], [], {}, [], 0
+    table = report(labels, launches)
     for shape in (s.name for s in SHAPES if s.name in args.shapes):
         done = subprocess.run(ncu_command(ncu, args.out, shape), env=dict(os.environ))
         log, cases = args.out / f"counters-{shape}.csv", args.out / f"cases-{shape}.json"
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{text[-3000:]}")
     print(table)
     return failed
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -29,14 +29,15 @@ the wait for a step's tiles. Seven probes beside the passes:
   rows 4352 bytes apart (and groups' weights 31 MiB apart rather than 28);
 - `forward_staggered`: the forward with each visit's contraction starting 7 steps after the
   previous visit's (grouped_matmul.STAGGER): the programs running at once then read
-  different rows of their groups' weights, not the same rows of weights a power-of-two
-  multiple of bytes apart (28 MiB at DeepSeek-V3). With the padded strides, it separates
+  different rows of their groups' weights, not the same rows of weights a multiple of a
+  large power of two apart (28 MiB, 7 x 4 MiB, at DeepSeek-V3). With the padded strides, it separates
   the row stride from the groups' alignment.
 Each row also gives the pass's compulsory bytes (gpu_roofline.py) over its span, in TB/s.
 Beside them, per shape, the rates at which XLA reads the local experts' weights once (a max
 over them) and writes as many bytes (the weight gradient's output is that size): what this
-GPU streams where nothing else is asked of it, against which each pass's own TB/s read. GPU only: the profile buffer is read
-back through a host callback, which a cross-platform export cannot lower.
+GPU streams where nothing else is asked of it, against which each pass's own TB/s read. GPU
+only: the profile buffer is read back through a host callback, which a cross-platform export
+cannot lower.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
             try:
                 # Under the heuristic: the forward and its probes in one tiling (a probe
                 # that names its own runs that).
-                with heuristic(), _band(pass_name):
+                with heuristic(), _schedule_knob(pass_name):
                     (ran,) = calls.kernel_tilings(make(), args)
                     ran["tiling"] = list(explicit_tiling(shape, pass_name) or ran["tiling"])
                     regions = regions_for(sized, pass_name, ran["kernel"], ran["tiling"])
@@ -330,7 +331,7 @@ _KNOBS = {"forward_whole_rows": ("BAND", 1 << 30), "forward_staggered": ("STAGGE
 
 
 @contextlib.contextmanager
-def _band(pass_name: str) -> Iterator[None]:
+def _schedule_knob(pass_name: str) -> Iterator[None]:
     """For a probe in _KNOBS, grouped_matmul.py's knob set while the call is traced and
     lowered (jax's caches cleared on both sides, so no other pass reuses its kernel)."""
     if pass_name not in _KNOBS:

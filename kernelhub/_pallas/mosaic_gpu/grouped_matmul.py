@@ -45,10 +45,11 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 # n-tiles per band of the schedule (the weights' tiles read at once).
 BAND = 8
 # k steps by which each visit's contraction starts after the previous visit's, wrapping round
-# (the sum is the same, in another order): 0 starts every visit at step 0, so the programs
-# running at once read the same rows of different groups' weights, addresses that differ only
-# in high bits when a group's weights are a power-of-two multiple of bytes apart (DeepSeek-V3:
-# 28 MiB). Nonzero only in a profile probe (mosaic_profile.py) until a GPU run measures it.
+# (the sum is the same, in another order; the single-warpgroup body only): 0 starts every
+# visit at step 0, so the programs running at once read the same rows of different groups'
+# weights, addresses that differ only in high bits where the groups' weights lie a multiple
+# of a large power of two apart (DeepSeek-V3: 28 MiB, 7 x 4 MiB). Nonzero only in a profile
+# probe (mosaic_profile.py) until a GPU run measures it.
 STAGGER = 0
 
 
