@@ -496,6 +496,11 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
     assert "| deepseek-v3 | 940 | 2.91 | 2.60 |" in table
 
 
+# The first line of ncu's details page as CSV (--csv --page details).
+NCU_HEADER = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit",'
+              '"Metric Value"')
+
+
 def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows():
     """Each case of the Nsight Compute run traces, at a smoke shape, to one kernel call of its
     platform's kind (so the n-th profiled launch is the n-th case's); ncu's details page (its
@@ -514,8 +519,7 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
         kinds.append(ran["kernel"])
     assert kinds == ["gmm", "gmm", "gmm_t", "gmm", "gmm_t", "tgmm", "tgmm"]
 
-    header = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit",'
-              '"Metric Value"')
+    header = NCU_HEADER
     rows = [
         ("1", "kernelhub_transposed_grouped_matmul", "GPU Speed Of Light Throughput",
          "Duration", "usecond", "812.22"),
@@ -557,8 +561,7 @@ def test_kernel_counters_runs_ncu_once_per_shape_and_keeps_what_finished(tmp_pat
     status is ncu's failure."""
     from kernelhub._cli.bench import kernel_counters
 
-    page = ('"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit",'
-            '"Metric Value"\n'
+    page = (NCU_HEADER + "\n"
             '"0","7","kernelhub_grouped_matmul","GPU Speed Of Light Throughput","Duration",'
             '"usecond","612.5"\n')
     (tmp_path / "page.csv").write_text(page)

@@ -803,23 +803,28 @@ def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
 
 def test_staggered_forward_exports_for_cuda(monkeypatch):
     """The profile's staggered forward (grouped_matmul.STAGGER) at DeepSeek-V3's shape lowers
-    to one Mosaic GPU kernel: its rotated k steps are index arithmetic Mosaic GPU takes."""
+    to one Mosaic GPU kernel, another than the unstaggered one: its rotated k steps are index
+    arithmetic Mosaic GPU takes."""
     from kernelhub._pallas.mosaic_gpu import grouped_matmul
 
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
-    jax.clear_caches()
-    monkeypatch.setattr(grouped_matmul, "STAGGER", 7)
-    try:
-        exported = _exported(lambda lhs, rhs, sizes, offset: gmm(lhs, rhs, sizes,
-                                                                 group_offset=offset),
-                             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-                             jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
-                             jax.ShapeDtypeStruct((experts,), jnp.int32),
-                             jax.ShapeDtypeStruct((), jnp.int32))
-    finally:
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+    texts = []
+    for stagger in (0, 7):
         jax.clear_caches()
-    _check_mosaic_only(exported, 1, unpadded=True)
+        monkeypatch.setattr(grouped_matmul, "STAGGER", stagger)
+        try:
+            exported = _exported(lambda lhs, rhs, sizes, offset: gmm(lhs, rhs, sizes,
+                                                                     group_offset=offset),
+                                 *args)
+        finally:
+            jax.clear_caches()
+        _check_mosaic_only(exported, 1, unpadded=True)
+        texts.append(exported.mlir_module())
+    assert texts[0] != texts[1]
 
 
 def test_warp_specialized_gmm_exports_for_cuda():

@@ -109,7 +109,9 @@ class Tuning:
     def __init__(self, entries: Mapping[TuningKey, Entry] | None = None,
                  source: str = "a kernelhub tuning table"):
         self.entries: dict[TuningKey, Entry] = dict(entries or {})
-        self._by_problem: dict[tuple, Entry] | None = None  # Tuning.entry's, made on first use
+        # Tuning.entry's index by kernel problem, made on first use: a table's entries are
+        # fixed once made (merged() makes a new table).
+        self._by_problem: dict[tuple, Entry] | None = None
         self.source = source  # where it came from, for messages
         self.refused: set[TuningKey] = set()  # keys whose tiling a kernel refused, warned once
         # The blocks this table is entered in, per thread and task: one table entered from two

@@ -177,7 +177,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # Column tiles of rhs that this output tile sums: its own, and for a gated unit
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
-            first_step = jax.lax.rem(visit * STAGGER, jnp.int32(k_tiles)) if STAGGER else 0
+            first_step = jax.lax.rem(visit * STAGGER, jnp.int32(k_tiles)) if STAGGER else None
             with jax.named_scope(profiling.SUMS):
                 totals = pl.run_scoped(
                     lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
@@ -225,10 +225,10 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
 
 def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
-              k_tiles: int, transpose_rhs: bool, interpret: bool, first_step=0):
+              k_tiles: int, transpose_rhs: bool, interpret: bool, first_step=None):
     """The float32 sums of the row tile times each column tile of the group's weights, k step
-    by k step through a TMA pipeline into wgmma, from step `first_step` round to the one
-    before it (STAGGER)."""
+    by k step through a TMA pipeline into wgmma: from step 0, or from step `first_step` round
+    to the one before it (STAGGER)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -288,8 +288,7 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     delay = 0 if upcast_tiles is not None else 1
 
     def k_step(i):
-        return i if isinstance(first_step, int) and first_step == 0 else jax.lax.rem(
-            i + first_step, jnp.int32(k_tiles))
+        return i if first_step is None else jax.lax.rem(i + first_step, jnp.int32(k_tiles))
 
     def rhs_spec(column_tile):
         if transpose_rhs:
