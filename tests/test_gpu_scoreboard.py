@@ -414,7 +414,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         args, make = mosaic_profile._pass(ops, shape, pass_name)
         with mosaic_profile._schedule_knob(pass_name):
             assert (grouped_matmul.BAND > 8) == (pass_name == "forward_whole_rows")
-            assert (grouped_matmul.STAGGER == 7) == (pass_name == "forward_staggered")
+            assert (grouped_matmul.STAGGER == 7) == pass_name.endswith("_staggered")
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
@@ -428,11 +428,12 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_whole_rows": "gmm", "forward_warp_specialized": "gmm",
                        "forward_padded_strides": "gmm", "forward_staggered": "gmm",
-                       "lhs_gradient": "gmm_t",
+                       "forward_warp_specialized_staggered": "gmm", "lhs_gradient": "gmm_t",
                        "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
                        "rhs_gradient_padded_strides": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),
-                       "forward_warp_specialized": (128, 64, 256, 3, 2)}
+                       "forward_warp_specialized": (128, 64, 256, 3, 2),
+                       "forward_warp_specialized_staggered": (128, 64, 256, 3, 2)}
     megabytes, read, write = mosaic_profile.weight_stream(ops.w, repeats=2)
     assert megabytes == ops.w.size * 2 / 1e6 and read > 0 and write > 0  # bf16, once each
 
@@ -507,17 +508,22 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
     CSV after its own log lines) becomes one row per launch, in launch order, and a case with
     no launch says so."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
-    from kernelhub._cli.bench import kernel_counters
+    from kernelhub._cli.bench import kernel_counters, mosaic_profile
 
     shape = SMOKE_SHAPES[1]
     made = kernel_counters.case_calls(shape)
     assert [label for label, _, _ in made] == [f"smoke-shard: {label}"
                                                 for label, _, _ in kernel_counters.CASES]
     kinds = []
-    for label, make, args in made:
-        (ran,) = calls.kernel_tilings(make(), args)
-        kinds.append(ran["kernel"])
-    assert kinds == ["gmm", "gmm", "gmm_t", "gmm", "gmm_t", "tgmm", "tgmm"]
+    for (label, make, args), (_, platform, pass_name) in zip(made, kernel_counters.CASES):
+        with mosaic_profile._schedule_knob(pass_name, platform):
+            assert mosaic_profile.knob_module(platform).STAGGER == (
+                7 if pass_name == "forward_staggered" else 0)
+            (ran,) = calls.kernel_tilings(make(), args)
+        kinds.append((platform, ran["kernel"]))
+    assert kinds == [("mosaic", "gmm"), ("triton", "gmm"), ("mosaic", "gmm_t"),
+                     ("mosaic", "gmm"), ("mosaic", "gmm"), ("triton", "gmm"),
+                     ("mosaic", "gmm_t"), ("mosaic", "tgmm"), ("triton", "tgmm")]
 
     header = NCU_HEADER
     rows = [

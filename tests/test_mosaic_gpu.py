@@ -75,12 +75,14 @@ def test_gmm_row_tiles_moved_back_from_the_end(tiling):
     assert np.all(np.asarray(out)[120:] == 0)
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["weights [G, k, n]",
-                                                              "weights [G, n, k]"])
-def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs):
+@pytest.mark.parametrize("transpose_rhs, tiling", [
+    (False, (64, 64, 64, 2)), (True, (64, 64, 64, 2)), (False, (64, 64, 64, 2, 2))],
+    ids=["weights [G, k, n]", "weights [G, n, k]", "warp-specialized"])
+def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs, tiling):
     """With grouped_matmul.STAGGER (a profile probe's schedule) each visit starts its k steps
     elsewhere and wraps round: the same sums. Four groups over 4 k steps of 64 (the lhs and
-    weight tiles must take the same rotated step), both weight layouts."""
+    weight tiles must take the same rotated step), both weight layouts, and the
+    warp-specialized body, whose memory warpgroup loads the rotated steps."""
     from kernelhub._pallas.mosaic_gpu import grouped_matmul
 
     rng = np.random.default_rng(11)
@@ -93,7 +95,7 @@ def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs):
     monkeypatch.setattr(grouped_matmul, "STAGGER", 3)
     try:
         out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs,
-                           tiling=(64, 64, 64, 2))
+                           tiling=tiling)
     finally:
         jax.clear_caches()
     assert_close(out, reference.gmm(lhs, weights, sizes), jnp.float32, contraction=k)
@@ -801,10 +803,13 @@ def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
             jax.ShapeDtypeStruct((), jnp.int32), sizes), 3)
 
 
-def test_staggered_forward_exports_for_cuda(monkeypatch):
+@pytest.mark.parametrize("tiling", [None, (128, 64, 256, 3, 2)],
+                         ids=["heuristic", "warp-specialized"])
+def test_staggered_forward_exports_for_cuda(monkeypatch, tiling):
     """The profile's staggered forward (grouped_matmul.STAGGER) at DeepSeek-V3's shape lowers
     to one Mosaic GPU kernel, another than the unstaggered one: its rotated k steps are index
-    arithmetic Mosaic GPU takes."""
+    arithmetic Mosaic GPU takes, in the heuristic's body and in the tables' warp-specialized
+    one (whose memory warpgroup computes them)."""
     from kernelhub._pallas.mosaic_gpu import grouped_matmul
 
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
@@ -817,9 +822,9 @@ def test_staggered_forward_exports_for_cuda(monkeypatch):
         jax.clear_caches()
         monkeypatch.setattr(grouped_matmul, "STAGGER", stagger)
         try:
-            exported = _exported(lambda lhs, rhs, sizes, offset: gmm(lhs, rhs, sizes,
-                                                                     group_offset=offset),
-                                 *args)
+            exported = _exported(lambda lhs, rhs, sizes, offset: gmm(
+                lhs, rhs, sizes, group_offset=offset, tiling=tiling,
+                preferred_element_type=jnp.bfloat16), *args)
         finally:
             jax.clear_caches()
         _check_mosaic_only(exported, 1, unpadded=True)

@@ -32,12 +32,15 @@ from typing import Any
 
 # (name, platform, pass): the passes as the scoreboard makes them; `forward_k_major` is the
 # forward on weights stored [G, n, k], `forward_padded_strides` on operands whose rows are no
-# power of two bytes apart (mosaic_profile.py).
+# power of two bytes apart, `forward_staggered` with each visit's contraction starting 7 steps
+# after the previous visit's (mosaic_profile.py; its schedule knob set while the case lowers).
 CASES = (
     ("mosaic forward", "mosaic", "forward"),
     ("triton forward", "triton", "forward"),
     ("mosaic forward, weights [G, n, k]", "mosaic", "forward_k_major"),
     ("mosaic forward, padded strides", "mosaic", "forward_padded_strides"),
+    ("mosaic forward, staggered", "mosaic", "forward_staggered"),
+    ("triton forward, staggered", "triton", "forward_staggered"),
     ("mosaic lhs_gradient", "mosaic", "lhs_gradient"),
     ("mosaic rhs_gradient", "mosaic", "rhs_gradient"),
     ("triton rhs_gradient", "triton", "rhs_gradient"),
@@ -101,15 +104,17 @@ def run_target(shapes: list[str], out: Path) -> None:
     import jax
 
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
+    from kernelhub._cli.bench import mosaic_profile
     from kernelhub._cli.bench.gpu_measurement import SHAPES
 
     for shape in (s for s in SHAPES if s.name in shapes):
         ran = []
-        for label, make, args in case_calls(shape):
-            kernels = calls.kernel_tilings(make(), args) or []
-            ran.append({"case": label, "tilings": [k["tiling"] for k in kernels]})
-            (out / f"cases-{shape.name}.json").write_text(json.dumps(ran, indent=1))
-            compiled = make().lower(*args).compile()
+        for (label, make, args), (_, platform, pass_name) in zip(case_calls(shape), CASES):
+            with mosaic_profile._schedule_knob(pass_name, platform):
+                kernels = calls.kernel_tilings(make(), args) or []
+                ran.append({"case": label, "tilings": [k["tiling"] for k in kernels]})
+                (out / f"cases-{shape.name}.json").write_text(json.dumps(ran, indent=1))
+                compiled = make().lower(*args).compile()
             jax.block_until_ready(compiled(*args))
             print(f"ran {label}", flush=True)
 

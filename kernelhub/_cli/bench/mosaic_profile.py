@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Seven probes beside the passes:
+the wait for a step's tiles. Eight probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_whole_rows`: the forward with every column tile of a row tile in one band
@@ -30,8 +30,10 @@ the wait for a step's tiles. Seven probes beside the passes:
 - `forward_staggered`: the forward with each visit's contraction starting 7 steps after the
   previous visit's (grouped_matmul.STAGGER): the programs running at once then read
   different rows of their groups' weights, not the same rows of weights a multiple of a
-  large power of two apart (28 MiB, 7 x 4 MiB, at DeepSeek-V3). With the padded strides, it separates
-  the row stride from the groups' alignment.
+  large power of two apart (28 MiB, 7 x 4 MiB, at DeepSeek-V3; 3 MiB at Qwen3-MoE). With the
+  padded strides, it separates the row stride from the groups' alignment;
+- `forward_warp_specialized_staggered`: the same stagger in the tables' warp-specialized
+  forward, so that a win is measured in the tiling the tables run.
 Each row also gives the pass's compulsory bytes (gpu_roofline.py) over its span, in TB/s.
 Beside them, per shape, the rates at which XLA reads the local experts' weights once (a max
 over them) and writes as many bytes (the weight gradient's output is that size): what this
@@ -247,6 +249,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 # The pass each probe is a form of (its roofline's bytes).
 PROBE_PASS = {"forward_k_major": "forward", "forward_whole_rows": "forward",
               "forward_warp_specialized": "forward", "forward_staggered": "forward",
+              "forward_warp_specialized_staggered": "forward",
               "rhs_gradient_spans": "rhs_gradient", **PADDED_STRIDES}
 
 
@@ -290,7 +293,7 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
         return (ops.x, ops.dy, ops.sizes), lambda: jax.jit(lambda x, dy, s: call(
             x.T, dy, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             num_actual_groups=shape.local, tiling=explicit_tiling(shape, pass_name)))
-    if pass_name == "forward_warp_specialized":
+    if pass_name in ("forward_warp_specialized", "forward_warp_specialized_staggered"):
         call = kernelhub.get("grouped_matmul", platform="mosaic")
         return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
             x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
@@ -316,45 +319,56 @@ def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
     tiles, two compute warpgroups of 128 columns, 3 stages); `rhs_gradient_spans` the
     heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by 128 outputs where they divide k
     and n), 4 stages, one program per SM, spans of 8 groups."""
-    if pass_name == "forward_warp_specialized":
+    if pass_name in ("forward_warp_specialized", "forward_warp_specialized_staggered"):
         return (128, 64, 256, 3, 2)
     if pass_name != "rhs_gradient_spans":
         return None
     return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
 
 
-# The schedule knobs of grouped_matmul.py a probe sets while its call is traced: its bands as
-# wide as every column tile (banded_order takes the smaller), or each visit's contraction
-# starting 7 steps after the previous visit's (7: prime, so the visits running at once, 16 at
-# DeepSeek-V3's 112 steps and 22 at Qwen3-MoE's 32, start spread over all of them).
-_KNOBS = {"forward_whole_rows": ("BAND", 1 << 30), "forward_staggered": ("STAGGER", 7)}
+# The schedule knobs of a forward kernel's module a probe sets while its call is traced: its
+# bands as wide as every column tile (Mosaic GPU's banded_order takes the smaller), or each
+# visit's contraction starting 7 steps after the previous visit's (7: prime, so the visits
+# running at once, 16 at DeepSeek-V3's 112 steps and 22 at Qwen3-MoE's 32, start spread over
+# all of them). Both backends' forwards take STAGGER (kernel_counters.py measures Triton's).
+_KNOBS = {"forward_whole_rows": ("BAND", 1 << 30), "forward_staggered": ("STAGGER", 7),
+          "forward_warp_specialized_staggered": ("STAGGER", 7)}
+
+
+def knob_module(platform: str) -> Any:
+    """The module of `platform`'s forward kernel, whose knobs _KNOBS sets."""
+    if platform == "triton":
+        from kernelhub._pallas.gpu import grouped_matmul
+    else:
+        from kernelhub._pallas.mosaic_gpu import grouped_matmul
+    return grouped_matmul
 
 
 @contextlib.contextmanager
-def _schedule_knob(pass_name: str) -> Iterator[None]:
-    """For a probe in _KNOBS, grouped_matmul.py's knob set while the call is traced and
-    lowered (jax's caches cleared on both sides, so no other pass reuses its kernel)."""
+def _schedule_knob(pass_name: str, platform: str = "mosaic") -> Iterator[None]:
+    """For a probe in _KNOBS, its knob set in `platform`'s forward kernel while the call is
+    traced and lowered (jax's caches cleared on both sides, so no other pass reuses its
+    kernel)."""
     if pass_name not in _KNOBS:
         yield
         return
     import jax
 
-    from kernelhub._pallas.mosaic_gpu import grouped_matmul
-
+    module = knob_module(platform)
     name, value = _KNOBS[pass_name]
-    saved = getattr(grouped_matmul, name)
+    saved = getattr(module, name)
     jax.clear_caches()
-    setattr(grouped_matmul, name, value)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        setattr(grouped_matmul, name, saved)
+        setattr(module, name, saved)
         jax.clear_caches()
 
 
 PASSES = ("forward", "forward_k_major", "forward_whole_rows", "forward_warp_specialized",
-          "forward_padded_strides", "forward_staggered", "lhs_gradient", "rhs_gradient",
-          "rhs_gradient_spans", "rhs_gradient_padded_strides")
+          "forward_padded_strides", "forward_staggered", "forward_warp_specialized_staggered",
+          "lhs_gradient", "rhs_gradient", "rhs_gradient_spans", "rhs_gradient_padded_strides")
 
 
 def main(argv: list[str] | None = None) -> int:

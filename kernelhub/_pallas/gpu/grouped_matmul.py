@@ -44,6 +44,11 @@ from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpil
 from kernelhub._grouped_matmul.problem import gmm_problem
 
 SWIZZLE = 8
+# k steps by which each visit's contraction starts after the previous visit's, wrapping round
+# (the same sums in another order); 0 starts every visit at step 0. As in the Mosaic GPU
+# kernel (kernelhub/_pallas/mosaic_gpu/grouped_matmul.py, whose comment says why), nonzero only
+# in a measurement (kernel_counters.py) until a GPU run says whether it pays.
+STAGGER = 0
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
@@ -104,7 +109,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
         rhs_column_block=rhs_column_block, spec=spec, plain=epilogue.is_identity,
         has_row_scale=epilogue.row_scale is not None,
-        column_vectors=len(epilogue.column_vectors), has_bias=epilogue.bias is not None)
+        column_vectors=len(epilogue.column_vectors), has_bias=epilogue.bias is not None,
+        stagger=STAGGER)
     row_scale = () if epilogue.row_scale is None else (epilogue.row_scale,)
     operands = (table, lhs, rhs, *scales.arrays, *output_blocks.arrays, *row_scale,
                 *epilogue.column_vectors)
@@ -182,7 +188,7 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
             rhs_packing: _four_bit.Packing | None, lhs_block: int | None,
             rhs_block: int | None, lhs_row_block: int | None,
             rhs_column_block: int | None, spec: Epilogue, plain: bool, has_row_scale: bool,
-            column_vectors: int, has_bias: bool) -> None:
+            column_vectors: int, has_bias: bool, stagger: int) -> None:
     from jax.experimental import pallas as pl
 
     # refs: the scales with blocks, the epilogue's row scale, column scale and bias when
@@ -213,8 +219,11 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
     @pl.when(group >= 0)
     def _multiply():
         row_inside = _tiles.within(rows, m, bm)
+        k_tiles = -(-k // bk)
 
         def step(i, totals):
+            if stagger:
+                i = lax.rem(i + visit * stagger, jnp.int32(k_tiles))
             first_k = pl.multiple_of(i * bk, bk)
             k_inside = _tiles.within(_tiles.span(first_k, bk), k, bk)
             left = _four_bit.load(lhs_ref, (pl.ds(first_row, bm),), row_inside,
@@ -256,7 +265,7 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
         shapes = [(bm, source.columns.size) for source in sources]
         starts = tuple(jnp.zeros(shape, jnp.float32) if scaled else product.zeros(shape)
                        for shape in shapes)
-        totals = lax.fori_loop(0, -(-k // bk), step, starts)
+        totals = lax.fori_loop(0, k_tiles, step, starts)
         if plain:
             (total,) = totals
             result = product.output(total, out_ref.dtype)

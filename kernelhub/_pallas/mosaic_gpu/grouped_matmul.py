@@ -45,11 +45,11 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 # n-tiles per band of the schedule (the weights' tiles read at once).
 BAND = 8
 # k steps by which each visit's contraction starts after the previous visit's, wrapping round
-# (the sum is the same, in another order; the single-warpgroup body only): 0 starts every
-# visit at step 0, so the programs running at once read the same rows of different groups'
-# weights, addresses that differ only in high bits where the groups' weights lie a multiple
-# of a large power of two apart (DeepSeek-V3: 28 MiB, 7 x 4 MiB). Nonzero only in a profile
-# probe (mosaic_profile.py) until a GPU run measures it.
+# (the sum is the same, in another order; both bodies): 0 starts every visit at step 0, so the
+# programs running at once read the same rows of different groups' weights, addresses that
+# differ only in high bits where the groups' weights lie a multiple of a large power of two
+# apart (DeepSeek-V3: 28 MiB, 7 x 4 MiB; Qwen3-MoE: 3 MiB). Nonzero only in a profile probe
+# (mosaic_profile.py) until a GPU run measures it.
 STAGGER = 0
 
 
@@ -109,7 +109,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, spec=spec,
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
-        has_existing=existing is not None and not aliased, interpret=interpret)
+        has_existing=existing is not None and not aliased, interpret=interpret,
+        stagger=STAGGER)
     threads = None
     if blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)
@@ -143,7 +144,7 @@ def _halves_padded(array: jax.Array, axis: int, halves: int, size: int) -> jax.A
 def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
           n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
           spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
-          has_bias: bool, has_existing: bool, interpret: bool) -> None:
+          has_bias: bool, has_existing: bool, interpret: bool, stagger: int) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -177,7 +178,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # Column tiles of rhs that this output tile sums: its own, and for a gated unit
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
-            first_step = jax.lax.rem(visit * STAGGER, jnp.int32(k_tiles)) if STAGGER else None
+            first_step = kernel_parts.staggered_start(visit, stagger, k_tiles)
             with jax.named_scope(profiling.SUMS):
                 totals = pl.run_scoped(
                     lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
@@ -288,7 +289,7 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     delay = 0 if upcast_tiles is not None else 1
 
     def k_step(i):
-        return i if first_step is None else jax.lax.rem(i + first_step, jnp.int32(k_tiles))
+        return kernel_parts.rotated_step(i, first_step, k_tiles)
 
     def rhs_spec(column_tile):
         if transpose_rhs:
