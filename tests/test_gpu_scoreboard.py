@@ -412,7 +412,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     kernels, tilings = {}, {}
     for pass_name in mosaic_profile.PASSES:
         args, make = mosaic_profile._pass(ops, shape, pass_name)
-        with mosaic_profile._schedule_knob(pass_name):
+        with mosaic_profile.schedule_knob(pass_name):
             assert (grouped_matmul.BAND > 8) == (pass_name == "forward_whole_rows")
             assert (grouped_matmul.STAGGER == 7) == pass_name.endswith("_staggered")
             (ran,) = calls.kernel_tilings(make(), args)
@@ -516,7 +516,7 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
                                                 for label, _, _ in kernel_counters.CASES]
     kinds = []
     for (label, make, args), (_, platform, pass_name) in zip(made, kernel_counters.CASES):
-        with mosaic_profile._schedule_knob(pass_name, platform):
+        with mosaic_profile.schedule_knob(pass_name, platform):
             assert mosaic_profile.knob_module(platform).STAGGER == (
                 7 if pass_name == "forward_staggered" else 0)
             (ran,) = calls.kernel_tilings(make(), args)

@@ -223,7 +223,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
             try:
                 # Under the heuristic: the forward and its probes in one tiling (a probe
                 # that names its own runs that).
-                with heuristic(), _schedule_knob(pass_name):
+                with heuristic(), schedule_knob(pass_name):
                     (ran,) = calls.kernel_tilings(make(), args)
                     ran["tiling"] = list(explicit_tiling(shape, pass_name) or ran["tiling"])
                     regions = regions_for(sized, pass_name, ran["kernel"], ran["tiling"])
@@ -345,7 +345,7 @@ def knob_module(platform: str) -> Any:
 
 
 @contextlib.contextmanager
-def _schedule_knob(pass_name: str, platform: str = "mosaic") -> Iterator[None]:
+def schedule_knob(pass_name: str, platform: str = "mosaic") -> Iterator[None]:
     """For a probe in _KNOBS, its knob set in `platform`'s forward kernel while the call is
     traced and lowered (jax's caches cleared on both sides, so no other pass reuses its
     kernel)."""
