@@ -405,6 +405,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     n. The wide bands last only while their pass is traced."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import mosaic_profile
+    from kernelhub._grouped_matmul import visits
     from kernelhub._pallas.mosaic_gpu import grouped_matmul
 
     shape = SMOKE_SHAPES[1]
@@ -414,7 +415,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         args, make = mosaic_profile._pass(ops, shape, pass_name)
         with mosaic_profile.schedule_knob(pass_name):
             assert (grouped_matmul.BAND > 8) == (pass_name == "forward_whole_rows")
-            assert (grouped_matmul.STAGGER == 7) == pass_name.endswith("_staggered")
+            assert (visits.STAGGER == 7) == pass_name.endswith("_staggered")
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
@@ -424,7 +425,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         if pass_name == "rhs_gradient_padded_strides":
             assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
                                                    (shape.m, shape.n + 128)]
-    assert grouped_matmul.BAND == 8 and grouped_matmul.STAGGER == 0
+    assert grouped_matmul.BAND == 8 and visits.STAGGER == 0
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_whole_rows": "gmm", "forward_warp_specialized": "gmm",
                        "forward_padded_strides": "gmm", "forward_staggered": "gmm",
@@ -509,6 +510,7 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
     no launch says so."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import kernel_counters, mosaic_profile
+    from kernelhub._grouped_matmul import visits
 
     shape = SMOKE_SHAPES[1]
     made = kernel_counters.case_calls(shape)
@@ -516,9 +518,8 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
                                                 for label, _, _ in kernel_counters.CASES]
     kinds = []
     for (label, make, args), (_, platform, pass_name) in zip(made, kernel_counters.CASES):
-        with mosaic_profile.schedule_knob(pass_name, platform):
-            assert mosaic_profile.knob_module(platform).STAGGER == (
-                7 if pass_name == "forward_staggered" else 0)
+        with mosaic_profile.schedule_knob(pass_name):
+            assert visits.STAGGER == (7 if pass_name == "forward_staggered" else 0)
             (ran,) = calls.kernel_tilings(make(), args)
         kinds.append((platform, ran["kernel"]))
     assert kinds == [("mosaic", "gmm"), ("triton", "gmm"), ("mosaic", "gmm_t"),

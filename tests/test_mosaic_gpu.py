@@ -24,6 +24,7 @@ import kernelhub.export
 import reference
 from conftest import assert_close
 from kernelhub import testing
+from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import config, group_spans, tuning_space
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
@@ -79,12 +80,10 @@ def test_gmm_row_tiles_moved_back_from_the_end(tiling):
     (False, (64, 64, 64, 2)), (True, (64, 64, 64, 2)), (False, (64, 64, 64, 2, 2))],
     ids=["weights [G, k, n]", "weights [G, n, k]", "warp-specialized"])
 def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs, tiling):
-    """With grouped_matmul.STAGGER (a profile probe's schedule) each visit starts its k steps
+    """With visits.STAGGER (a profile probe's schedule) each visit starts its k steps
     elsewhere and wraps round: the same sums. Four groups over 4 k steps of 64 (the lhs and
     weight tiles must take the same rotated step), both weight layouts, and the
     warp-specialized body, whose memory warpgroup loads the rotated steps."""
-    from kernelhub._pallas.mosaic_gpu import grouped_matmul
-
     rng = np.random.default_rng(11)
     m, k, n = 96, 256, 64
     sizes = np.array([30, 18, 0, 40], np.int32)
@@ -92,7 +91,7 @@ def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs, tiling)
     rhs = _values(rng, (4, n, k) if transpose_rhs else (4, k, n), jnp.bfloat16)
     weights = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
     jax.clear_caches()
-    monkeypatch.setattr(grouped_matmul, "STAGGER", 3)
+    monkeypatch.setattr(visits, "STAGGER", 3)
     try:
         out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs,
                            tiling=tiling)
@@ -806,12 +805,10 @@ def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
 @pytest.mark.parametrize("tiling", [None, (128, 64, 256, 3, 2)],
                          ids=["heuristic", "warp-specialized"])
 def test_staggered_forward_exports_for_cuda(monkeypatch, tiling):
-    """The profile's staggered forward (grouped_matmul.STAGGER) at DeepSeek-V3's shape lowers
+    """The profile's staggered forward (visits.STAGGER) at DeepSeek-V3's shape lowers
     to one Mosaic GPU kernel, another than the unstaggered one: its rotated k steps are index
     arithmetic Mosaic GPU takes, in the heuristic's body and in the tables' warp-specialized
     one (whose memory warpgroup computes them)."""
-    from kernelhub._pallas.mosaic_gpu import grouped_matmul
-
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
@@ -820,7 +817,7 @@ def test_staggered_forward_exports_for_cuda(monkeypatch, tiling):
     texts = []
     for stagger in (0, 7):
         jax.clear_caches()
-        monkeypatch.setattr(grouped_matmul, "STAGGER", stagger)
+        monkeypatch.setattr(visits, "STAGGER", stagger)
         try:
             exported = _exported(lambda lhs, rhs, sizes, offset: gmm(
                 lhs, rhs, sizes, group_offset=offset, tiling=tiling,

@@ -162,12 +162,10 @@ def test_gmm_many_k_steps_and_crossed_tiles(transpose_rhs):
 
 
 def test_gmm_contraction_staggered_per_visit(monkeypatch):
-    """With grouped_matmul.STAGGER (a measurement's schedule, kernel_counters.py) each visit
+    """With visits.STAGGER (a measurement's schedule, kernel_counters.py) each visit
     starts its k steps elsewhere and wraps round: the same sums, the partial last k tile
     (70 = 4 x 16 + 6) landing anywhere in a visit's order (weights [G, n, k]: the rotated
     step feeds both layouts' loads alike); and a program other than the unstaggered one."""
-    from kernelhub._pallas.gpu import grouped_matmul
-
     rng = np.random.default_rng(12)
     m, k, n = 150, 70, 50
     sizes = np.array([1, 0, 37, 16, 2, 0, 45, 3, 30], np.int32)
@@ -176,7 +174,7 @@ def test_gmm_contraction_staggered_per_visit(monkeypatch):
     programs = []
     for stagger in (0, 3):
         jax.clear_caches()
-        monkeypatch.setattr(grouped_matmul, "STAGGER", stagger)
+        monkeypatch.setattr(visits, "STAGGER", stagger)
         try:
             if stagger:
                 rhs = _rounded(rng, (6, n, k), jnp.float32)

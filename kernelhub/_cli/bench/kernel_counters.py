@@ -109,8 +109,8 @@ def run_target(shapes: list[str], out: Path) -> None:
 
     for shape in (s for s in SHAPES if s.name in shapes):
         ran = []
-        for (label, make, args), (_, platform, pass_name) in zip(case_calls(shape), CASES):
-            with mosaic_profile.schedule_knob(pass_name, platform):
+        for (label, make, args), (_, _, pass_name) in zip(case_calls(shape), CASES):
+            with mosaic_profile.schedule_knob(pass_name):
                 kernels = calls.kernel_tilings(make(), args) or []
                 ran.append({"case": label, "tilings": [k["tiling"] for k in kernels]})
                 (out / f"cases-{shape.name}.json").write_text(json.dumps(ran, indent=1))

@@ -28,7 +28,7 @@ the wait for a step's tiles. Eight probes beside the passes:
   is. Whether such strides crowd a few of HBM's channels or L2's sets: the same tiles, at
   rows 4352 bytes apart (and groups' weights 31 MiB apart rather than 28);
 - `forward_staggered`: the forward with each visit's contraction starting 7 steps after the
-  previous visit's (grouped_matmul.STAGGER): the programs running at once then read
+  previous visit's (visits.STAGGER): the programs running at once then read
   different rows of their groups' weights, not the same rows of weights a multiple of a
   large power of two apart (28 MiB, 7 x 4 MiB, at DeepSeek-V3; 3 MiB at Qwen3-MoE). With the
   padded strides, it separates the row stride from the groups' alignment;
@@ -326,36 +326,29 @@ def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
     return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
 
 
-# The schedule knobs of a forward kernel's module a probe sets while its call is traced: its
-# bands as wide as every column tile (Mosaic GPU's banded_order takes the smaller), or each
-# visit's contraction starting 7 steps after the previous visit's (7: prime, so the visits
-# running at once, 16 at DeepSeek-V3's 112 steps and 22 at Qwen3-MoE's 32, start spread over
-# all of them). Both backends' forwards take STAGGER (kernel_counters.py measures Triton's).
-_KNOBS = {"forward_whole_rows": ("BAND", 1 << 30), "forward_staggered": ("STAGGER", 7),
-          "forward_warp_specialized_staggered": ("STAGGER", 7)}
-
-
-def knob_module(platform: str) -> Any:
-    """The module of `platform`'s forward kernel, whose knobs _KNOBS sets."""
-    if platform == "triton":
-        from kernelhub._pallas.gpu import grouped_matmul
-    else:
-        from kernelhub._pallas.mosaic_gpu import grouped_matmul
-    return grouped_matmul
+# The schedule knobs a probe sets while its call is traced: Mosaic GPU's bands as wide as every
+# column tile (banded_order takes the smaller), or each visit's contraction starting 7 steps
+# after the previous visit's (visits.STAGGER, which both backends' gmm kernels read; 7: prime,
+# so the visits running at once, 16 at DeepSeek-V3's 112 steps and 22 at Qwen3-MoE's 32,
+# start spread over all of them). (module, name, value).
+_STAGGERED = ("kernelhub._grouped_matmul.visits", "STAGGER", 7)
+_KNOBS = {"forward_whole_rows": ("kernelhub._pallas.mosaic_gpu.grouped_matmul", "BAND", 1 << 30),
+          "forward_staggered": _STAGGERED, "forward_warp_specialized_staggered": _STAGGERED}
 
 
 @contextlib.contextmanager
-def schedule_knob(pass_name: str, platform: str = "mosaic") -> Iterator[None]:
-    """For a probe in _KNOBS, its knob set in `platform`'s forward kernel while the call is
-    traced and lowered (jax's caches cleared on both sides, so no other pass reuses its
-    kernel)."""
+def schedule_knob(pass_name: str) -> Iterator[None]:
+    """For a probe in _KNOBS, its knob set while the call is traced and lowered (jax's caches
+    cleared on both sides, so no other pass reuses its kernel)."""
     if pass_name not in _KNOBS:
         yield
         return
+    import importlib
+
     import jax
 
-    module = knob_module(platform)
-    name, value = _KNOBS[pass_name]
+    module_name, name, value = _KNOBS[pass_name]
+    module = importlib.import_module(module_name)
     saved = getattr(module, name)
     jax.clear_caches()
     setattr(module, name, value)

@@ -44,11 +44,6 @@ from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpil
 from kernelhub._grouped_matmul.problem import gmm_problem
 
 SWIZZLE = 8
-# k steps by which each visit's contraction starts after the previous visit's, wrapping round
-# (the same sums in another order); 0 starts every visit at step 0. As in the Mosaic GPU
-# kernel (kernelhub/_pallas/mosaic_gpu/grouped_matmul.py, whose comment says why), nonzero only
-# in a measurement (kernel_counters.py) until a GPU run says whether it pays.
-STAGGER = 0
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
@@ -110,7 +105,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         rhs_column_block=rhs_column_block, spec=spec, plain=epilogue.is_identity,
         has_row_scale=epilogue.row_scale is not None,
         column_vectors=len(epilogue.column_vectors), has_bias=epilogue.bias is not None,
-        stagger=STAGGER)
+        stagger=visits.STAGGER)
     row_scale = () if epilogue.row_scale is None else (epilogue.row_scale,)
     operands = (table, lhs, rhs, *scales.arrays, *output_blocks.arrays, *row_scale,
                 *epilogue.column_vectors)
@@ -222,8 +217,7 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
         k_tiles = -(-k // bk)
 
         def step(i, totals):
-            if stagger:
-                i = lax.rem(i + visit * stagger, jnp.int32(k_tiles))
+            i = visits.staggered_step(i, visit, stagger, k_tiles)
             first_k = pl.multiple_of(i * bk, bk)
             k_inside = _tiles.within(_tiles.span(first_k, bk), k, bk)
             left = _four_bit.load(lhs_ref, (pl.ds(first_row, bm),), row_inside,

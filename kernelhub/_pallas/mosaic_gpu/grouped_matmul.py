@@ -44,13 +44,6 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 # n-tiles per band of the schedule (the weights' tiles read at once).
 BAND = 8
-# k steps by which each visit's contraction starts after the previous visit's, wrapping round
-# (the sum is the same, in another order; both bodies): 0 starts every visit at step 0, so the
-# programs running at once read the same rows of different groups' weights, addresses that
-# differ only in high bits where the groups' weights lie a multiple of a large power of two
-# apart (DeepSeek-V3: 28 MiB, 7 x 4 MiB; Qwen3-MoE: 3 MiB). Nonzero only in a profile probe
-# (mosaic_profile.py) until a GPU run measures it.
-STAGGER = 0
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
@@ -110,7 +103,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret,
-        stagger=STAGGER)
+        stagger=visits.STAGGER)
     threads = None
     if blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)
@@ -178,13 +171,14 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # Column tiles of rhs that this output tile sums: its own, and for a gated unit
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
-            first_step = kernel_parts.staggered_start(visit, stagger, k_tiles)
+            k_step = functools.partial(visits.staggered_step, visit=visit, stagger=stagger,
+                                       k_tiles=k_tiles)
             with jax.named_scope(profiling.SUMS):
                 totals = pl.run_scoped(
                     lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
                                             rhs_ref.at[group], column_tiles,
                                             blocks, k_tiles, transpose_rhs, interpret,
-                                            first_step),
+                                            k_step),
                     *[plgpu.ACC(shape) for _ in range(halves)])
             if plain:
                 (result,) = totals
@@ -226,16 +220,16 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
 
 def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
-              k_tiles: int, transpose_rhs: bool, interpret: bool, first_step=None):
+              k_tiles: int, transpose_rhs: bool, interpret: bool, k_step):
     """The float32 sums of the row tile times each column tile of the group's weights, k step
-    by k step through a TMA pipeline into wgmma: from step 0, or from step `first_step` round
-    to the one before it (STAGGER)."""
+    by k step through a TMA pipeline into wgmma; pipeline step i reads k tile `k_step(i)`
+    (visits.staggered_step)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
-                                 column_tiles, blocks, k_tiles, transpose_rhs, first_step)
+                                 column_tiles, blocks, k_tiles, transpose_rhs, k_step)
     if blocks.upcast:
         # Two float16 copies of a step's tiles: wgmma reads one while the next step converts
         # into the other.
@@ -249,7 +243,7 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
 
 
 def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
-                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, first_step,
+                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, k_step,
                    scratch, upcast_tiles=None):
     """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it,
     `upcast_tiles` the float16 tiles [2, bm, bk] and [accumulators, 2, bk, bn] with upcast."""
@@ -287,9 +281,6 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     # wgmma reads a step's tiles until the next step's wait: the pipeline refills them one step
     # later. Converted (upcast), they are read once, before the step ends, and free at once.
     delay = 0 if upcast_tiles is not None else 1
-
-    def k_step(i):
-        return kernel_parts.rotated_step(i, first_step, k_tiles)
 
     def rhs_spec(column_tile):
         if transpose_rhs:

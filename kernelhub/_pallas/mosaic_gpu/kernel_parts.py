@@ -136,17 +136,6 @@ def tile_iota(shape: tuple[int, int], dimension: int, interpret: bool) -> jax.Ar
     return indices if interpret else plgpu.layout_cast(indices, plgpu.Layout.WGMMA)
 
 
-def staggered_start(visit: jax.Array, stagger: int, k_tiles: int) -> jax.Array | None:
-    """The k step a visit's contraction starts at (grouped_matmul.STAGGER): `stagger` steps
-    after the previous visit's, wrapping round; None (step 0) without a stagger."""
-    return jax.lax.rem(visit * stagger, jnp.int32(k_tiles)) if stagger else None
-
-
-def rotated_step(step: jax.Array, first_step: jax.Array | None, k_tiles: int) -> jax.Array:
-    """The k tile a pipeline's `step` loads when its steps start at `first_step`."""
-    return step if first_step is None else jax.lax.rem(step + first_step, jnp.int32(k_tiles))
-
-
 def banded_order(index: jax.Array, rows: int, columns: int, band: int
                  ) -> tuple[jax.Array, jax.Array]:
     """(row, column) of work item `index` in a (rows, columns) grid walked in bands of `band`

@@ -50,12 +50,9 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     if transpose_rhs and interpret:
         raise ValueError("the interpreted warp-specialized gmm takes weights [G, k, n]: "
                          "grouped_matmul.py transposes them before the call")
-    def pipeline(step, context, first_step=None):
+    def pipeline(step, context, k_step=lambda i: i):
         # Each work item hands the pipeline views already cut to its row tile and column
-        # tiles; its k steps start at `first_step` (grouped_matmul.STAGGER) and wrap round.
-        def k_step(i):
-            return kernel_parts.rotated_step(i, first_step, k_tiles)
-
+        # tiles; pipeline step i reads k tile `k_step(i)` (visits.staggered_step).
         rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, k_step(i))) if transpose_rhs else
                     plgpu.BlockSpec((bk, bn), lambda i: (k_step(i), 0)))
         return plgpu.emit_pipeline_warp_specialized(
@@ -156,8 +153,9 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                 group_rhs = rhs_ref.at[group]
                 rhs_views = [group_rhs.at[pl.ds(c * bn, bn), :] if transpose_rhs
                              else group_rhs.at[:, pl.ds(c * bn, bn)] for c in column_tiles]
-                first_step = kernel_parts.staggered_start(visit, stagger, k_tiles)
-                pipeline(step, context, first_step)(
+                k_step = functools.partial(visits.staggered_step, visit=visit,
+                                           stagger=stagger, k_tiles=k_tiles)
+                pipeline(step, context, k_step)(
                     lhs_ref.at[pl.ds(first_row, bm), :], *rhs_views, allocations=allocations)
 
             @pl.when((group == visits.FILL) & computing)
