@@ -63,13 +63,18 @@ SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy"
 KERNEL_NAME = "kernelhub"
 
 
+# This module's importable name: run with `python -m`, as gpu_bench.sh does, its __name__ is
+# "__main__", which ncu's `python -m __main__` cannot find (the H100 run of 2026-11-28).
+_MODULE = __spec__.name if __spec__ is not None else __name__
+
+
 def ncu_command(ncu: str, out: Path, shape: str) -> list[str]:
     """ncu over this module's --target run at one shape: its details page as CSV in
     out/counters-<shape>.csv, the cases' tilings in out/cases-<shape>.json."""
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
     return [ncu, "--target-processes", "all", "--kernel-name", f"regex:{KERNEL_NAME}",
             "--clock-control", "none", *sections, "--csv", "--page", "details",
-            "--log-file", str(out / f"counters-{shape}.csv"), sys.executable, "-m", __name__,
+            "--log-file", str(out / f"counters-{shape}.csv"), sys.executable, "-m", _MODULE,
             "--target", "--out", str(out), "--shapes", shape]
 
 
