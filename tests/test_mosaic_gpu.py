@@ -26,7 +26,7 @@ from conftest import assert_close
 from kernelhub import testing
 from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.problem import Kernel, Problem
-from kernelhub._pallas.mosaic_gpu import config, group_spans, tuning_space
+from kernelhub._pallas.mosaic_gpu import config, group_spans, grouped_matmul, tuning_space
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub.quantization import quantize
 
@@ -98,6 +98,31 @@ def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs, tiling)
     finally:
         jax.clear_caches()
     assert_close(out, reference.gmm(lhs, weights, sizes), jnp.float32, contraction=k)
+    assert np.all(np.asarray(out)[88:] == 0)
+
+
+def test_band_width_spans_whole_rows_where_groups_fit_one_row_tile(monkeypatch):
+    """At DeepSeek-V3's 64 rows a group (16 n-tiles) and GPT-OSS's, one row tile holds a
+    group: no weight tile is read twice, and a band spans every n-tile. At Mixtral's 1024 rows
+    a group, bands of BAND keep their weight tiles in L2 while the row tiles pass."""
+    assert grouped_matmul.band_width(16, 16384, 256, 64) == 16
+    assert grouped_matmul.band_width(45, 8192, 128, 64) == 45
+    assert grouped_matmul.band_width(112, 8192, 8, 64) == grouped_matmul.BAND == 8
+    assert grouped_matmul.band_width(6, 8192, 8, 64) == 6
+    monkeypatch.setattr(grouped_matmul, "WHOLE_ROWS_FOR_ONE_TILE_GROUPS", False)
+    assert grouped_matmul.band_width(16, 16384, 256, 64) == 8
+
+
+def test_gmm_in_bands_wider_than_eight_n_tiles():
+    """Ten n-tiles of small groups, in one band of all ten: every (visit, n-tile) pair once,
+    rows past the sum 0."""
+    rng = np.random.default_rng(5)
+    m, k, n = 96, 64, 640
+    sizes = np.array([30, 0, 18, 40], np.int32)
+    assert grouped_matmul.band_width(n // 64, m, 4, 64) == 10
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (4, k, n), jnp.bfloat16)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 64))
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, contraction=k)
     assert np.all(np.asarray(out)[88:] == 0)
 
 

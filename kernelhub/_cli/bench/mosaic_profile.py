@@ -12,10 +12,10 @@ previous one waited for; store: epilogue and TMA store), and the time between st
 the wait for a step's tiles. Eight probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
-- `forward_whole_rows`: the forward with every column tile of a row tile in one band
-  (grouped_matmul.BAND), so that the programs on one group read whole rows of its weights at
-  once rather than half of each (8 of DeepSeek-V3's 16 tiles): whether HBM gives more to
-  long runs of adjacent bytes;
+- `forward_banded`: the forward in bands of grouped_matmul.BAND n-tiles even where a group's
+  rows fit one row tile, where the schedule now spans whole rows (band_width): the schedule
+  before 2026-11-28 (at DeepSeek-V3 half of each weight row, 8 of 16 tiles, at once), so that
+  the profile keeps measuring that choice (whole rows 557 us, bands 637, on the H100);
 - `forward_warp_specialized`: the forward in the tables' warp-specialized tiling (a memory
   warpgroup loading for two compute warpgroups, whose regions are the ones profiled);
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
@@ -197,7 +197,11 @@ def regions_for(shape: Any, pass_name: str, kernel: str, tiling: list[int]) -> i
         forward = pass_name.startswith("forward")
         columns = shape.n if forward else shape.k
         contraction = shape.k if forward else shape.n
-        items = (math.ceil(shape.m / block_m) + shape.experts) * math.ceil(columns / block_n)
+        # Only the local groups' visits enter regions (a visit of other rows stores zeros,
+        # outside them); a group's rows take at most two visits more than their row tiles.
+        local_rows = shape.m * shape.local // shape.experts
+        items = ((math.ceil(local_rows / block_m) + 2 * shape.local)
+                 * math.ceil(columns / block_n))
         per_item = 2 + math.ceil(contraction / block_k)
     return math.ceil(items / programs) * per_item + 32
 
@@ -247,7 +251,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 
 
 # The pass each probe is a form of (its roofline's bytes).
-PROBE_PASS = {"forward_k_major": "forward", "forward_whole_rows": "forward",
+PROBE_PASS = {"forward_k_major": "forward", "forward_banded": "forward",
               "forward_warp_specialized": "forward", "forward_staggered": "forward",
               "forward_warp_specialized_staggered": "forward",
               "rhs_gradient_spans": "rhs_gradient", **PADDED_STRIDES}
@@ -298,7 +302,7 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
         return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
             x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             tiling=explicit_tiling(shape, pass_name)))
-    if pass_name in ("forward_whole_rows", "forward_staggered"):
+    if pass_name in ("forward_banded", "forward_staggered"):
         pass_name = "forward"
     if pass_name in PADDED_STRIDES:
         ops, pass_name = padded_strides(ops), PADDED_STRIDES[pass_name]
@@ -326,13 +330,14 @@ def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
     return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
 
 
-# The schedule knobs a probe sets while its call is traced: Mosaic GPU's bands as wide as every
-# column tile (banded_order takes the smaller), or each visit's contraction starting 7 steps
+# The schedule knobs a probe sets while its call is traced: Mosaic GPU's bands of BAND n-tiles
+# even where groups fit one row tile, or each visit's contraction starting 7 steps
 # after the previous visit's (visits.STAGGER, which both backends' gmm kernels read; 7: prime,
 # so the visits running at once, 16 at DeepSeek-V3's 112 steps and 22 at Qwen3-MoE's 32,
 # start spread over all of them). (module, name, value).
 _STAGGERED = ("kernelhub._grouped_matmul.visits", "STAGGER", 7)
-_KNOBS = {"forward_whole_rows": ("kernelhub._pallas.mosaic_gpu.grouped_matmul", "BAND", 1 << 30),
+_KNOBS = {"forward_banded": ("kernelhub._pallas.mosaic_gpu.grouped_matmul",
+                             "WHOLE_ROWS_FOR_ONE_TILE_GROUPS", False),
           "forward_staggered": _STAGGERED, "forward_warp_specialized_staggered": _STAGGERED}
 
 
@@ -359,7 +364,7 @@ def schedule_knob(pass_name: str) -> Iterator[None]:
         jax.clear_caches()
 
 
-PASSES = ("forward", "forward_k_major", "forward_whole_rows", "forward_warp_specialized",
+PASSES = ("forward", "forward_k_major", "forward_banded", "forward_warp_specialized",
           "forward_padded_strides", "forward_staggered", "forward_warp_specialized_staggered",
           "lhs_gradient", "rhs_gradient", "rhs_gradient_spans", "rhs_gradient_padded_strides")
 

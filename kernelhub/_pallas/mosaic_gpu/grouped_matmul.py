@@ -7,7 +7,8 @@ rows of none). Row tiles start at each segment's first row rounded down to confi
 so a group of up to block_m - 7 rows reads its weights once wherever it starts. A persistent
 grid of one program per SM walks the pairs (`plgpu.nd_loop`) in bands of BAND n-tiles
 (`kernel_parts.banded_order`): the programs running at once read the same few weight tiles of
-one group while its visits pass, so the weights come from HBM about once.
+one group while its visits pass, so the weights come from HBM about once. Where a group's rows
+fit one row tile a band spans every n-tile (band_width).
 
 A visit of a local group multiplies its row tile by the group's weights: `plgpu.emit_pipeline`
 keeps `stages` TMA loads of lhs and rhs tiles in flight while `wgmma` adds each k step into a
@@ -42,8 +43,22 @@ from kernelhub._grouped_matmul import polynomial_erf, visits
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling, warp_specialized
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
-# n-tiles per band of the schedule (the weights' tiles read at once).
+# n-tiles per band of the schedule (the weights' tiles read at once), where a group's rows span
+# several row tiles: the band's weight tiles stay in L2 while its row tiles pass.
 BAND = 8
+# Where a group's rows fit one row tile (at the mean group size) no weight tile is read twice,
+# so a band keeps nothing in L2 for later and only splits the visits of the local groups into
+# as many rounds as there are bands: the band spans every n-tile (whole rows of the weights).
+# On the H100 (2026-11-28, benchmarks/gpu/) DeepSeek-V3's forward ran in 557 us so against 637
+# in bands of 8 (the on-device profile, one call each). False: bands of BAND everywhere.
+WHOLE_ROWS_FOR_ONE_TILE_GROUPS = True
+
+
+def band_width(n_tiles: int, m: int, num_groups: int, block_m: int) -> int:
+    """The n-tiles of one band of the schedule, for `m` rows over `num_groups` groups."""
+    if WHOLE_ROWS_FOR_ONE_TILE_GROUPS and m <= num_groups * block_m:
+        return n_tiles
+    return min(BAND, n_tiles)
 
 
 def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, group_offset,
@@ -97,19 +112,19 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
                                fill_uncomputed=not aliased, row_align=config.ROW_ALIGN)
     num_visits = table.shape[1]
     n_tiles = n_p // bn
+    band = band_width(n_tiles, m, problem.num_groups, bm)
     shared = dict(
         blocks=blocks, k_tiles=k_p // bk, n_tiles=n_tiles, num_visits=num_visits,
         n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, spec=spec,
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret,
-        stagger=visits.STAGGER)
+        stagger=visits.STAGGER, band=band)
     threads = None
     if blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)
     else:
-        body = functools.partial(warp_specialized.body, **shared, band=min(BAND, n_tiles),
-                                 epilogue_fn=_epilogue)
+        body = functools.partial(warp_specialized.body, **shared, epilogue_fn=_epilogue)
         threads = dict(num_threads=warp_specialized.COMPUTE_WARPGROUPS + 1,
                        thread_name=warp_specialized.WG_AXIS)
     copied = () if existing is None or aliased else (existing,)
@@ -137,7 +152,7 @@ def _halves_padded(array: jax.Array, axis: int, halves: int, size: int) -> jax.A
 def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
           n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
           spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
-          has_bias: bool, has_existing: bool, interpret: bool, stagger: int) -> None:
+          has_bias: bool, has_existing: bool, interpret: bool, stagger: int, band: int) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -149,8 +164,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
     @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
-        visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles,
-                                                  min(BAND, n_tiles))
+        visit, n_tile = kernel_parts.banded_order(info.index[0], num_visits, n_tiles, band)
         group, first_row, start, end = kernel_parts.visit_rows(table_ref, visit)
         first_col = n_tile * bn
 
