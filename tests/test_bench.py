@@ -5,6 +5,8 @@ No timing here: speed lives in `kernelhub bench`, not in tests.
 
 from __future__ import annotations
 
+import pytest
+
 from kernelhub._cli.bench import cpu
 
 
@@ -106,6 +108,57 @@ def test_gpu_bench_epilogue_rows_build_on_cpu():
     assert epilogue.gpu_record(rows[0])["pass"] == rows[0].pass_name
 
 
+class _FollowerCostingClock:
+    """A clock for timing tests: each function costs 1 ms, and the function called right after
+    `slow_peer` 10 ms more (what an H100 showed at 0.2 ms kernels, in part, 2026-11-28)."""
+
+    def __init__(self, slow_peer: str):
+        self.now, self.last, self.order, self.slow_peer = 0.0, None, [], slow_peer
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def thunk(self, name: str):
+        import jax.numpy as jnp
+
+        def run(*_):
+            self.now += 1e-3 + (1e-2 if self.last == self.slow_peer else 0.0)
+            self.last = name
+            self.order.append(name)
+            return jnp.zeros(())
+        return run
+
+
+def test_median_seconds_times_no_sample_after_another_function(monkeypatch):
+    """Two thunks of one function get one time wherever their names stand: each sample comes
+    after an untimed call of its own thunk, which pays for whatever ran before."""
+    import types
+
+    from kernelhub._cli.bench import timing
+
+    clock = _FollowerCostingClock(slow_peer="reference")
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    names = ("reference", "table", "heuristic")
+    seconds = timing.median_seconds({name: clock.thunk(name) for name in names}, reps=3,
+                                    warmup=0)
+    assert seconds["table"] == pytest.approx(1e-3)
+    assert seconds["heuristic"] == pytest.approx(1e-3)
+    timed = clock.order[len(names):]  # after each one's first (compiling) call
+    assert timed[:6] == ["reference"] * 2 + ["table"] * 2 + ["heuristic"] * 2
+    assert [timed[turn * 6] for turn in range(3)] == ["reference", "table", "heuristic"]
+
+
+def test_interleaved_samples_start_each_turn_one_function_further_on():
+    from kernelhub._cli.bench import timing
+
+    clock = _FollowerCostingClock(slow_peer="")
+    names = ("a", "b", "c", "d")
+    timing.interleaved_samples([clock.thunk(name) for name in names], reps=4)
+    turns = [clock.order[4 + 4 * turn:8 + 4 * turn] for turn in range(4)]
+    assert turns == [["a", "b", "c", "d"], ["b", "c", "d", "a"], ["c", "d", "a", "b"],
+                     ["d", "a", "b", "c"]]
+
+
 def test_median_seconds_times_calls_back_to_back_and_waits_once(monkeypatch):
     """With calls_per_sample, a sample makes that many calls and waits for the last only: its
     time is the total over the calls. A thunk that fails before timing gets None."""
@@ -132,6 +185,8 @@ def test_median_seconds_times_calls_back_to_back_and_waits_once(monkeypatch):
     seconds = timing.median_seconds({"slow": slow, "broken": broken}, reps=3, warmup=1,
                                     calls_per_sample=4)
     assert seconds["broken"] is None
-    assert len(made) == 2 + 3 * 4  # compile and one warm-up, then 3 samples of 4 calls
-    assert waits == [1, 2, 6, 10, 14]  # once after each warm-up call and each sample's last
+    # compile and one warm-up, then 3 samples of 4 calls, each after an untimed call
+    assert len(made) == 2 + 3 * (1 + 4)
+    # once after each warm-up call, each untimed call and each sample's last
+    assert waits == [1, 2, 3, 7, 8, 12, 13, 17]
     assert 0.01 <= seconds["slow"] < 0.02  # per call, not per sample

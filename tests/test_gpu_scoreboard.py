@@ -10,6 +10,8 @@ import functools
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -324,6 +326,51 @@ def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tm
     assert left.entries == kept and any(key.implementation == "triton" for key in kept)
 
 
+def test_a_scoreboard_with_heuristic_rows_files_the_faster_tiling_of_each_pass():
+    """Rows of a kernel under the table and under the heuristic (KERNELHUB_GPU_HEURISTIC_ROWS):
+    each pass's entry takes the table's tiling only where it ran faster than the heuristic's by
+    more than 3%, else the heuristic's, with both times; rows of one tiling under both are one
+    measurement; `without` leaves out a kernel's heuristic rows too."""
+    from kernelhub._cli.bench import gpu_scoreboard_table
+
+    shape = SMOKE_SHAPES[0]
+    heuristic, tabled = (32, 32, 64, 4, 4), (64, 32, 64, 4, 3)
+    # (pass, ms of the table's tiling, ms of the heuristic's, whether the table's is another)
+    cases = [("forward", 1.0, 0.9, True), ("lhs_gradient", 0.5, 1.0, True),
+             ("rhs_gradient", 1.2, 1.0, False)]
+    rows = []
+    for pass_name, table_ms, heuristic_ms, other in cases:
+        for groups in ("balanced", "skewed"):
+            for name, ms, tiling in (("kernelhub:triton", table_ms, tabled if other else
+                                      heuristic),
+                                     ("kernelhub:triton@heuristic", heuristic_ms, heuristic)):
+                rows.append({"dtype": "bf16", "shape": shape.name, "groups": groups,
+                             "pass": pass_name, "implementation": name, "seconds": ms * 1e-3,
+                             "tilings": [{"kernel": "?", "tiling": list(tiling)}]})
+    assert rows[1]["implementation"] == "kernelhub:triton@heuristic"
+    rows.append({**rows[1], "seconds": 0.9e-3})  # one more of the heuristic's forward rows
+    document = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-28T01:49:00", "jax": "0.11.2",
+                "rows": rows}
+    made = gpu_scoreboard_table.table(document, (shape,))
+    by_pass = {key.pass_name: entry for key, entry in made.entries.items()
+               if key.op == "grouped_matmul"}
+    assert (by_pass["forward"].tiling, by_pass["forward"].default_tiling) == (heuristic,) * 2
+    assert by_pass["forward"].tuned_ms == pytest.approx(0.9)
+    assert dict(by_pass["forward"].candidates) == pytest.approx({heuristic: 0.9, tabled: 1.0})
+    assert by_pass["lhs_gradient"].tiling == tabled
+    assert (by_pass["lhs_gradient"].tuned_ms, by_pass["lhs_gradient"].default_ms) == (
+        pytest.approx(0.5), pytest.approx(1.0))
+    assert by_pass["rhs_gradient"].tiling == heuristic
+    assert by_pass["rhs_gradient"].tuned_ms == pytest.approx(1.1)  # both rows, one tiling
+    within_gain = [{**row, "seconds": 0.89e-3} if (row["pass"], row["implementation"]) == (
+        "forward", "kernelhub:triton") else row for row in rows]
+    close = gpu_scoreboard_table.table({**document, "rows": within_gain}, (shape,))
+    assert all(entry.tiling == heuristic for key, entry in close.entries.items()
+               if key.pass_name == "forward" and key.op == "grouped_matmul")
+    assert not gpu_scoreboard_table.table(
+        document, (shape,), without=(("kernelhub:triton", "*", "*"),)).entries
+
+
 def test_a_table_tuned_for_gmm_is_completed_with_tgmms_keys_of_the_same_kernels():
     """scripts/gpu_bench.sh tunes `--ops gmm` only: its three kernels are also tgmm's (tgmm's
     forward is gmm's weight gradient, its gradients gmm's two other kernels), so completed()
@@ -402,7 +449,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     forward gmm (also with bands of every column tile), the forward on weights stored
     [G, n, k] and the lhs gradient gmm_t (at transposed sizes), the weight gradient tgmm (also
     over spans of 8 groups); the padded-strides probes on operands grown by 128 in k and
-    n. The wide bands last only while their pass is traced."""
+    n. The probes' schedule knobs last only while their pass is traced."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import mosaic_profile
     from kernelhub._grouped_matmul import visits
@@ -414,7 +461,8 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     for pass_name in mosaic_profile.PASSES:
         args, make = mosaic_profile._pass(ops, shape, pass_name)
         with mosaic_profile.schedule_knob(pass_name):
-            assert (grouped_matmul.BAND > 8) == (pass_name == "forward_whole_rows")
+            assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS == (
+                pass_name != "forward_banded")
             assert (visits.STAGGER == 7) == pass_name.endswith("_staggered")
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
@@ -425,9 +473,9 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         if pass_name == "rhs_gradient_padded_strides":
             assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
                                                    (shape.m, shape.n + 128)]
-    assert grouped_matmul.BAND == 8 and visits.STAGGER == 0
+    assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS and visits.STAGGER == 0
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
-                       "forward_whole_rows": "gmm", "forward_warp_specialized": "gmm",
+                       "forward_banded": "gmm", "forward_warp_specialized": "gmm",
                        "forward_padded_strides": "gmm", "forward_staggered": "gmm",
                        "forward_warp_specialized_staggered": "gmm", "lhs_gradient": "gmm_t",
                        "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
@@ -472,8 +520,10 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
     # (16384 / 64 + 256 visits) x 16 column tiles over 132 programs, 63 each, of 2 regions
     # and 7168 / 64 steps; its tgmm, 32 x 56 x 16 items, 218 each, of 2 regions and 2 steps.
     deepseek = next(shape for shape in SHAPES if shape.name == "deepseek-v3")
+    # The 32 local groups' 2048 rows: (32 + 64) x 16 visits, at most 12 a program (3.9 ran
+    # on the H100), each of a pipeline, 112 steps and a store.
     assert mosaic_profile.regions_for(deepseek, "forward", "gmm", [64, 64, 128, 4]) == \
-        63 * (2 + 112) + 32
+        12 * (2 + 112) + 32
     assert mosaic_profile.regions_for(deepseek, "rhs_gradient", "tgmm",
                                       [64, 128, 128, 4, 1, 1, 0, 2]) == 109 * (2 + 2) + 32
     # Over spans of 8 groups: 4 x 56 x 16 items, 28 each, of a pipeline region and 8 groups'
@@ -583,10 +633,14 @@ def test_kernel_counters_runs_ncu_once_per_shape_and_keeps_what_finished(tmp_pat
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     out = tmp_path / "out"
-    status = kernel_counters.main(["--shapes", "qwen3-moe", "deepseek-v3", "--out", str(out)])
-    assert status == 3
+    # As gpu_bench.sh runs it: ncu is to run this module again, by its importable name.
+    done = subprocess.run([sys.executable, "-m", kernel_counters.__name__, "--shapes",
+                           "qwen3-moe", "deepseek-v3", "--out", str(out)], env=dict(os.environ),
+                          capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["counters-deepseek-v3.csv", "counters.md"]
-    assert "--shapes deepseek-v3" in (tmp_path / "args").read_text()
+    assert (f"-m kernelhub._cli.bench.kernel_counters --target --out {out} --shapes deepseek-v3"
+            in (tmp_path / "args").read_text())
     table = (out / "counters.md").read_text()
     # The scoreboard's order of shapes: DeepSeek-V3's rows first.
     assert ("| deepseek-v3: mosaic forward | ? | kernelhub_grouped_matmul | 612.5 usecond | - |"

@@ -341,12 +341,13 @@ def _hopper_table_keys(device_kind: str) -> dict[str, set]:
     return by_implementation
 
 
-def test_shipped_h100_table_tunes_both_hopper_kernels_at_the_moe_shapes():
-    """nvidia-h100-80gb-hbm3.json: the tune of 2026-11-27 (benchmarks/gpu/2026-11-27-h100-tune/)
-    at the four MoE shapes, both kernels at the same keys, each entry no slower than the
-    heuristic's tiling; the odd shape keeps the scoreboard's measured times (a Mosaic tgmm key
-    and the rest), where the Triton tgmm's rows, timed under its former heuristic, are left
-    out."""
+def test_shipped_h100_table_holds_both_hopper_kernels_at_the_moe_shapes():
+    """nvidia-h100-80gb-hbm3.json: the scoreboard of 2026-11-28 (benchmarks/gpu/2026-11-28-h100/,
+    gpu_scoreboard_table with its rows under the heuristic) at the four MoE shapes, both
+    kernels at the same keys, each entry the tune's tiling only where it ran faster than the
+    heuristic's there, both times recorded; the odd shape keeps the scoreboard's measured
+    times of 2026-11-27 (a Mosaic tgmm key and the rest), where the Triton tgmm's rows, timed
+    under its former heuristic, are left out."""
     by_implementation = _hopper_table_keys("NVIDIA H100 80GB HBM3")
     shipped = tuning.shipped("NVIDIA H100 80GB HBM3")
     assert all(entry.tuned_ms <= entry.default_ms for entry in shipped.entries.values())
@@ -354,6 +355,10 @@ def test_shipped_h100_table_tunes_both_hopper_kernels_at_the_moe_shapes():
            for platform, keys in by_implementation.items()}
     assert moe["mosaic"] == moe["triton"]
     assert len(moe["triton"]) == 24  # 4 shapes x 2 ops x 3 passes
+    for key, entry in shipped.entries.items():
+        if key.problem.num_groups != 7:
+            assert entry.groups.startswith("the scoreboard of 2026-11-28")
+            assert dict(entry.candidates)[entry.default_tiling] == entry.default_ms
     odd = {platform: keys - moe[platform] for platform, keys in by_implementation.items()}
     assert not any(item[2].kernel.value == "tgmm" for item in odd["triton"])
     assert odd["mosaic"] - {item for item in odd["mosaic"] if item[2].kernel.value == "tgmm"} \
@@ -473,6 +478,36 @@ def test_a_leader_must_win_again_on_fresh_operands(monkeypatch, second_timing, e
     assert entry.tiling == (leader if expected_winner else entry.default_tiling)
     assert (entry.default_ms, entry.tuned_ms) == (
         second_timing if expected_winner else (second_timing[0],) * 2)
+
+
+def test_candidates_take_each_place_in_a_turn(monkeypatch):
+    """The heuristic's tiling is candidate 0: timed first in every turn, or always after the
+    same candidate, a cost of that place would flatter every other candidate, the
+    confirmation's leader too. Each turn starts one candidate further on, and each sample comes
+    after an untimed call of its own executable, so identical executables get one time."""
+    import types
+
+    state = {"now": 0.0, "place": 0, "calls": []}
+
+    def executable(name):
+        def run(operand_set):
+            state["now"] += 1.0 + (10.0 if state["place"] == 0 else 0.0)
+            state["place"] += 1
+            state["calls"].append(name)
+            return jnp.zeros(())
+        return run
+
+    def advance():
+        state["place"] = 0  # a new turn
+
+    monkeypatch.setattr(_autotune, "time", types.SimpleNamespace(
+        perf_counter=lambda: state["now"]))
+    times = _autotune.time_candidates([executable(0), None, executable(2), executable(3)],
+                                      [(), ()], repeats=3, advance=advance)
+    assert times == [1e3, None, 1e3, 1e3]
+    calls = state["calls"]  # per turn: 3 executables, each once untimed and twice timed
+    assert [calls[turn * 9] for turn in range(3)] == [0, 2, 3]
+    assert calls[:9] == [0, 0, 0, 2, 2, 2, 3, 3, 3]
 
 
 def test_autotune_group_sizes_and_errors():

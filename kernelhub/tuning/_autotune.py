@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub._core.shapes import symbolic_shapes
+from kernelhub._core.turns import rotated
 from kernelhub._grouped_matmul import active_table
 from kernelhub._grouped_matmul.passes import KernelCall
 from kernelhub._grouped_matmul.problem import Kernel, Problem
@@ -175,12 +176,16 @@ def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], 
 def time_candidates(executables: Sequence[Any], arrays: Sequence[tuple], repeats: int,
                     advance: Callable[[], None]) -> list[float | None]:
     """Milliseconds per call of each executable (the median over `repeats` turns of the mean
-    over the group-size draws); None for a missing one."""
+    over the group-size draws); None for a missing one. Each turn starts one executable
+    further on: the default, candidate 0, is first in no more turns than any other."""
     samples: list[list[float]] = [[] for _ in executables]
-    for _ in range(repeats):
-        for index, executable in enumerate(executables):
-            if executable is None:
-                continue
+    live = [(index, executable) for index, executable in enumerate(executables)
+            if executable is not None]
+    for turn in range(repeats):
+        for index, executable in rotated(live, turn):
+            # Untimed, so that the sample follows its own executable, not another candidate's
+            # (on a GPU what ran before cost up to 20%: kernelhub/_core/turns.py).
+            jax.block_until_ready(executable(arrays[0]))
             start = time.perf_counter()
             for operand_set in arrays:
                 jax.block_until_ready(executable(operand_set))

@@ -40,6 +40,9 @@ from kernelhub.tuning._autotune import Recorder
 # differs, "-interpret").
 PLATFORMS = ("triton", "mosaic")
 _INTERPRETED = "-interpret"
+HEURISTIC = gpu_scoreboard_calls.HEURISTIC
+# How much faster than the heuristic's tiling another must run to replace it (autotune's).
+MIN_GAIN = 0.03
 
 
 def recorded(fn: Callable[..., Any], *args: Any) -> list[KernelCall]:
@@ -88,8 +91,16 @@ def _compiled_name(implementation: str) -> str:
 
 
 def _left_out(row: dict[str, Any], without: tuple[tuple[str, str, str], ...]) -> bool:
-    return any(row["implementation"] == implementation and shape in ("*", row["shape"])
+    """Whether `without` names the row's kernel (its rows under the heuristic too)."""
+    kernel = "kernelhub:" + _parsed(row["implementation"])[0]
+    return any(kernel == implementation and shape in ("*", row["shape"])
                and pass_name in ("*", row["pass"]) for implementation, shape, pass_name in without)
+
+
+def _parsed(implementation: str) -> tuple[str, bool]:
+    """(platform, whether the row ran under the heuristic) of a kernelhub row's name."""
+    platform = implementation.split(":", 1)[1]
+    return platform.removesuffix(HEURISTIC), platform.endswith(HEURISTIC)
 
 
 def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES,
@@ -97,48 +108,70 @@ def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES,
     """The entries a scoreboard document (roofline.json) gives its GPU's kernels, each with the
     tiling its rows ran (their `tilings`; in a file older than that field, the heuristic's of
     today), but for the rows that `without`'s (implementation, shape, pass) triples name ("*"
-    for any shape or pass)."""
+    for any shape or pass). Where a kernel also has rows under the heuristic
+    (`kernelhub:<platform>@heuristic`, a run with KERNELHUB_GPU_HEURISTIC_ROWS=1) and they ran
+    another tiling than the table's, the entry takes the faster of the two, the heuristic's
+    unless the other is faster by more than MIN_GAIN (the tuner's rule), and records both."""
     device = document["gpu"]
-    times: dict[str, dict[tuple[str, str], list[float]]] = {}
-    ran: dict[str, dict[tuple[str, str], tuple[int, ...]]] = {}
+    # platform -> (shape, pass) -> tiling (None: not recorded) -> ms of each row
+    times: dict[str, dict[tuple[str, str], dict[Any, list[float]]]] = {}
+    heuristic_ran: dict[str, dict[tuple[str, str], tuple[int, ...]]] = {}
     for row in document["rows"]:
         if row["dtype"] == "bf16" and row["seconds"] is not None and \
                 row["implementation"].startswith("kernelhub:") and not _left_out(row, without):
-            platform = row["implementation"].split(":", 1)[1]
+            platform, under_heuristic = _parsed(row["implementation"])
             where = (row["shape"], row["pass"])
-            times.setdefault(platform, {}).setdefault(where, []).append(row["seconds"] * 1e3)
-            if row.get("tilings"):  # a pass is one kernel call
-                ran.setdefault(platform, {})[where] = tuple(row["tilings"][0]["tiling"])
+            # A pass is one kernel call: its first tiling.
+            tiling = tuple(row["tilings"][0]["tiling"]) if row.get("tilings") else None
+            times.setdefault(platform, {}).setdefault(where, {}).setdefault(
+                tiling, []).append(row["seconds"] * 1e3)
+            if under_heuristic and tiling is not None:
+                heuristic_ran.setdefault(platform, {})[where] = tiling
     entries: dict[TuningKey, Entry] = {}
     for platform in PLATFORMS:
         for shape in shapes:
-            # The problem each of the scoreboard's passes ran: its time in ms and its tiling.
+            # The problem each of the scoreboard's passes ran: its entry.
             by_problem = {}
             for pass_name in PASSES:
-                rows = times.get(platform, {}).get((shape.name, pass_name))
-                if not rows:
+                where = (shape.name, pass_name)
+                measured = times.get(platform, {}).get(where)
+                if not measured:
                     continue
                 op = gpu_scoreboard_calls.PASS_OP[pass_name]
                 fn = gpu_scoreboard_calls._pass_function(
                     kernelhub.get(op, platform=platform), pass_name, shape)
                 (call,) = recorded(fn, *_scoreboard_arguments(shape, pass_name))
-                tiling = ran.get(platform, {}).get((shape.name, pass_name)) or tuple(
+                default = heuristic_ran.get(platform, {}).get(where) or tuple(
                     call.space.default(call.problem))
-                by_problem[call.problem] = (statistics.fmean(rows), tiling)
-            if not by_problem:
-                continue
-            groups = (f"the scoreboard of {document['date'][:10]} (jax {document['jax']}): "
-                      f"the mean of its balanced and skewed rows")
+                by_problem[call.problem] = _entry(measured, default, document)
             for op in ("grouped_matmul", "transposed_grouped_matmul"):
                 step, step_args = _training_step(op, shape, platform)
                 for call in recorded(step, *step_args):
-                    if call.problem not in by_problem:
-                        continue
-                    ms, tiling = by_problem[call.problem]
-                    key = TuningKey.of(device, _compiled_name(call.space.implementation),
-                                       call.op, call.pass_name, call.problem)
-                    entries[key] = Entry(tiling, tiling, ms, ms, groups, ((tiling, ms),))
+                    if call.problem in by_problem:
+                        key = TuningKey.of(device, _compiled_name(call.space.implementation),
+                                           call.op, call.pass_name, call.problem)
+                        entries[key] = by_problem[call.problem]
     return Tuning(entries, f"the scoreboard of {document['date'][:10]} on {device}")
+
+
+def _entry(measured: dict[Any, list[float]], default: tuple[int, ...],
+           document: dict[str, Any]) -> Entry:
+    """One pass's entry from its rows' ms by the tiling they ran (None: the heuristic's)."""
+    pooled: dict[tuple[int, ...], list[float]] = {}
+    for tiling, ms in measured.items():
+        pooled.setdefault(default if tiling is None else tiling, []).extend(ms)
+    means = {tiling: statistics.fmean(ms) for tiling, ms in pooled.items()}
+    groups = (f"the scoreboard of {document['date'][:10]} (jax {document['jax']}): "
+              f"the mean of its balanced and skewed rows")
+    candidates = tuple(sorted(means.items(), key=lambda item: item[1]))
+    if default not in means:  # only the table's tiling ran: it is all there is to file
+        ((tiling, ms),) = candidates[:1]
+        return Entry(tiling, tiling, ms, ms, groups, candidates)
+    best, best_ms = candidates[0]
+    default_ms = means[default]
+    if best_ms * (1 + MIN_GAIN) < default_ms:
+        return Entry(best, default, best_ms, default_ms, groups, candidates)
+    return Entry(default, default, default_ms, default_ms, groups, candidates)
 
 
 def completed(tuned: Tuning, shapes: tuple[Shape, ...] = SHAPES) -> Tuning:
@@ -172,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: add to a tuned table (kernelhub tune --output) the keys "
                              "of the other op whose kernel problems it has (completed())")
     parser.add_argument("--over-shipped", action="store_true",
-                        help="with --complete: keep the shipped table's entries for the table's "
-                             "GPU where the tuned one has none (the file to ship)")
+                        help="keep the shipped table's entries for the table's GPU where the "
+                             "made one has none (the file to ship)")
     parser.add_argument("--without", nargs="+", default=[],
                         metavar="IMPLEMENTATION@SHAPE[:PASS]",
                         help="rows to leave out, e.g. kernelhub:mosaic@gpt-oss or "
@@ -208,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{', '.join(PASSES)}; '*' for any shape or pass), got {item!r}")
         without.append((implementation, shape, pass_name or "*"))
     made = table(document, without=tuple(without))
+    if args.over_shipped:
+        made = kernelhub.tuning.shipped(document["gpu"]).merged(made)
     output = args.output or Path(_file_name(document["gpu"]))
     made.save(output)
     print(f"{len(made)} entries for {document['gpu']} written to {output}")

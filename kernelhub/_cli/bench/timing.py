@@ -10,18 +10,22 @@ from typing import Any
 
 import jax
 
+from kernelhub._core.turns import rotated
+
 # Stop repeating a measurement once it has two samples and this many seconds (slow peers).
 _SECONDS_PER_MEASUREMENT = 3.0
 
 
 def interleaved_samples(fns: Sequence[Callable[[], jax.Array]], reps: int) -> list[list[float]]:
     """Seconds of each function over `reps` turns, timed in turns so that load from other
-    processes hits all of them alike and the ratios between them stay fair."""
+    processes hits all of them alike and the ratios between them stay fair; each turn starts
+    one function further on (turns.py). The CPU benchmarks' way: on a GPU, median_seconds
+    also keeps a sample from following another function's."""
     for fn in fns:
         jax.block_until_ready(fn())  # compile and warm up
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, record in zip(fns, times):
+    for turn in range(reps):
+        for fn, record in rotated(list(zip(fns, times)), turn):
             start = time.perf_counter()
             jax.block_until_ready(fn())
             record.append(time.perf_counter() - start)
@@ -44,8 +48,11 @@ def best_medians(draw: Callable[[], Sequence[Callable[[], jax.Array]]], reps: in
 
 def median_seconds(fns: dict[str, Callable[[], Any]], reps: int, warmup: int,
                    calls_per_sample: int = 1) -> dict[str, float | None]:
-    """Median wall time of each thunk, timed in turns (so drift hits all alike). A thunk that
-    fails (out of memory, say) gets None instead of stopping the run.
+    """Median wall time of each thunk, timed in turns (so drift hits all alike), each turn
+    starting one thunk further on, and each sample after an untimed call of its own thunk: on
+    a GPU the same executable ran up to 20% slower right after a slow peer (turns.py), so no
+    thunk's sample follows another's. A thunk that fails (out of memory, say) gets None
+    instead of stopping the run.
 
     With `calls_per_sample` > 1 a sample is that many calls made back to back, waited for once
     at the end, over their number: while one call runs on the device the next is dispatched,
@@ -60,11 +67,12 @@ def median_seconds(fns: dict[str, Callable[[], Any]], reps: int, warmup: int,
         except Exception as error:  # noqa: BLE001 - report and keep measuring the others
             print(f"  {name}: failed ({type(error).__name__}: {str(error)[:200]})")
     samples: dict[str, list[float]] = {name: [] for name in live}
-    for _ in range(reps):
-        for name, fn in live.items():
+    for turn in range(reps):
+        for name, fn in rotated(list(live.items()), turn):
             spent = sum(samples[name]) * calls_per_sample
             if len(samples[name]) >= 2 and spent > _SECONDS_PER_MEASUREMENT:
                 continue
+            jax.block_until_ready(fn())  # untimed: what ran before is behind it (turns.py)
             start = time.perf_counter()
             for _ in range(calls_per_sample - 1):
                 fn()
