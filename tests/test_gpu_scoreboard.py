@@ -164,6 +164,29 @@ def test_a_pass_is_checked_against_the_reference_and_tokamax_against_its_vjp():
     assert measured["tokamax:xla"][1].endswith("the kernel call tokamax's VJP makes for this pass")
 
 
+def test_peers_given_the_local_rows_say_what_they_do_not_write():
+    """At a shard (2 of 8 experts at an offset) the peers get the local rows only: their notes
+    say how many MB of the output's other rows, which the roofline counts and kernelhub's
+    call writes, they leave out; the weight gradient's output is the local experts' alone."""
+    from kernelhub._cli.bench import gpu_scoreboard_calls
+
+    shard = SMOKE_SHAPES[1]
+    operands = gpu_scoreboard_calls.make_operands(shard, "balanced")
+    others = shard.m - operands.rows
+    assert 0 < others < shard.m
+    notes = {pass_name: gpu_scoreboard_calls.local_rows_note(operands, pass_name)
+             for pass_name in gpu_roofline.PASSES}
+    assert notes["forward"] == (
+        f"given the local rows only (no group_offset): {others * shard.n * 2 / 1e6:.3g} MB of "
+        f"the roofline's bytes, the other experts' rows of the output, not written")
+    assert f"{others * shard.k * 2 / 1e6:.3g} MB" in notes["lhs_gradient"]
+    assert notes["rhs_gradient"] is None
+    whole = gpu_scoreboard_calls.make_operands(SMOKE_SHAPES[0], "balanced")
+    assert gpu_scoreboard_calls.local_rows_note(whole, "forward") is None
+    (lax,) = gpu_scoreboard_calls.calls(operands, "forward", "bf16", (), only=("lax.ragged_dot",))
+    assert lax.note == notes["forward"]
+
+
 def test_kernelhubs_weight_gradient_takes_x_as_training_holds_it():
     """bf16 rhs_gradient: kernelhub's call gets x [m, k] and transposes it inside the timed
     function, as a training step's weight gradient does (tokamax also gets x), and agrees."""

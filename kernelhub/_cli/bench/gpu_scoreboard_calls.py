@@ -287,6 +287,17 @@ def kernel_tilings(fn: Callable[..., Any], args: Sequence[Any]) -> list[dict[str
 # ---------------------------------------------------------------- peers
 
 
+def local_rows_note(ops: Operands, pass_name: str) -> str | None:
+    """What a peer given the local rows only does not do where the shape has other experts'
+    rows: write them (zeros), which kernelhub's call and the roofline's bytes count."""
+    if pass_name == "rhs_gradient" or ops.rows == ops.shape.m:
+        return None
+    columns = ops.shape.n if pass_name == "forward" else ops.shape.k
+    megabytes = (ops.shape.m - ops.rows) * columns * jnp.dtype(OUT).itemsize / 1e6
+    return (f"given the local rows only (no group_offset): {megabytes:.3g} MB of the "
+            f"roofline's bytes, the other experts' rows of the output, not written")
+
+
 def lax_call(ops: Operands, pass_name: str, dtype: str, operands: PassOperands) -> Call:
     """jax.lax.ragged_dot(_general) on the local rows; fp8: on the stored values with float32
     sums, then scaled per row and column as a user of lax would."""
@@ -300,7 +311,8 @@ def lax_call(ops: Operands, pass_name: str, dtype: str, operands: PassOperands) 
 
     if dtype == "bf16":
         fn = jax.jit(lambda left, right, s: product(left, right, s, OUT))
-        return Call("lax.ragged_dot", fn, (*operands.local, sizes), cut=lambda out: out)
+        return Call("lax.ragged_dot", fn, (*operands.local, sizes), cut=lambda out: out,
+                    note=local_rows_note(ops, pass_name))
 
     def scaled(left, right, left_scale, right_scale, s):
         total = product(left, right, s, jnp.float32)
@@ -308,7 +320,7 @@ def lax_call(ops: Operands, pass_name: str, dtype: str, operands: PassOperands) 
                 ).astype(OUT)
 
     return Call("lax.ragged_dot", jax.jit(scaled), (*operands.local, *operands.scales, sizes),
-                cut=lambda out: out)
+                cut=lambda out: out, note=local_rows_note(ops, pass_name))
 
 
 def _scale_of_result(pass_name: str, left_scale, right_scale, sizes, shape) -> jax.Array:
@@ -370,10 +382,11 @@ def tokamax_calls(ops: Operands, pass_name: str, dtype: str, operands: PassOpera
                 return gpu_tokamax.vjp_check(tokamax, name, pass_name, ops.x[r], ops.w,
                                              ops.dy[r], ops.local_sizes)
 
+        notes = [local_rows_note(ops, pass_name),
+                 None if dtype == "bf16" or pass_name == "forward" else
+                 "fp8: its VJP's call (the VJP is not traced with quantized operands)"]
         calls.append(Call(implementation, fn, args, cut=lambda out: out, check=check,
-                          note=None if dtype == "bf16" or pass_name == "forward" else
-                          "fp8: its VJP's call (the VJP is not traced with quantized "
-                          "operands)"))
+                          note="; ".join(n for n in notes if n) or None))
     return calls
 
 
