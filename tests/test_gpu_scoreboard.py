@@ -487,6 +487,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
             assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS == (
                 pass_name != "forward_banded")
             assert (visits.STAGGER == 7) == pass_name.endswith("_staggered")
+            assert visits.SPREAD_FILLS == pass_name.endswith("_spread_fills")
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
@@ -497,10 +498,13 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
             assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
                                                    (shape.m, shape.n + 128)]
     assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS and visits.STAGGER == 0
+    assert not visits.SPREAD_FILLS
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_banded": "gmm", "forward_warp_specialized": "gmm",
                        "forward_padded_strides": "gmm", "forward_staggered": "gmm",
-                       "forward_warp_specialized_staggered": "gmm", "lhs_gradient": "gmm_t",
+                       "forward_warp_specialized_staggered": "gmm",
+                       "forward_spread_fills": "gmm", "lhs_gradient_spread_fills": "gmm_t",
+                       "lhs_gradient": "gmm_t",
                        "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
                        "rhs_gradient_padded_strides": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),

@@ -126,6 +126,28 @@ def test_gmm_in_bands_wider_than_eight_n_tiles():
     assert np.all(np.asarray(out)[88:] == 0)
 
 
+@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 2)],
+                         ids=["one warpgroup", "warp-specialized"])
+def test_gmm_with_fills_spread_among_the_computing_visits(monkeypatch, tiling):
+    """With visits.SPREAD_FILLS (a profile probe's schedule) the visits that write the other
+    experts' rows as zeros come between the computing ones: every row still right, in both
+    bodies, a shard of 2 of 6 groups with rows before, after and past the sum."""
+    rng = np.random.default_rng(13)
+    m, k, n = 256, 64, 64
+    sizes = np.array([40, 30, 20, 60, 50, 40], np.int32)  # 240 rows; local rows 70..150
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
+    jax.clear_caches()
+    monkeypatch.setattr(visits, "SPREAD_FILLS", True)
+    try:
+        out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=jnp.int32(2),
+                           tiling=tiling)
+    finally:
+        jax.clear_caches()
+    expected = reference.gmm(lhs, rhs, sizes, group_offset=2)
+    assert_close(out, expected, jnp.float32, contraction=k)
+    assert np.all(np.asarray(out)[np.r_[0:70, 150:m]] == 0)
+
+
 def test_gmm_group_offset_existing_out_and_transpose_rhs():
     """Local groups 1..2 of 4, weights [G, n, k], float32 operands, a bf16 output starting as
     existing_out: other groups' rows keep existing_out's values bitwise."""

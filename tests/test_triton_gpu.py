@@ -93,23 +93,23 @@ def test_heuristic_follows_group_sizes():
 # ---------------------------------------------------------------- visit metadata
 
 
-@pytest.mark.parametrize("fill", [True, False])
+@pytest.mark.parametrize("fill, spread", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("row_align", [16, 8, 1])
-def test_visits_cover_every_row_once(fill, row_align):
+def test_visits_cover_every_row_once(fill, spread, row_align):
     """Every row is written by exactly one visit (only the local groups' rows without fill),
     from a tile inside the padded rows that starts at a multiple of row_align; tiles that start
     at a group's first row (row_align < block_m) never cost a group more visits than the fixed
     tiles (row_align = block_m) do."""
     rng = np.random.default_rng(0)
     m, block_m, groups = 203, 16, 9
-    table_for = jax.jit(visits.visit_table, static_argnums=(2, 3, 4, 5, 6))
+    table_for = jax.jit(visits.visit_table, static_argnums=(2, 3, 4, 5, 6, 7))
     for trial, local in enumerate([1, 1, 4, 4, 4, 9, 9, 9]):
         sizes = rng.multinomial(int(rng.integers(0, m + 1)), rng.dirichlet(np.full(groups, 0.5)))
         sizes = np.where(rng.random(groups) < 0.3, 0, sizes).astype(np.int32)
         offset = int(rng.integers(0, groups - local + 1))
         args = (jnp.asarray(sizes), jnp.int32(offset), local, m, block_m, fill)
-        table = np.asarray(table_for(*args, row_align))
-        fixed = np.asarray(table_for(*args, block_m))
+        table = np.asarray(table_for(*args, row_align, spread))
+        fixed = np.asarray(table_for(*args, block_m, spread))
         assert table.shape[1] == visits.visit_count(m, block_m, local, fill)
         written = np.zeros(m, int)
         for first_row, group, start, end in table.T:
@@ -129,6 +129,31 @@ def test_visits_cover_every_row_once(fill, row_align):
             assert (table[1] == g).sum() <= (fixed[1] == g).sum()
             if row_align == 1:
                 assert (table[1] == g).sum() == -(-int(sizes[offset + g]) // block_m)
+
+
+def test_spread_fills_puts_the_zero_writing_visits_evenly_among_the_computing_ones():
+    """A shard's 3 local groups among 24 row tiles: spread, the same visits, the computing ones
+    in their row order (a group's tiles together), the FILL visits at most ceil(F / C) + 1 in
+    a row and between any two computing visits, the IDLE ones last; without fills (existing_out)
+    nothing moves."""
+    sizes = jnp.asarray([100, 90, 7, 40, 9, 130], jnp.int32)  # 376 of 384 rows
+    args = (sizes, jnp.int32(2), 3, 384, 16, True, 16)
+    by_row = np.asarray(visits.visit_table(*args, spread_fills=False))
+    spread = np.asarray(visits.visit_table(*args, spread_fills=True))
+    assert sorted(map(tuple, spread.T)) == sorted(map(tuple, by_row.T))
+    group = spread[visits.GROUP]
+    computing = [tuple(v) for v in spread.T if v[visits.GROUP] >= 0]
+    assert computing == [tuple(v) for v in by_row.T if v[visits.GROUP] >= 0]
+    fills, computes = (group == visits.FILL).sum(), (group >= 0).sum()
+    assert fills >= 3 * computes > 0
+    live = group[group != visits.IDLE]
+    assert (group[len(live):] == visits.IDLE).all()
+    runs = np.diff(np.flatnonzero(np.r_[True, live >= 0, True])) - 1  # fills between computes
+    assert runs.max() <= -(-fills // computes) + 1
+    assert (by_row[visits.GROUP][:3] == visits.FILL).all()  # in row order, fills lead
+    kept = (sizes, jnp.int32(2), 3, 384, 16, False, 16)
+    np.testing.assert_array_equal(visits.visit_table(*kept, spread_fills=True),
+                                  visits.visit_table(*kept, spread_fills=False))
 
 
 def test_visit_row_align_must_divide_block_m():
@@ -159,6 +184,31 @@ def test_gmm_many_k_steps_and_crossed_tiles(transpose_rhs):
     computed = np.zeros(m, bool)
     computed[1:1 + 37 + 16 + 2 + 0 + 45 + 3] = True  # groups 2..7
     assert (np.asarray(out)[~computed] == 0).all()
+
+
+def test_gmm_with_fills_spread_among_the_computing_visits(monkeypatch):
+    """With visits.SPREAD_FILLS (a measurement's schedule) the visits that write the other
+    experts' rows as zeros come between the computing ones: every row still right, in the
+    interpreted Triton kernel, a shard of 2 of 9 groups with rows before, after and past."""
+    rng = np.random.default_rng(14)
+    m, k, n = 150, 40, 50
+    sizes = np.array([1, 0, 37, 16, 2, 0, 45, 3, 30], np.int32)  # 134 rows
+    lhs, rhs = _rounded(rng, (m, k), jnp.float32), _rounded(rng, (2, k, n), jnp.float32)
+    gmm = kernelhub.get(GMM, platform="triton")
+    sorts = []
+    for spread in (False, True):
+        jax.clear_caches()
+        monkeypatch.setattr(visits, "SPREAD_FILLS", spread)
+        try:
+            out = gmm(lhs, rhs, sizes, tiling=SMALL_TILES, group_offset=2)
+            sorts.append(jax.jit(lambda x, w, s: gmm(x, w, s, tiling=SMALL_TILES,
+                                                     group_offset=2)).lower(
+                lhs, rhs, sizes).as_text().count("stablehlo.sort"))
+        finally:
+            jax.clear_caches()
+    assert sorts == [0, 1]  # the spread order is computed only where asked for
+    assert_close(out, reference.gmm(lhs, rhs, sizes, 2), jnp.float32, jnp.float32, contraction=k)
+    assert (np.asarray(out)[:1] == 0).all() and (np.asarray(out)[54:] == 0).all()
 
 
 def test_gmm_contraction_staggered_per_visit(monkeypatch):

@@ -3,7 +3,7 @@
 The rows [0, m) are cut into consecutive segments: the rows before the first local group, each
 local group, and the rows after the last one. A visit is one segment's share of one row tile of
 `block_m` rows, and it writes only the rows it owns. Visits are ordered by segment, hence by
-row.
+row (or, with SPREAD_FILLS, with the zero-writing visits spread among the others).
 
 Where a segment's tiles start is `row_align`'s choice:
 - `row_align=block_m`: the fixed tiles [i * block_m, (i + 1) * block_m), so a tile that a group
@@ -47,6 +47,17 @@ FIRST_ROW, GROUP, START, END = range(4)
 STAGGER = 0
 
 
+# Whether the visits that write zeros (rows of no local group, with fill_uncomputed) are spread
+# evenly among the visits that compute, rather than before and after them in row order. In row
+# order, with one expert-parallel shard's groups among many rows (DeepSeek-V3: 2048 of 16384),
+# every program writes its zeros in one phase and reads weights in another: on the H100's
+# profile (2026-11-28) DeepSeek-V3's lhs gradient spent 17% of its span outside its work items,
+# about the time its 205 MB of zeros take at HBM's write rate, while its reads ran at 1.5 of
+# the 2.6 TB/s HBM streams. Spread, the writes share that time with the reads. Off until a GPU
+# profile says whether it pays (mosaic_profile's *_spread_fills probes).
+SPREAD_FILLS = False
+
+
 def staggered_step(step, visit, stagger: int, k_tiles: int):
     """The k tile that step `step` of `visit`'s contraction reads: `step` itself without a
     stagger, else `step + visit * stagger` wrapped round `k_tiles`."""
@@ -73,13 +84,15 @@ def segment_boundaries(group_sizes: jax.Array, group_offset: jax.Array, local_gr
 
 
 def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: int, m: int,
-                block_m: int, fill_uncomputed: bool, row_align: int | None = None) -> jax.Array:
+                block_m: int, fill_uncomputed: bool, row_align: int | None = None,
+                spread_fills: bool | None = None) -> jax.Array:
     """int32 [4, visits]: per visit the first row of its tile, its group (local index, FILL or
     IDLE) and the rows [start, end) it writes, all inside [first row, first row + block_m).
 
     `row_align` (a divisor of block_m; None is block_m, the fixed tiles) is where a segment's
     tiles start (module docstring). With `fill_uncomputed` False (the output starts as
-    existing_out) the rows outside the local groups get no visits at all.
+    existing_out) the rows outside the local groups get no visits at all. `spread_fills`
+    (None: SPREAD_FILLS) orders the visits by `spread`, not by row.
     """
     row_align = block_m if row_align is None else row_align
     if row_align < 1 or block_m % row_align:
@@ -101,12 +114,32 @@ def visit_table(group_sizes: jax.Array, group_offset: jax.Array, local_groups: i
     first_row, window = tile_rows(first[segment], visit - begins[segment], block_m, row_align,
                                   -(-m // block_m) * block_m)
     group = jnp.where((segment == 0) | (segment == local_groups + 1), FILL, segment - 1)
-    return jnp.stack([
+    table = jnp.stack([
         jnp.where(live, first_row, 0),
         jnp.where(live, group, IDLE),
         jnp.where(live, jnp.maximum(first[segment], window), 0),
         jnp.where(live, jnp.minimum(last[segment], window + block_m), 0),
     ]).astype(jnp.int32)
+    spread_fills = SPREAD_FILLS if spread_fills is None else spread_fills
+    return spread(table) if spread_fills and fill_uncomputed else table
+
+
+def spread(table: jax.Array) -> jax.Array:
+    """The visits reordered so that the FILL visits fall evenly among the computing ones: the
+    i-th of F fills goes where (i + 1/2) / F falls among the computing visits' (j + 1/2) / C.
+    The computing visits keep their order (a group's row tiles stay together, for the bands),
+    and IDLE visits stay last."""
+    group = table[GROUP]
+    fill, idle = group == FILL, group == IDLE
+    computing = ~fill & ~idle
+    fills = jnp.maximum(jnp.sum(fill), 1).astype(jnp.float32)
+    computes = jnp.maximum(jnp.sum(computing), 1).astype(jnp.float32)
+    rank_fill = (jnp.cumsum(fill) - 1).astype(jnp.float32)
+    rank_computing = (jnp.cumsum(computing) - 1).astype(jnp.float32)
+    place = jnp.where(fill, (rank_fill + 0.5) / fills, (rank_computing + 0.5) / computes)
+    place = jnp.where(idle, 2.0, place)  # after every live visit
+    order = jnp.argsort(place, stable=True)
+    return table[:, order]
 
 
 # A segment's tiles, rows [first, last) in tiles of `block` rows that start at `first` rounded

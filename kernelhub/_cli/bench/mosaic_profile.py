@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Eight probes beside the passes:
+the wait for a step's tiles. Ten probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_banded`: the forward in bands of grouped_matmul.BAND n-tiles even where a group's
@@ -33,7 +33,11 @@ the wait for a step's tiles. Eight probes beside the passes:
   large power of two apart (28 MiB, 7 x 4 MiB, at DeepSeek-V3; 3 MiB at Qwen3-MoE). With the
   padded strides, it separates the row stride from the groups' alignment;
 - `forward_warp_specialized_staggered`: the same stagger in the tables' warp-specialized
-  forward, so that a win is measured in the tiling the tables run.
+  forward, so that a win is measured in the tiling the tables run;
+- `forward_spread_fills`, `lhs_gradient_spread_fills`: the pass with the visits that write
+  zeros (the rows of other experts, at DeepSeek-V3 14336 of 16384) spread among the computing
+  ones (visits.SPREAD_FILLS), so that the zeros' writes share time with the weights' reads
+  rather than taking a phase of their own (17% of the lhs gradient's span on the H100).
 Each row also gives the pass's compulsory bytes (gpu_roofline.py) over its span, in TB/s.
 Beside them, per shape, the rates at which XLA reads the local experts' weights once (a max
 over them) and writes as many bytes (the weight gradient's output is that size): what this
@@ -254,6 +258,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 PROBE_PASS = {"forward_k_major": "forward", "forward_banded": "forward",
               "forward_warp_specialized": "forward", "forward_staggered": "forward",
               "forward_warp_specialized_staggered": "forward",
+              "forward_spread_fills": "forward", "lhs_gradient_spread_fills": "lhs_gradient",
               "rhs_gradient_spans": "rhs_gradient", **PADDED_STRIDES}
 
 
@@ -302,8 +307,9 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
         return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
             x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             tiling=explicit_tiling(shape, pass_name)))
-    if pass_name in ("forward_banded", "forward_staggered"):
-        pass_name = "forward"
+    if pass_name in ("forward_banded", "forward_staggered", "forward_spread_fills",
+                     "lhs_gradient_spread_fills"):
+        pass_name = PROBE_PASS[pass_name]
     if pass_name in PADDED_STRIDES:
         ops, pass_name = padded_strides(ops), PADDED_STRIDES[pass_name]
     if pass_name == "forward_k_major":
@@ -338,7 +344,9 @@ def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
 _STAGGERED = ("kernelhub._grouped_matmul.visits", "STAGGER", 7)
 _KNOBS = {"forward_banded": ("kernelhub._pallas.mosaic_gpu.grouped_matmul",
                              "WHOLE_ROWS_FOR_ONE_TILE_GROUPS", False),
-          "forward_staggered": _STAGGERED, "forward_warp_specialized_staggered": _STAGGERED}
+          "forward_staggered": _STAGGERED, "forward_warp_specialized_staggered": _STAGGERED,
+          **dict.fromkeys(("forward_spread_fills", "lhs_gradient_spread_fills"),
+                          ("kernelhub._grouped_matmul.visits", "SPREAD_FILLS", True))}
 
 
 @contextlib.contextmanager
@@ -366,7 +374,8 @@ def schedule_knob(pass_name: str) -> Iterator[None]:
 
 PASSES = ("forward", "forward_k_major", "forward_banded", "forward_warp_specialized",
           "forward_padded_strides", "forward_staggered", "forward_warp_specialized_staggered",
-          "lhs_gradient", "rhs_gradient", "rhs_gradient_spans", "rhs_gradient_padded_strides")
+          "forward_spread_fills", "lhs_gradient", "lhs_gradient_spread_fills", "rhs_gradient",
+          "rhs_gradient_spans", "rhs_gradient_padded_strides")
 
 
 def main(argv: list[str] | None = None) -> int:
