@@ -597,11 +597,13 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
     for (label, make, args), (_, platform, pass_name) in zip(made, kernel_counters.CASES):
         with mosaic_profile.schedule_knob(pass_name):
             assert visits.STAGGER == (7 if pass_name == "forward_staggered" else 0)
+            assert visits.SPREAD_FILLS == pass_name.endswith("_spread_fills")
             (ran,) = calls.kernel_tilings(make(), args)
         kinds.append((platform, ran["kernel"]))
     assert kinds == [("mosaic", "gmm"), ("triton", "gmm"), ("mosaic", "gmm_t"),
                      ("mosaic", "gmm"), ("mosaic", "gmm"), ("triton", "gmm"),
-                     ("mosaic", "gmm_t"), ("mosaic", "tgmm"), ("triton", "tgmm")]
+                     ("mosaic", "gmm_t"), ("triton", "gmm_t"), ("mosaic", "gmm_t"),
+                     ("triton", "gmm_t"), ("mosaic", "tgmm"), ("triton", "tgmm")]
 
     header = NCU_HEADER
     rows = [

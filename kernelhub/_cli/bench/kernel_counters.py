@@ -42,6 +42,9 @@ CASES = (
     ("mosaic forward, staggered", "mosaic", "forward_staggered"),
     ("triton forward, staggered", "triton", "forward_staggered"),
     ("mosaic lhs_gradient", "mosaic", "lhs_gradient"),
+    ("triton lhs_gradient", "triton", "lhs_gradient"),
+    ("mosaic lhs_gradient, fills spread", "mosaic", "lhs_gradient_spread_fills"),
+    ("triton lhs_gradient, fills spread", "triton", "lhs_gradient_spread_fills"),
     ("mosaic rhs_gradient", "mosaic", "rhs_gradient"),
     ("triton rhs_gradient", "triton", "rhs_gradient"),
 )
