@@ -462,7 +462,7 @@ def test_a_leader_must_win_again_on_fresh_operands(monkeypatch, second_timing, e
     default only when a second timing of the two, on fresh operands, confirms it."""
     rounds = []
 
-    def scripted(executables, arrays, repeats, advance):
+    def scripted(executables, arrays, repeats, advance, calls_per_sample=1):
         rounds.append(len(executables))
         if len(rounds) == 1:  # the first round: the second candidate leads by far
             return [10.0, 5.0] + [20.0] * (len(executables) - 2)
@@ -508,6 +508,16 @@ def test_candidates_take_each_place_in_a_turn(monkeypatch):
     calls = state["calls"]  # per turn: 3 executables, each once untimed and twice timed
     assert [calls[turn * 9] for turn in range(3)] == [0, 2, 3]
     assert calls[:9] == [0, 0, 0, 2, 2, 2, 3, 3, 3]
+    # Back to back: 3 calls per draw in a sample, waited for once, timed per call.
+    waits = []
+    real_wait = jax.block_until_ready
+    monkeypatch.setattr(_autotune.jax, "block_until_ready",
+                        lambda value: (waits.append(len(state["calls"])), real_wait(value))[1])
+    state["calls"].clear()
+    times = _autotune.time_candidates([executable(0)], [(), ()], repeats=1, advance=advance,
+                                      calls_per_sample=3)
+    assert len(state["calls"]) == 1 + 2 * 3 and waits == [1, 7]
+    assert times == [1e3]
 
 
 def test_autotune_group_sizes_and_errors():
@@ -521,6 +531,9 @@ def test_autotune_group_sizes_and_errors():
         kernelhub.autotune(step, lhs, rhs, existing, sizes, group_sizes=SIZES[:3], progress=False)
     with pytest.raises(ValueError, match="skew must be >= 0"):
         kernelhub.autotune(step, lhs, rhs, existing, sizes, skew=-1.0, progress=False)
+    with pytest.raises(ValueError, match="calls_per_sample must be an int >= 1, got 0"):
+        kernelhub.autotune(step, lhs, rhs, existing, sizes, calls_per_sample=0, progress=False)
+    assert _autotune.default_calls_per_sample() == 1  # on this CPU
     with pytest.raises(ValueError, match="made no kernelhub grouped-matmul call"):
         kernelhub.autotune(lambda x: x * 2, lhs, progress=False)
     explicit = _training_step(lambda *a, **kw: kernelhub.grouped_matmul(*a, **kw, tiling=(64, 64, 64)))

@@ -6,7 +6,7 @@
         jax.jit(train_step)(params, batch)
 
 `autotune(fn, *example_args, group_sizes=None, skew=2.0, draws=2, repeats=5, min_gain=0.03,
-seed=0, progress=True, time_limit=None, on_entry=None, **example_kwargs)` traces `fn` (arrays or jax.ShapeDtypeStructs) and
+seed=0, progress=True, time_limit=None, on_entry=None, calls_per_sample=None, **example_kwargs)` traces `fn` (arrays or jax.ShapeDtypeStructs) and
 times, for every grouped-matmul kernel it runs (forward, lhs_gradient and rhs_gradient passes
 when it differentiates), each candidate tiling of the implementation that serves it:
   group_sizes: the caller's sizes (an int vector [num_groups], or several), else `draws` draws
@@ -18,7 +18,10 @@ when it differentiates), each candidate tiling of the implementation that serves
   time_limit: seconds; a kernel is not started when the longest one so far would end past it,
     and it and the rest get no entry (the first kernel always runs);
   on_entry: called with (TuningKey, Entry) as each kernel's entry is decided (to save as you
-    go: a tuning stopped from outside keeps what it finished).
+    go: a tuning stopped from outside keeps what it finished);
+  calls_per_sample: calls per draw made back to back in one timed sample, waited for once
+    (None: 1 on a CPU, 5 on an accelerator, where a call waited for alone also times its
+    round trip from the host).
 It returns a `Tuning`. A call's tiling comes from, in order: an explicit `tiling` for its pass,
 the active Tuning (`with tuning:`), the table shipped for this device kind, the heuristic.
 Keys: device kind, implementation, op, pass, kernel, m/k/n rounded up to powers of two, group

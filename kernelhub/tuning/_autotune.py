@@ -174,10 +174,15 @@ def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], 
 
 
 def time_candidates(executables: Sequence[Any], arrays: Sequence[tuple], repeats: int,
-                    advance: Callable[[], None]) -> list[float | None]:
+                    advance: Callable[[], None], calls_per_sample: int = 1
+                    ) -> list[float | None]:
     """Milliseconds per call of each executable (the median over `repeats` turns of the mean
     over the group-size draws); None for a missing one. Each turn starts one executable
-    further on: the default, candidate 0, is first in no more turns than any other."""
+    further on: the default, candidate 0, is first in no more turns than any other. A sample
+    makes `calls_per_sample` calls on each draw's operands back to back and waits once, at its
+    end: on a GPU, a call waited for alone also times its round trip from the host, 0.1-0.3 ms
+    at the fine-grained MoE shapes (the H100 scoreboard of 2026-11-28), which flattens every
+    ratio there."""
     samples: list[list[float]] = [[] for _ in executables]
     live = [(index, executable) for index, executable in enumerate(executables)
             if executable is not None]
@@ -187,11 +192,21 @@ def time_candidates(executables: Sequence[Any], arrays: Sequence[tuple], repeats
             # (on a GPU what ran before cost up to 20%: kernelhub/_core/turns.py).
             jax.block_until_ready(executable(arrays[0]))
             start = time.perf_counter()
+            result = None
             for operand_set in arrays:
-                jax.block_until_ready(executable(operand_set))
-            samples[index].append((time.perf_counter() - start) / len(arrays))
+                for _ in range(calls_per_sample):
+                    result = executable(operand_set)
+            jax.block_until_ready(result)
+            samples[index].append((time.perf_counter() - start)
+                                  / (len(arrays) * calls_per_sample))
         advance()
     return [statistics.median(s) * 1e3 if s else None for s in samples]
+
+
+def default_calls_per_sample() -> int:
+    """Calls per timed sample where the caller gives none: one on a CPU, whose calls run on the
+    calling thread (their round trip is nothing beside them), five on an accelerator."""
+    return 1 if jax.default_backend() == "cpu" else 5
 
 
 def _candidates(call: KernelCall) -> list[tuple[int, ...]]:
@@ -209,6 +224,7 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
              min_gain: float = 0.03, seed: int = 0, progress: bool = True,
              time_limit: float | None = None,
              on_entry: Callable[[TuningKey, Entry], None] | None = None,
+             calls_per_sample: int | None = None,
              **example_kwargs: Any) -> Tuning:
     """Tunes the tilings of every grouped-matmul kernel `fn` runs; see kernelhub.tuning."""
     started = _clock()
@@ -216,6 +232,10 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
         raise ValueError(f"repeats and draws must be >= 1, got repeats={repeats}, draws={draws}")
     if min_gain < 0:
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+    if calls_per_sample is None:
+        calls_per_sample = default_calls_per_sample()
+    if not (isinstance(calls_per_sample, int) and calls_per_sample >= 1):
+        raise ValueError(f"calls_per_sample must be an int >= 1, got {calls_per_sample!r}")
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit}")
     symbolic = symbolic_shapes((example_args, example_kwargs))
@@ -254,14 +274,14 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
                 break
             arrays = [operands(call, vector, seed + i) for i, vector in enumerate(sizes)]
             executables = compile_candidates(call, candidates, arrays[0], advance)
-            times = time_candidates(executables, arrays, repeats, advance)
+            times = time_candidates(executables, arrays, repeats, advance, calls_per_sample)
             confirmed = None
             leader = _leader(key, candidates, times, min_gain)
             if leader is not None:
                 fresh = [operands(call, vector, seed + len(sizes) + i)
                          for i, vector in enumerate(sizes)]
                 confirmed = time_candidates([executables[0], executables[leader]], fresh,
-                                            repeats, advance)
+                                            repeats, advance, calls_per_sample)
             else:
                 for _ in range(repeats):
                     advance()
