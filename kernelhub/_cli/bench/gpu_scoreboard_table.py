@@ -1,16 +1,19 @@
 """A tuning table from a scoreboard run: what each GPU kernel measured at the scoreboard's
-shapes, with the tiling it ran (its heuristic's), so that a plain call on that GPU lowers the
-kernel measured faster for it (docs/dispatch.md, "Per call").
+shapes, with the tiling it ran, so that a plain call on that GPU lowers the kernel measured
+faster for it (docs/dispatch.md, "Per call").
 
 The scoreboard times each pass as one kernel call; a table entry is filed by op, pass and the
 kernel's problem (kernelhub/_grouped_matmul/tables.py). Tracing the scoreboard's calls and a
 training step's (forward and both gradients, of gmm and of tgmm) under a recorder gives every
 key; a key gets an entry where its kernel's problem is one the scoreboard measured. An entry's
-time is the mean over the balanced and skewed rows. No tiling is tuned here: `kernelhub tune`
-does that, and its table, merged over this one, replaces these entries.
+time is the mean over the balanced and skewed rows. A run with rows under the heuristic
+(KERNELHUB_GPU_HEURISTIC_ROWS=1) beside those under a tuned table gives each pass two tilings
+timed in one process: the entry keeps the tuned one only where it ran faster by more than
+MIN_GAIN, which checks a tune by an independent measurement (table()). Nothing is tuned here:
+`kernelhub tune` does that.
 
     python -m kernelhub._cli.bench.gpu_scoreboard_table benchmarks/gpu/<run>/roofline.json \
-        --output kernelhub/tuning/defaults/<device kind>.json
+        --over-shipped --output kernelhub/tuning/defaults/<device kind>.json
 """
 
 from __future__ import annotations
