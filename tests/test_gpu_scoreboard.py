@@ -486,7 +486,6 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         with mosaic_profile.schedule_knob(pass_name):
             assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS == (
                 pass_name != "forward_banded")
-            assert (visits.STAGGER == 7) == pass_name.endswith("_staggered")
             assert visits.SPREAD_FILLS == pass_name.endswith("_spread_fills")
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
@@ -497,19 +496,17 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
         if pass_name == "rhs_gradient_padded_strides":
             assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
                                                    (shape.m, shape.n + 128)]
-    assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS and visits.STAGGER == 0
+    assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS
     assert not visits.SPREAD_FILLS
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_banded": "gmm", "forward_warp_specialized": "gmm",
-                       "forward_padded_strides": "gmm", "forward_staggered": "gmm",
-                       "forward_warp_specialized_staggered": "gmm",
+                       "forward_padded_strides": "gmm",
                        "forward_spread_fills": "gmm", "lhs_gradient_spread_fills": "gmm_t",
                        "lhs_gradient": "gmm_t",
                        "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
                        "rhs_gradient_padded_strides": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),
-                       "forward_warp_specialized": (128, 64, 256, 3, 2),
-                       "forward_warp_specialized_staggered": (128, 64, 256, 3, 2)}
+                       "forward_warp_specialized": (128, 64, 256, 3, 2)}
     megabytes, read, write = mosaic_profile.weight_stream(ops.w, repeats=2)
     assert megabytes == ops.w.size * 2 / 1e6 and read > 0 and write > 0  # bf16, once each
 
@@ -596,13 +593,11 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
     kinds = []
     for (label, make, args), (_, platform, pass_name) in zip(made, kernel_counters.CASES):
         with mosaic_profile.schedule_knob(pass_name):
-            assert visits.STAGGER == (7 if pass_name == "forward_staggered" else 0)
             assert visits.SPREAD_FILLS == pass_name.endswith("_spread_fills")
             (ran,) = calls.kernel_tilings(make(), args)
         kinds.append((platform, ran["kernel"]))
     assert kinds == [("mosaic", "gmm"), ("triton", "gmm"), ("mosaic", "gmm_t"),
-                     ("mosaic", "gmm"), ("mosaic", "gmm"), ("triton", "gmm"),
-                     ("mosaic", "gmm_t"), ("triton", "gmm_t"), ("mosaic", "gmm_t"),
+                     ("mosaic", "gmm"), ("mosaic", "gmm_t"), ("triton", "gmm_t"), ("mosaic", "gmm_t"),
                      ("triton", "gmm_t"), ("mosaic", "tgmm"), ("triton", "tgmm")]
 
     header = NCU_HEADER

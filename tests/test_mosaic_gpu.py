@@ -76,31 +76,6 @@ def test_gmm_row_tiles_moved_back_from_the_end(tiling):
     assert np.all(np.asarray(out)[120:] == 0)
 
 
-@pytest.mark.parametrize("transpose_rhs, tiling", [
-    (False, (64, 64, 64, 2)), (True, (64, 64, 64, 2)), (False, (64, 64, 64, 2, 2))],
-    ids=["weights [G, k, n]", "weights [G, n, k]", "warp-specialized"])
-def test_gmm_contraction_staggered_per_visit(monkeypatch, transpose_rhs, tiling):
-    """With visits.STAGGER (a profile probe's schedule) each visit starts its k steps
-    elsewhere and wraps round: the same sums. Four groups over 4 k steps of 64 (the lhs and
-    weight tiles must take the same rotated step), both weight layouts, and the
-    warp-specialized body, whose memory warpgroup loads the rotated steps."""
-    rng = np.random.default_rng(11)
-    m, k, n = 96, 256, 64
-    sizes = np.array([30, 18, 0, 40], np.int32)
-    lhs = _values(rng, (m, k), jnp.bfloat16)
-    rhs = _values(rng, (4, n, k) if transpose_rhs else (4, k, n), jnp.bfloat16)
-    weights = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
-    jax.clear_caches()
-    monkeypatch.setattr(visits, "STAGGER", 3)
-    try:
-        out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs,
-                           tiling=tiling)
-    finally:
-        jax.clear_caches()
-    assert_close(out, reference.gmm(lhs, weights, sizes), jnp.float32, contraction=k)
-    assert np.all(np.asarray(out)[88:] == 0)
-
-
 def test_band_width_spans_whole_rows_where_groups_fit_one_row_tile(monkeypatch):
     """At DeepSeek-V3's 64 rows a group (16 n-tiles) and GPT-OSS's, one row tile holds a
     group: no weight tile is read twice, and a band spans every n-tile. At Mixtral's 1024 rows
@@ -849,31 +824,28 @@ def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
             jax.ShapeDtypeStruct((), jnp.int32), sizes), 3)
 
 
-@pytest.mark.parametrize("tiling", [None, (128, 64, 256, 3, 2)],
-                         ids=["heuristic", "warp-specialized"])
-def test_staggered_forward_exports_for_cuda(monkeypatch, tiling):
-    """The profile's staggered forward (visits.STAGGER) at DeepSeek-V3's shape lowers
-    to one Mosaic GPU kernel, another than the unstaggered one: its rotated k steps are index
-    arithmetic Mosaic GPU takes, in the heuristic's body and in the tables' warp-specialized
-    one (whose memory warpgroup computes them)."""
+def test_forward_with_fills_spread_exports_for_cuda(monkeypatch):
+    """The profile's spread-fills forward (visits.SPREAD_FILLS) at DeepSeek-V3's shard lowers
+    to one Mosaic GPU kernel and nothing else of ours, another program than the row-ordered
+    one (the spread order is computed by XLA before the kernel)."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
             jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
             jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
     texts = []
-    for stagger in (0, 7):
+    for spread in (False, True):
         jax.clear_caches()
-        monkeypatch.setattr(visits, "STAGGER", stagger)
+        monkeypatch.setattr(visits, "SPREAD_FILLS", spread)
         try:
             exported = _exported(lambda lhs, rhs, sizes, offset: gmm(
-                lhs, rhs, sizes, group_offset=offset, tiling=tiling,
-                preferred_element_type=jnp.bfloat16), *args)
+                lhs, rhs, sizes, group_offset=offset, preferred_element_type=jnp.bfloat16),
+                *args)
         finally:
             jax.clear_caches()
         _check_mosaic_only(exported, 1, unpadded=True)
         texts.append(exported.mlir_module())
-    assert texts[0] != texts[1]
+    assert [text.count("stablehlo.sort") for text in texts] == [0, 1]
 
 
 def test_warp_specialized_gmm_exports_for_cuda():

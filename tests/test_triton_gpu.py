@@ -211,35 +211,6 @@ def test_gmm_with_fills_spread_among_the_computing_visits(monkeypatch):
     assert (np.asarray(out)[:1] == 0).all() and (np.asarray(out)[54:] == 0).all()
 
 
-def test_gmm_contraction_staggered_per_visit(monkeypatch):
-    """With visits.STAGGER (a measurement's schedule, kernel_counters.py) each visit
-    starts its k steps elsewhere and wraps round: the same sums, the partial last k tile
-    (70 = 4 x 16 + 6) landing anywhere in a visit's order (weights [G, n, k]: the rotated
-    step feeds both layouts' loads alike); and a program other than the unstaggered one."""
-    rng = np.random.default_rng(12)
-    m, k, n = 150, 70, 50
-    sizes = np.array([1, 0, 37, 16, 2, 0, 45, 3, 30], np.int32)
-    lhs = _rounded(rng, (m, k), jnp.float32)
-    gmm = kernelhub.get(GMM, platform="triton")
-    programs = []
-    for stagger in (0, 3):
-        jax.clear_caches()
-        monkeypatch.setattr(visits, "STAGGER", stagger)
-        try:
-            if stagger:
-                rhs = _rounded(rng, (6, n, k), jnp.float32)
-                out = gmm(lhs, rhs, sizes, tiling=SMALL_TILES, group_offset=2,
-                          transpose_rhs=True)
-                expected = reference.gmm(lhs, rhs, sizes, 2, transpose_rhs=True)
-                assert_close(out, expected, jnp.float32, jnp.float32, contraction=k)
-                assert (np.asarray(out)[:1] == 0).all() and (np.asarray(out)[104:] == 0).all()
-            programs.append(jax.jit(lambda x, w, s: gmm(x, w, s, tiling=SMALL_TILES)).lower(
-                lhs, jnp.ones((6, k, n), jnp.float32), sizes).as_text())
-        finally:
-            jax.clear_caches()
-    assert programs[0] != programs[1]
-
-
 def test_gmm_row_tiles_moved_back_from_the_end():
     """Tiles start at each group's first row; the last group's and the rows past the sum start
     within a tile of the padded end, so they are moved back over the rows before them."""

@@ -37,16 +37,6 @@ IDLE = -2  # past the last visit: nothing
 
 FIRST_ROW, GROUP, START, END = range(4)
 
-# k steps by which each visit's contraction starts after the previous visit's, wrapping round
-# (the same sums in another order), in every gmm kernel that reads it (Mosaic GPU's and
-# Triton's). 0 starts every visit at step 0, so the programs running at once read the same
-# rows of different groups' weights: addresses that differ only in high bits where the groups'
-# weights lie a multiple of a large power of two apart (DeepSeek-V3: 7 x 4 MiB; Qwen3-MoE:
-# 3 x 1 MiB). Nonzero only in a GPU measurement (kernelhub/_cli/bench/mosaic_profile.py,
-# kernel_counters.py) until one says whether it pays.
-STAGGER = 0
-
-
 # Whether the visits that write zeros (rows of no local group, with fill_uncomputed) are spread
 # evenly among the visits that compute, rather than before and after them in row order. In row
 # order, with one expert-parallel shard's groups among many rows (DeepSeek-V3: 2048 of 16384),
@@ -56,12 +46,6 @@ STAGGER = 0
 # the 2.6 TB/s HBM streams. Spread, the writes share that time with the reads. Off until a GPU
 # profile says whether it pays (mosaic_profile's *_spread_fills probes).
 SPREAD_FILLS = False
-
-
-def staggered_step(step, visit, stagger: int, k_tiles: int):
-    """The k tile that step `step` of `visit`'s contraction reads: `step` itself without a
-    stagger, else `step + visit * stagger` wrapped round `k_tiles`."""
-    return step if not stagger else lax.rem(step + visit * stagger, jnp.int32(k_tiles))
 
 
 def visit_count(m: int, block_m: int, local_groups: int, fill_uncomputed: bool) -> int:

@@ -168,7 +168,7 @@ def _entry(measured: dict[Any, list[float]], default: tuple[int, ...],
               f"the mean of its balanced and skewed rows")
     candidates = tuple(sorted(means.items(), key=lambda item: item[1]))
     if default not in means:  # only the table's tiling ran: it is all there is to file
-        ((tiling, ms),) = candidates[:1]
+        tiling, ms = candidates[0]
         return Entry(tiling, tiling, ms, ms, groups, candidates)
     best, best_ms = candidates[0]
     default_ms = means[default]

@@ -32,15 +32,13 @@ from typing import Any
 
 # (name, platform, pass): the passes as the scoreboard makes them; `forward_k_major` is the
 # forward on weights stored [G, n, k], `forward_padded_strides` on operands whose rows are no
-# power of two bytes apart, `forward_staggered` with each visit's contraction starting 7 steps
-# after the previous visit's (mosaic_profile.py; its schedule knob set while the case lowers).
+# power of two bytes apart, `lhs_gradient_spread_fills` with the zero-writing visits spread
+# among the computing ones (mosaic_profile.py; its schedule knob set while the case lowers).
 CASES = (
     ("mosaic forward", "mosaic", "forward"),
     ("triton forward", "triton", "forward"),
     ("mosaic forward, weights [G, n, k]", "mosaic", "forward_k_major"),
     ("mosaic forward, padded strides", "mosaic", "forward_padded_strides"),
-    ("mosaic forward, staggered", "mosaic", "forward_staggered"),
-    ("triton forward, staggered", "triton", "forward_staggered"),
     ("mosaic lhs_gradient", "mosaic", "lhs_gradient"),
     ("triton lhs_gradient", "triton", "lhs_gradient"),
     ("mosaic lhs_gradient, fills spread", "mosaic", "lhs_gradient_spread_fills"),

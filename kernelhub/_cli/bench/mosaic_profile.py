@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Ten probes beside the passes:
+the wait for a step's tiles. Eight probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_banded`: the forward in bands of grouped_matmul.BAND n-tiles even where a group's
@@ -27,13 +27,6 @@ the wait for a step's tiles. Ten probes beside the passes:
   and those forwards moved 1.6-1.7 TB/s on the H100; at GPT-OSS, which moved 2.2-2.5, none
   is. Whether such strides crowd a few of HBM's channels or L2's sets: the same tiles, at
   rows 4352 bytes apart (and groups' weights 31 MiB apart rather than 28);
-- `forward_staggered`: the forward with each visit's contraction starting 7 steps after the
-  previous visit's (visits.STAGGER): the programs running at once then read
-  different rows of their groups' weights, not the same rows of weights a multiple of a
-  large power of two apart (28 MiB, 7 x 4 MiB, at DeepSeek-V3; 3 MiB at Qwen3-MoE). With the
-  padded strides, it separates the row stride from the groups' alignment;
-- `forward_warp_specialized_staggered`: the same stagger in the tables' warp-specialized
-  forward, so that a win is measured in the tiling the tables run;
 - `forward_spread_fills`, `lhs_gradient_spread_fills`: the pass with the visits that write
   zeros (the rows of other experts, at DeepSeek-V3 14336 of 16384) spread among the computing
   ones (visits.SPREAD_FILLS), so that the zeros' writes share time with the weights' reads
@@ -256,8 +249,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 
 # The pass each probe is a form of (its roofline's bytes).
 PROBE_PASS = {"forward_k_major": "forward", "forward_banded": "forward",
-              "forward_warp_specialized": "forward", "forward_staggered": "forward",
-              "forward_warp_specialized_staggered": "forward",
+              "forward_warp_specialized": "forward",
               "forward_spread_fills": "forward", "lhs_gradient_spread_fills": "lhs_gradient",
               "rhs_gradient_spans": "rhs_gradient", **PADDED_STRIDES}
 
@@ -302,13 +294,12 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
         return (ops.x, ops.dy, ops.sizes), lambda: jax.jit(lambda x, dy, s: call(
             x.T, dy, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             num_actual_groups=shape.local, tiling=explicit_tiling(shape, pass_name)))
-    if pass_name in ("forward_warp_specialized", "forward_warp_specialized_staggered"):
+    if pass_name == "forward_warp_specialized":
         call = kernelhub.get("grouped_matmul", platform="mosaic")
         return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
             x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             tiling=explicit_tiling(shape, pass_name)))
-    if pass_name in ("forward_banded", "forward_staggered", "forward_spread_fills",
-                     "lhs_gradient_spread_fills"):
+    if pass_name in ("forward_banded", "forward_spread_fills", "lhs_gradient_spread_fills"):
         pass_name = PROBE_PASS[pass_name]
     if pass_name in PADDED_STRIDES:
         ops, pass_name = padded_strides(ops), PADDED_STRIDES[pass_name]
@@ -329,7 +320,7 @@ def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
     tiles, two compute warpgroups of 128 columns, 3 stages); `rhs_gradient_spans` the
     heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by 128 outputs where they divide k
     and n), 4 stages, one program per SM, spans of 8 groups."""
-    if pass_name in ("forward_warp_specialized", "forward_warp_specialized_staggered"):
+    if pass_name == "forward_warp_specialized":
         return (128, 64, 256, 3, 2)
     if pass_name != "rhs_gradient_spans":
         return None
@@ -337,14 +328,10 @@ def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
 
 
 # The schedule knobs a probe sets while its call is traced: Mosaic GPU's bands of BAND n-tiles
-# even where groups fit one row tile, or each visit's contraction starting 7 steps
-# after the previous visit's (visits.STAGGER, which both backends' gmm kernels read; 7: prime,
-# so the visits running at once, 16 at DeepSeek-V3's 112 steps and 22 at Qwen3-MoE's 32,
-# start spread over all of them). (module, name, value).
-_STAGGERED = ("kernelhub._grouped_matmul.visits", "STAGGER", 7)
+# even where groups fit one row tile, or the zero-writing visits spread among the computing
+# ones (visits.SPREAD_FILLS, which both backends' gmm kernels read). (module, name, value).
 _KNOBS = {"forward_banded": ("kernelhub._pallas.mosaic_gpu.grouped_matmul",
                              "WHOLE_ROWS_FOR_ONE_TILE_GROUPS", False),
-          "forward_staggered": _STAGGERED, "forward_warp_specialized_staggered": _STAGGERED,
           **dict.fromkeys(("forward_spread_fills", "lhs_gradient_spread_fills"),
                           ("kernelhub._grouped_matmul.visits", "SPREAD_FILLS", True))}
 
@@ -373,7 +360,7 @@ def schedule_knob(pass_name: str) -> Iterator[None]:
 
 
 PASSES = ("forward", "forward_k_major", "forward_banded", "forward_warp_specialized",
-          "forward_padded_strides", "forward_staggered", "forward_warp_specialized_staggered",
+          "forward_padded_strides",
           "forward_spread_fills", "lhs_gradient", "lhs_gradient_spread_fills", "rhs_gradient",
           "rhs_gradient_spans", "rhs_gradient_padded_strides")
 

@@ -104,8 +104,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         lhs_block=lhs_block, rhs_block=rhs_block, lhs_row_block=lhs_row_block,
         rhs_column_block=rhs_column_block, spec=spec, plain=epilogue.is_identity,
         has_row_scale=epilogue.row_scale is not None,
-        column_vectors=len(epilogue.column_vectors), has_bias=epilogue.bias is not None,
-        stagger=visits.STAGGER)
+        column_vectors=len(epilogue.column_vectors), has_bias=epilogue.bias is not None)
     row_scale = () if epilogue.row_scale is None else (epilogue.row_scale,)
     operands = (table, lhs, rhs, *scales.arrays, *output_blocks.arrays, *row_scale,
                 *epilogue.column_vectors)
@@ -183,7 +182,7 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
             rhs_packing: _four_bit.Packing | None, lhs_block: int | None,
             rhs_block: int | None, lhs_row_block: int | None,
             rhs_column_block: int | None, spec: Epilogue, plain: bool, has_row_scale: bool,
-            column_vectors: int, has_bias: bool, stagger: int) -> None:
+            column_vectors: int, has_bias: bool) -> None:
     from jax.experimental import pallas as pl
 
     # refs: the scales with blocks, the epilogue's row scale, column scale and bias when
@@ -214,10 +213,8 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
     @pl.when(group >= 0)
     def _multiply():
         row_inside = _tiles.within(rows, m, bm)
-        k_tiles = -(-k // bk)
 
         def step(i, totals):
-            i = visits.staggered_step(i, visit, stagger, k_tiles)
             first_k = pl.multiple_of(i * bk, bk)
             k_inside = _tiles.within(_tiles.span(first_k, bk), k, bk)
             left = _four_bit.load(lhs_ref, (pl.ds(first_row, bm),), row_inside,
@@ -259,7 +256,7 @@ def _kernel(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, m: i
         shapes = [(bm, source.columns.size) for source in sources]
         starts = tuple(jnp.zeros(shape, jnp.float32) if scaled else product.zeros(shape)
                        for shape in shapes)
-        totals = lax.fori_loop(0, k_tiles, step, starts)
+        totals = lax.fori_loop(0, -(-k // bk), step, starts)
         if plain:
             (total,) = totals
             result = product.output(total, out_ref.dtype)

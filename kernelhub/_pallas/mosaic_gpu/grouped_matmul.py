@@ -118,8 +118,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, spec=spec,
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
-        has_existing=existing is not None and not aliased, interpret=interpret,
-        stagger=visits.STAGGER, band=band)
+        has_existing=existing is not None and not aliased, interpret=interpret, band=band)
     threads = None
     if blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)
@@ -152,7 +151,7 @@ def _halves_padded(array: jax.Array, axis: int, halves: int, size: int) -> jax.A
 def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
           n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
           spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
-          has_bias: bool, has_existing: bool, interpret: bool, stagger: int, band: int) -> None:
+          has_bias: bool, has_existing: bool, interpret: bool, band: int) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -185,14 +184,11 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # Column tiles of rhs that this output tile sums: its own, and for a gated unit
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
-            k_step = functools.partial(visits.staggered_step, visit=visit, stagger=stagger,
-                                       k_tiles=k_tiles)
             with jax.named_scope(profiling.SUMS):
                 totals = pl.run_scoped(
                     lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
                                             rhs_ref.at[group], column_tiles,
-                                            blocks, k_tiles, transpose_rhs, interpret,
-                                            k_step),
+                                            blocks, k_tiles, transpose_rhs, interpret),
                     *[plgpu.ACC(shape) for _ in range(halves)])
             if plain:
                 (result,) = totals
@@ -234,16 +230,15 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
 
 def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
-              k_tiles: int, transpose_rhs: bool, interpret: bool, k_step):
+              k_tiles: int, transpose_rhs: bool, interpret: bool):
     """The float32 sums of the row tile times each column tile of the group's weights, k step
-    by k step through a TMA pipeline into wgmma; pipeline step i reads k tile `k_step(i)`
-    (visits.staggered_step)."""
+    by k step through a TMA pipeline into wgmma."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
-                                 column_tiles, blocks, k_tiles, transpose_rhs, k_step)
+                                 column_tiles, blocks, k_tiles, transpose_rhs)
     if blocks.upcast:
         # Two float16 copies of a step's tiles: wgmma reads one while the next step converts
         # into the other.
@@ -257,8 +252,8 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
 
 
 def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
-                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, k_step,
-                   scratch, upcast_tiles=None):
+                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, scratch,
+                   upcast_tiles=None):
     """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it,
     `upcast_tiles` the float16 tiles [2, bm, bk] and [accumulators, 2, bk, bn] with upcast."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -298,15 +293,13 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
 
     def rhs_spec(column_tile):
         if transpose_rhs:
-            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, k_step(i)),
-                                   delay_release=delay)
-        return plgpu.BlockSpec((bk, bn), lambda i: (k_step(i), column_tile),
-                               delay_release=delay)
+            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i), delay_release=delay)
+        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=delay)
 
     plgpu.emit_pipeline(
         step,
         grid=(k_tiles,),
-        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, k_step(i)), delay_release=delay),
+        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=delay),
                   *[rhs_spec(c) for c in column_tiles]],
         max_concurrent_steps=max(blocks.stages, 2),
     )(rows_lhs_ref, *[group_rhs_ref] * len(column_tiles))

@@ -34,7 +34,7 @@ WG_AXIS = "wg"
 def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
          n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
          spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
-         has_bias: bool, has_existing: bool, interpret: bool, stagger: int, band: int,
+         has_bias: bool, has_existing: bool, interpret: bool, band: int,
          epilogue_fn) -> None:
     """The kernel body; arguments as grouped_matmul._body's, `epilogue_fn` its epilogue."""
     from jax.experimental import pallas as pl
@@ -50,15 +50,14 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     if transpose_rhs and interpret:
         raise ValueError("the interpreted warp-specialized gmm takes weights [G, k, n]: "
                          "grouped_matmul.py transposes them before the call")
-    def pipeline(step, context, k_step=lambda i: i):
-        # Each work item hands the pipeline views already cut to its row tile and column
-        # tiles; pipeline step i reads k tile `k_step(i)` (visits.staggered_step).
-        rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, k_step(i))) if transpose_rhs else
-                    plgpu.BlockSpec((bk, bn), lambda i: (k_step(i), 0)))
+    # Each work item hands the pipeline views already cut to its row tile and column tiles.
+    rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, i)) if transpose_rhs else
+                plgpu.BlockSpec((bk, bn), lambda i: (i, 0)))
+
+    def pipeline(step, context):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_tiles,), memory_registers=MEMORY_REGISTERS,
-            in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, k_step(i))),
-                      *[rhs_spec] * halves],
+            in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i)), *[rhs_spec] * halves],
             wg_axis=WG_AXIS, num_compute_wgs=COMPUTE_WARPGROUPS,
             max_concurrent_steps=max(blocks.stages, 2), compute_context=context)
 
@@ -153,10 +152,8 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                 group_rhs = rhs_ref.at[group]
                 rhs_views = [group_rhs.at[pl.ds(c * bn, bn), :] if transpose_rhs
                              else group_rhs.at[:, pl.ds(c * bn, bn)] for c in column_tiles]
-                k_step = functools.partial(visits.staggered_step, visit=visit,
-                                           stagger=stagger, k_tiles=k_tiles)
-                pipeline(step, context, k_step)(
-                    lhs_ref.at[pl.ds(first_row, bm), :], *rhs_views, allocations=allocations)
+                pipeline(step, context)(lhs_ref.at[pl.ds(first_row, bm), :], *rhs_views,
+                                        allocations=allocations)
 
             @pl.when((group == visits.FILL) & computing)
             def _fill():
