@@ -471,8 +471,9 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     """Each profiled pass, traced at a smoke shape, makes one Mosaic GPU kernel call: the
     forward gmm (also with bands of every column tile), the forward on weights stored
     [G, n, k] and the lhs gradient gmm_t (at transposed sizes), the weight gradient tgmm (also
-    over spans of 8 groups); the padded-strides probes on operands grown by 128 in k and
-    n. The probes' schedule knobs last only while their pass is traced."""
+    over spans of 8 groups); the forward probes in tilings of their own (warp-specialized,
+    deeper, wider, two programs per SM). The probes' schedule knobs last only while their
+    pass is traced."""
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
     from kernelhub._cli.bench import mosaic_profile
     from kernelhub._grouped_matmul import visits
@@ -490,23 +491,28 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
             (ran,) = calls.kernel_tilings(make(), args)
         kernels[pass_name] = ran["kernel"]
         tilings[pass_name] = mosaic_profile.explicit_tiling(shape, pass_name)
-        if pass_name == "forward_padded_strides":
-            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
-                                                   (shape.local, shape.k + 128, shape.n + 128)]
-        if pass_name == "rhs_gradient_padded_strides":
-            assert [a.shape for a in args[:2]] == [(shape.m, shape.k + 128),
-                                                   (shape.m, shape.n + 128)]
     assert grouped_matmul.WHOLE_ROWS_FOR_ONE_TILE_GROUPS
     assert not visits.SPREAD_FILLS
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_banded": "gmm", "forward_warp_specialized": "gmm",
-                       "forward_padded_strides": "gmm",
+                       "forward_deep": "gmm", "forward_wide": "gmm",
+                       "forward_two_per_sm": "gmm",
                        "forward_spread_fills": "gmm", "lhs_gradient_spread_fills": "gmm_t",
                        "lhs_gradient": "gmm_t",
-                       "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
-                       "rhs_gradient_padded_strides": "tgmm"}
+                       "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),
-                       "forward_warp_specialized": (128, 64, 256, 3, 2)}
+                       "forward_warp_specialized": (128, 64, 256, 3, 2),
+                       "forward_deep": (64, 64, 128, 8), "forward_wide": (64, 64, 256, 4),
+                       "forward_two_per_sm": (64, 64, 128, 3, 1, 1, 0, 2)}
+    # Each probe's tiling is one the kernel takes as it is at the shapes the GPU profiles.
+    from kernelhub._grouped_matmul.problem import Kernel, Problem
+    from kernelhub._pallas.mosaic_gpu import config as mosaic_config
+
+    for profiled in (s for s in SHAPES if s.name in ("deepseek-v3", "qwen3-moe")):
+        problem = Problem(Kernel.GMM, profiled.m, profiled.k, profiled.n, profiled.experts,
+                          profiled.local, "bfloat16", "bfloat16", "bfloat16", False)
+        for tiling in mosaic_profile.TILED_FORWARDS.values():
+            assert mosaic_config.from_tiling(tiling, problem).as_tiling() == tiling
     megabytes, read, write = mosaic_profile.weight_stream(ops.w, repeats=2)
     assert megabytes == ops.w.size * 2 / 1e6 and read > 0 and write > 0  # bf16, once each
 
@@ -554,13 +560,15 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
     # steps (up to 2 chunks each) and stores.
     assert mosaic_profile.regions_for(deepseek, "rhs_gradient_spans", "tgmm",
                                       [64, 128, 128, 4, 1, 8]) == 28 * (1 + 8 * 2 + 8) + 32
-    # The padded probe's bytes at k + 128 and n + 128: 2048 rows of x and dy read, 32 experts'
-    # [7296, 2176] gradients written, in bf16.
-    sized = mosaic_profile.probe_shape(deepseek, "rhs_gradient_padded_strides")
-    assert (sized.k, sized.n, sized.m) == (7296, 2176, deepseek.m)
-    assert mosaic_profile.compulsory_bytes(sized, 2048, "rhs_gradient_padded_strides") == (
-        2 * (2048 * 7296 + 2048 * 2176 + 32 * 7296 * 2176))
-    assert mosaic_profile.probe_shape(deepseek, "forward_k_major") is deepseek
+    # Two programs per SM: 264 programs, at most 6 visits each.
+    assert mosaic_profile.regions_for(deepseek, "forward_two_per_sm", "gmm",
+                                      [64, 64, 128, 3, 1, 1, 0, 2]) == 6 * (2 + 112) + 32
+    # A probe's bytes are its pass's: the weight gradient's 2048 rows of x and dy read, 32
+    # experts' [7168, 2048] gradients written; the deeper forward's as the forward's.
+    assert mosaic_profile.compulsory_bytes(deepseek, 2048, "rhs_gradient_spans") == (
+        2 * (2048 * 7168 + 2048 * 2048 + 32 * 7168 * 2048))
+    assert mosaic_profile.compulsory_bytes(deepseek, 2048, "forward_deep") == (
+        mosaic_profile.compulsory_bytes(deepseek, 2048, "forward"))
     found["tiling"] = (64, 128, 128, 2, 1, 1, 0, 2)
     found["tbps"] = 2.5
     table = mosaic_profile.report([("deepseek-v3", "rhs_gradient", found),

@@ -374,6 +374,27 @@ def test_tgmm_chunks_from_group_starts_moved_back_from_the_end(tiling):
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_warp_specialized_tgmm_with_offset_existing_out_and_other_groups_nan(dtype):
+    """compute_warpgroups=2: a memory warpgroup loading each chunk for two compute warpgroups,
+    each summing half of the output tile's columns, on the interpreter's two programs. Local
+    groups 1..4 of 5 with existing_out, an empty group, boundaries inside chunks (both
+    warpgroups mask the same rows of the shared tiles), a NaN in rows of no group; 16-bit
+    values read lhs [m, k] (its tile transposed for wgmma), float32 ones rhs [n, m]."""
+    rng = np.random.default_rng(3)
+    k, m, n = 64, 200, 128
+    sizes = np.array([13, 0, 51, 70, 9], np.int32)  # sum 143; local rows 13..143
+    lhs, rhs = _values(rng, (k, m), dtype), _values(rng, (m, n), dtype)
+    rhs = rhs.at[150:].set(jnp.nan)
+    existing = _values(rng, (4, k, n), jnp.float32)
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 128, 2, 2),
+                        group_offset=jnp.int32(1), num_actual_groups=4, existing_out=existing)
+    expected = reference.tgmm(lhs, rhs, sizes, group_offset=1, num_actual_groups=4,
+                              existing_out=existing)
+    assert_close(out, expected, jnp.float32, contraction=m)
+    np.testing.assert_array_equal(np.asarray(out)[0], np.asarray(existing)[0])  # group 1: empty
+
+
 def test_group_span_chunk_table_by_hand():
     """block_m 16 over 64 padded rows; groups [0, 26), empty, [26, 60), empty; spans of 3.
     Aligned chunks (float32's and fp8's): the chunk a boundary crosses (rows 16..31) is visited
@@ -520,9 +541,10 @@ SHARED = (64, 64, 128, 3, 1, 1, 0, 2)
     ((16384, 7168, 2048, 256, 32), (64, 128, 128, 2, 1, 1, 0, 2), SHARED),
     ((8192, 2048, 768, 128, 128), (64, 128, 128, 2, 1, 1, 0, 2), SHARED),
     ((8192, 2880, 5760, 128, 128), SHARED, SHARED),  # 2880: 64-row tiles, 3 stages
-    # Mixtral's 1024 rows per expert fill a pipeline; a small problem leaves a second program
-    # per SM no work.
-    ((8192, 4096, 14336, 8, 8), (64, 128, 128, 4), (64, 128, 128, 4)),
+    # Mixtral's 1024 rows per expert fill a pipeline, and wgmma bounds it: warp-specialized
+    # 128 x 256 tiles, where a float32 output tile leaves too little shared memory for them;
+    # a small problem leaves a second program per SM no work.
+    ((8192, 4096, 14336, 8, 8), (64, 128, 256, 3, 2), (64, 128, 128, 4)),
     ((512, 256, 384, 4, 4), (64, 128, 128, 4), (64, 128, 128, 4)),
 ])
 def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_chunks(
@@ -533,6 +555,31 @@ def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_
     assert config.heuristic(problem).as_tiling() == tiling
     wide = dataclasses.replace(problem, out_dtype="float32")
     assert config.heuristic(wide).as_tiling() == float32_tiling
+
+
+@pytest.mark.parametrize("kernel", list(Kernel))
+def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
+    """Mixtral (1024 rows an expert) is compute-bound in every pass: two compute warpgroups
+    of a 128 x 256 output tile, 3 stages of 16-bit tiles, or none where they do not fit (a
+    float32 output; a gated unit's second weight tile). The fine-grained shapes, DeepSeek-V3's
+    shard counted at its local rows, are bound by their bytes: one warpgroup."""
+    mixtral = _problem(kernel, 8192, 4096, 14336, 8)
+    assert config.compute_bound(mixtral)
+    rows, contraction = (128, 64)
+    expected = ((contraction, rows, 256, 3, 2) if kernel is Kernel.TGMM
+                else (rows, contraction, 256, 3, 2))
+    assert config.heuristic(mixtral).as_tiling() == expected
+    wide = dataclasses.replace(mixtral, out_dtype="float32")
+    assert config.compute_bound(wide) and config.heuristic(wide).compute_warpgroups == 1
+    if kernel is Kernel.GMM:
+        assert config.from_tiling(None, mixtral, weight_tiles=2).compute_warpgroups == 1
+    for shape in ((16384, 7168, 2048, 256, 32), (8192, 2048, 768, 128, 128),
+                  (8192, 2880, 5760, 128, 128)):
+        m, k, n, groups, local = shape
+        problem = Problem(kernel, m, k, n, groups, local, "bfloat16", "bfloat16", "bfloat16",
+                          False)
+        assert not config.compute_bound(problem)
+        assert config.heuristic(problem).compute_warpgroups == 1
 
 
 def test_row_tiles_start_with_their_group_so_each_reads_its_weights_once():
@@ -566,7 +613,8 @@ def test_invalid_tiling_names_the_rule(tiling, rule):
 
 @pytest.mark.parametrize("tiling, kernel, rule", [
     ((64, 64, 128, 4, 3), Kernel.GMM, "must be 1 or 2"),
-    ((64, 128, 128, 4, 2), Kernel.TGMM, "gmm only"),
+    ((64, 128, 64, 4, 2), Kernel.TGMM, "its own 64 or more columns"),  # 32 columns each
+    ((64, 128, 256, 3, 2, 2), Kernel.TGMM, "group_span=2 takes 1 compute warpgroup"),
     ((64, 64, 64, 4, 2), Kernel.GMM, "compute warpgroups' halves"),  # 32 bf16 columns each
     ((64, 64, 128, 4, 1, 2), Kernel.GMM, "group_span=2"),  # tgmm's option
     ((64, 128, 128, 4, 1, 0), Kernel.TGMM, "group_span=0"),
@@ -614,7 +662,7 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
     """The heuristic, fitted to problems smaller than any tile (the contract tests' shapes) and
     to a mid-sized one, passes every rule (validate raises on the first it breaks) for each
     kernel and dtype, and the tuning space keeps candidates there besides it, warp-specialized
-    ones for gmm."""
+    ones among them."""
     for kernel, dtype, out in itertools.product(Kernel, ("bfloat16", "float32", "float16"),
                                                 ("float32", "bfloat16")):
         for m, k, n in ((20, 24, 6), (8, 16, 8), (512, 256, 384)):
@@ -622,7 +670,7 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
             config.validate(config.heuristic(problem), problem, "the heuristic's")
             candidates = tuning_space._candidates(problem)
             assert len(candidates) >= 2
-            assert any(len(c) == 5 for c in candidates) is (kernel is not Kernel.TGMM)
+            assert any(len(c) == 5 and c[4] == 2 for c in candidates)
 
 
 @pytest.mark.parametrize("tiling, dtype, kernel, rule", [
@@ -870,6 +918,26 @@ def test_warp_specialized_gmm_exports_for_cuda():
                                     transpose_rhs=True, preferred_element_type=jnp.bfloat16),
         jax.ShapeDtypeStruct((m, k), fp8), jax.ShapeDtypeStruct((experts, 2 * n, k), fp8),
         sizes), 1)
+
+
+def test_warp_specialized_tgmm_exports_for_cuda():
+    """The heuristic's weight gradient at Mixtral's shape (compute-bound): two compute
+    warpgroups of a 128 x 256 tile, bf16 (lhs read [m, k], each warpgroup's B a column half of
+    the rhs tile) and fp8 (both read K-major: each warpgroup's B a transposed view of its rows
+    of the [n, m] tile), one Mosaic GPU kernel each."""
+    tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
+    m, k, n, experts = 8192, 4096, 14336, 8
+    sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
+    for dtype, tiling in ((jnp.bfloat16, None), (jnp.float8_e4m3fn, (128, 128, 256, 3, 2))):
+        if tiling is None:
+            problem = Problem(Kernel.TGMM, m, k, n, experts, experts, "bfloat16", "bfloat16",
+                              "bfloat16", False)
+            assert config.heuristic(problem).compute_warpgroups == 2
+        _check_mosaic_only(_exported(
+            lambda lhs, rhs, sizes, tiling=tiling: tgmm(
+                lhs, rhs, sizes, tiling=tiling, preferred_element_type=jnp.bfloat16),
+            jax.ShapeDtypeStruct((k, m), dtype), jax.ShapeDtypeStruct((m, n), dtype), sizes),
+            1, unpadded=True)
 
 
 @pytest.mark.parametrize("epilogue", [{"activation": "gelu"},

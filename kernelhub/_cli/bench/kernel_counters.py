@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 # (name, platform, pass): the passes as the scoreboard makes them; `forward_k_major` is the
-# forward on weights stored [G, n, k], `forward_padded_strides` on operands whose rows are no
-# power of two bytes apart, `lhs_gradient_spread_fills` with the zero-writing visits spread
-# among the computing ones (mosaic_profile.py; its schedule knob set while the case lowers).
+# forward on weights stored [G, n, k], `forward_deep` in 8 stages rather than 4,
+# `lhs_gradient_spread_fills` with the zero-writing visits spread among the computing ones
+# (mosaic_profile.py; its schedule knob set while the case lowers).
 CASES = (
     ("mosaic forward", "mosaic", "forward"),
     ("triton forward", "triton", "forward"),
     ("mosaic forward, weights [G, n, k]", "mosaic", "forward_k_major"),
-    ("mosaic forward, padded strides", "mosaic", "forward_padded_strides"),
+    ("mosaic forward, 8 stages", "mosaic", "forward_deep"),
     ("mosaic lhs_gradient", "mosaic", "lhs_gradient"),
     ("triton lhs_gradient", "triton", "lhs_gradient"),
     ("mosaic lhs_gradient, fills spread", "mosaic", "lhs_gradient_spread_fills"),

@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Eight probes beside the passes:
+the wait for a step's tiles. Nine probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_banded`: the forward in bands of grouped_matmul.BAND n-tiles even where a group's
@@ -21,12 +21,14 @@ the wait for a step's tiles. Eight probes beside the passes:
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
   (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
   holds its group's store, when it ends one);
-- `forward_padded_strides`, `rhs_gradient_padded_strides`: the pass with k and n each grown
-  by 128 (zeros), so that no operand's rows lie a power of two bytes apart. At DeepSeek-V3 the
-  weights' rows are 4096 bytes apart (n = 2048), at Qwen3-MoE the activations' (k = 2048),
-  and those forwards moved 1.6-1.7 TB/s on the H100; at GPT-OSS, which moved 2.2-2.5, none
-  is. Whether such strides crowd a few of HBM's channels or L2's sets: the same tiles, at
-  rows 4352 bytes apart (and groups' weights 31 MiB apart rather than 28);
+- `forward_deep`, `forward_wide`, `forward_two_per_sm`: the forward in the heuristic's tiling
+  at both fine-grained shapes (64 x 128 outputs, 64 of contraction a step, 4 stages) with one
+  change each: 8 stages, 256 columns, or 3 stages in each of two programs per SM. The
+  forwards wait between steps for 84-89% of their span and move 1.6-1.9 TB/s where XLA reads
+  2.3-2.6 (H100, 2026-11-28): whether more bytes in flight per SM (deeper, or a second
+  program's loads) or longer runs of each weight row per load (256 columns: 512 contiguous
+  bytes a row of a tile, against 256) move them faster. (The padded-strides probes, which
+  refuted power-of-two strides as the cause on 2026-11-28, gave them their place.)
 - `forward_spread_fills`, `lhs_gradient_spread_fills`: the pass with the visits that write
   zeros (the rows of other experts, at DeepSeek-V3 14336 of 16384) spread among the computing
   ones (visits.SPREAD_FILLS), so that the zeros' writes share time with the weights' reads
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import statistics
@@ -57,12 +58,13 @@ from kernelhub._cli.bench.gpu_roofline import PassProblem
 from kernelhub._pallas.mosaic_gpu import profiling
 from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
 
-# The padded-strides probes: the pass each runs, and what k and n grow by (one 128-row or
-# 128-column tile: the heuristic's blocks keep dividing them, so the probe runs the pass's
-# tiling; 64 more rows of k would cut tgmm's 128-row output tiles to 64).
-PADDED_STRIDES = {"forward_padded_strides": "forward",
-                  "rhs_gradient_padded_strides": "rhs_gradient"}
-EXTRA_K, EXTRA_N = 128, 128
+# The forward probes that run a tiling of their own: the tables' warp-specialized forward at
+# DeepSeek-V3 and Mixtral (128 x 256 output tiles, two compute warpgroups of 128 columns,
+# 3 stages), and the heuristic's at the fine-grained shapes (64, 64, 128, 4) with one change.
+TILED_FORWARDS = {"forward_warp_specialized": (128, 64, 256, 3, 2),
+                  "forward_deep": (64, 64, 128, 8),
+                  "forward_wide": (64, 64, 256, 4),
+                  "forward_two_per_sm": (64, 64, 128, 3, 1, 1, 0, 2)}
 
 def region_times(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per trace (`tid`, one warpgroup): its span (first begin to last end, us) and, per
@@ -217,7 +219,6 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
         streams[shape.name] = weight_stream(ops.w)
         for pass_name in passes:
             args, make = _pass(ops, shape, pass_name)
-            sized = probe_shape(shape, pass_name)
             folder = out / f"{shape.name}-{pass_name}"
             folder.mkdir(parents=True, exist_ok=True)
             started = time.time()
@@ -227,7 +228,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
                 with heuristic(), schedule_knob(pass_name):
                     (ran,) = calls.kernel_tilings(make(), args)
                     ran["tiling"] = list(explicit_tiling(shape, pass_name) or ran["tiling"])
-                    regions = regions_for(sized, pass_name, ran["kernel"], ran["tiling"])
+                    regions = regions_for(shape, pass_name, ran["kernel"], ran["tiling"])
                     with profiling.profiled(str(folder), regions):
                         fn = make()  # traced and lowered in here
                         jax.block_until_ready(fn(*args))
@@ -238,7 +239,7 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
                 found = summary(region_times(events)) or "no events recorded"
                 if isinstance(found, dict):
                     found["tiling"] = tuple(ran["tiling"])
-                    found["tbps"] = (compulsory_bytes(sized, ops.rows, pass_name)
+                    found["tbps"] = (compulsory_bytes(shape, ops.rows, pass_name)
                                      / (found["span_us"] * 1e-6) / 1e12)
             except Exception as error:  # noqa: BLE001 - the row says why
                 found = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
@@ -249,34 +250,16 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 
 # The pass each probe is a form of (its roofline's bytes).
 PROBE_PASS = {"forward_k_major": "forward", "forward_banded": "forward",
-              "forward_warp_specialized": "forward",
+              **dict.fromkeys(TILED_FORWARDS, "forward"),
               "forward_spread_fills": "forward", "lhs_gradient_spread_fills": "lhs_gradient",
-              "rhs_gradient_spans": "rhs_gradient", **PADDED_STRIDES}
+              "rhs_gradient_spans": "rhs_gradient"}
 
 
-def probe_shape(shape: Any, pass_name: str) -> Any:
-    """`shape` with the k and n the pass or probe runs at (grown for the padded strides)."""
-    if pass_name not in PADDED_STRIDES:
-        return shape
-    return dataclasses.replace(shape, k=shape.k + EXTRA_K, n=shape.n + EXTRA_N)
-
-
-def compulsory_bytes(sized: Any, rows: int, pass_name: str) -> float:
-    """The bytes the roofline has the pass move (gpu_roofline.py), bf16, at `sized`'s
-    dimensions (probe_shape) with `rows` computed rows."""
-    return PassProblem(PROBE_PASS.get(pass_name, pass_name), sized.m, sized.k, sized.n, rows,
-                       sized.local, "bf16").compulsory_bytes
-
-
-def padded_strides(ops: Any) -> Any:
-    """The operands with EXTRA_K columns of zeros added to x, and EXTRA_K rows and EXTRA_N
-    columns to each expert's weights (EXTRA_N columns to dy): no row stride a power of two."""
-    import jax.numpy as jnp
-
-    return dataclasses.replace(
-        ops, x=jnp.pad(ops.x, ((0, 0), (0, EXTRA_K))),
-        w=jnp.pad(ops.w, ((0, 0), (0, EXTRA_K), (0, EXTRA_N))),
-        dy=jnp.pad(ops.dy, ((0, 0), (0, EXTRA_N))))
+def compulsory_bytes(shape: Any, rows: int, pass_name: str) -> float:
+    """The bytes the roofline has the pass move (gpu_roofline.py), bf16, at `shape` with
+    `rows` computed rows."""
+    return PassProblem(PROBE_PASS.get(pass_name, pass_name), shape.m, shape.k, shape.n, rows,
+                       shape.local, "bf16").compulsory_bytes
 
 
 def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
@@ -294,15 +277,13 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
         return (ops.x, ops.dy, ops.sizes), lambda: jax.jit(lambda x, dy, s: call(
             x.T, dy, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             num_actual_groups=shape.local, tiling=explicit_tiling(shape, pass_name)))
-    if pass_name == "forward_warp_specialized":
+    if pass_name in TILED_FORWARDS:
         call = kernelhub.get("grouped_matmul", platform="mosaic")
         return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
             x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
             tiling=explicit_tiling(shape, pass_name)))
     if pass_name in ("forward_banded", "forward_spread_fills", "lhs_gradient_spread_fills"):
         pass_name = PROBE_PASS[pass_name]
-    if pass_name in PADDED_STRIDES:
-        ops, pass_name = padded_strides(ops), PADDED_STRIDES[pass_name]
     if pass_name == "forward_k_major":
         call = kernelhub.get("grouped_matmul", platform="mosaic")
         args = (ops.x, jnp.swapaxes(ops.w, 1, 2), ops.sizes)  # stored [G, n, k] beforehand
@@ -315,13 +296,11 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
 
 
 def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
-    """The tiling a probe passes its call (the heuristic's otherwise):
-    `forward_warp_specialized` the tables' forward at DeepSeek-V3 and Mixtral (128 x 256 output
-    tiles, two compute warpgroups of 128 columns, 3 stages); `rhs_gradient_spans` the
-    heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by 128 outputs where they divide k
-    and n), 4 stages, one program per SM, spans of 8 groups."""
-    if pass_name == "forward_warp_specialized":
-        return (128, 64, 256, 3, 2)
+    """The tiling a probe passes its call (the heuristic's otherwise): TILED_FORWARDS';
+    `rhs_gradient_spans` the heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by 128
+    outputs where they divide k and n), 4 stages, one program per SM, spans of 8 groups."""
+    if pass_name in TILED_FORWARDS:
+        return TILED_FORWARDS[pass_name]
     if pass_name != "rhs_gradient_spans":
         return None
     return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
@@ -360,9 +339,9 @@ def schedule_knob(pass_name: str) -> Iterator[None]:
 
 
 PASSES = ("forward", "forward_k_major", "forward_banded", "forward_warp_specialized",
-          "forward_padded_strides",
+          "forward_deep", "forward_wide", "forward_two_per_sm",
           "forward_spread_fills", "lhs_gradient", "lhs_gradient_spread_fills", "rhs_gradient",
-          "rhs_gradient_spans", "rhs_gradient_padded_strides")
+          "rhs_gradient_spans")
 
 
 def main(argv: list[str] | None = None) -> int:

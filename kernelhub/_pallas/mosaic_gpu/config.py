@@ -3,9 +3,9 @@
 A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[,
 upcast[, programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops:
 gmm's output rows, tgmm's summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is
-how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` (gmm only)
-warp-specializes the program: a memory warpgroup loads for two compute warpgroups, each of
-block_n / 2 columns (warp_specialized.py). `group_span` (tgmm only) is how many consecutive
+how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` warp-specializes the
+program: a memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
+(gmm_warp_specialized.py, tgmm_warp_specialized.py). `group_span` (tgmm only) is how many consecutive
 groups one work item sums through one pipeline, storing a tile at each group's end
 (group_spans.py); 1 runs a pipeline per group. `upcast` (gmm of 8-bit operands with weights
 [G, k, n] only): 1 converts each step's two tiles to float16 in shared memory and multiplies
@@ -31,6 +31,9 @@ What Hopper fixes (each rule below found by lowering or running on an H100):
 - tgmm zeroes other groups' rows of its [block_m, block_n] weight-side tile in registers, in
   wgmma's operand layout, whose tiles are 64 rows: block_m is at least 64, and block_n too
   where that tile is stored K-major ([block_n, block_m]: float32 and fp8);
+- (a choice, not found by a fault) a warp-specialized tgmm's compute warpgroups each multiply
+  a column half of the shared weight-side tile, kept to at least 64 columns (whole 128-byte
+  swizzled rows of 16-bit values): narrower halves lower, but no GPU has run them;
 - the pipeline's stages, the output tile and a little more fit one block's 227 KiB of shared
   memory.
 The heuristic reads shapes and dtypes only, never group sizes.
@@ -83,9 +86,12 @@ K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
 # float16 in one instruction (to bfloat16 only through float32), and float16 holds every e4m3
 # and e5m2 value exactly.
 UPCAST_DTYPE = np.dtype(np.float16)
-# The roofline of `upcast_pays`: an H100 SXM's spec sheet (an H200's differs only in HBM);
-# only the ratios of its rates matter.
-_UPCAST_PEAK = gpu_peaks.peak_for("H100 SXM")
+# The roofline of `upcast_pays` and `compute_bound`: an H100 SXM's spec sheet (an H200's
+# differs only in HBM); only the ratios of its rates matter.
+_ROOFLINE_PEAK = gpu_peaks.peak_for("H100 SXM")
+# The warp-specialized tile the heuristic gives a compute-bound call: 128 output rows by 256
+# columns, 128 a compute warpgroup (`compute_bound`, `_warp_specialized`).
+WIDE_ROWS, WIDE_COLUMNS = 128, 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +163,9 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
     if config.compute_warpgroups not in (1, 2):
         raise ValueError(f"tiling {source!r}: compute_warpgroups={config.compute_warpgroups} "
                          f"must be 1 or 2")
-    if config.compute_warpgroups == 2 and kernel is Kernel.TGMM:
-        raise ValueError(f"tiling {source!r}: compute_warpgroups=2 is written for gmm only; "
-                         f"tgmm takes 1")
+    if config.compute_warpgroups == 2 and config.group_span != 1:
+        raise ValueError(f"tiling {source!r}: compute_warpgroups=2 sums one group per work "
+                         f"item; group_span={config.group_span} takes 1 compute warpgroup")
     if config.group_span < 1 or (config.group_span != 1 and kernel is not Kernel.TGMM):
         raise ValueError(f"tiling {source!r}: group_span={config.group_span} must be at least "
                          f"1, and 1 for gmm (tgmm's groups per work item)")
@@ -178,14 +184,17 @@ def validate(config: BlockConfig, problem: Problem, source: Any,
                          + ("tgmm zeroes other groups' rows of it in wgmma's layout, "
                             f"{LAYOUT_ROWS} rows at a time" if kernel is Kernel.TGMM else
                             f"wgmma takes {MIN_STEP_BYTES} bytes at a time"))
-    if config.warpgroup_columns < min_columns(problem):
+    least = min_columns(problem, config.compute_warpgroups)
+    if config.warpgroup_columns < least:
         each = "" if config.compute_warpgroups == 1 else (
             f" for each of the {config.compute_warpgroups} compute warpgroups' halves")
         raise ValueError(f"tiling {source!r}: block_n={config.block_n} must be at least "
-                         f"{min_columns(problem) * config.compute_warpgroups}{each} here: " + (
+                         f"{least * config.compute_warpgroups}{each} here: " + (
                              f"an output row is a multiple of {TMA_ROW_BYTES} bytes, where "
                              f"TMA stores from (a {problem.out_dtype} output)"
                              if kernel is not Kernel.TGMM else
+                             f"each compute warpgroup multiplies its own {LAYOUT_ROWS} or more "
+                             f"columns of the tile" if config.compute_warpgroups > 1 else
                              f"{problem.rhs_dtype} weights are tiled [block_n, block_m], and "
                              f"tgmm masks them in wgmma's layout, {LAYOUT_ROWS} rows at a time"))
     needed = shared_memory_bytes(config, problem, weight_tiles)
@@ -238,11 +247,32 @@ def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
     flops = 2.0 * m * k * n
     weights = float(problem.local_groups) * k * n
     moved = m * k + weights + m * n * np.dtype(problem.out_dtype).itemsize
-    hbm = _UPCAST_PEAK.tbps * 1e12
+    hbm = _ROOFLINE_PEAK.tbps * 1e12
     memory = moved / hbm
-    upcast = max(flops / (_UPCAST_PEAK.tflops["bf16"] * 1e12), memory)
-    copied = max(flops / (_UPCAST_PEAK.tflops["fp8"] * 1e12), memory) + 2 * weights / hbm
+    upcast = max(flops / (_ROOFLINE_PEAK.tflops["bf16"] * 1e12), memory)
+    copied = max(flops / (_ROOFLINE_PEAK.tflops["fp8"] * 1e12), memory) + 2 * weights / hbm
     return upcast < copied
+
+
+def compute_bound(problem: Problem) -> bool:
+    """Whether the roofline's FLOPs take longer than its bytes, at the local groups' share of
+    the rows: each operand's computed rows read once, the weights (gmm) or the output (tgmm)
+    of the local groups moved once, gmm's whole output written once. Mixtral's passes are
+    (1024 rows an expert), fine-grained MoE's (64) are not. False for symbolic shapes."""
+    if not problem.static:
+        return False
+    m, k, n = problem.m, problem.k, problem.n
+    # The local groups' expected rows (DeepSeek-V3's shard computes 32 of 256 experts' rows).
+    rows = m * problem.local_groups / max(problem.num_groups, 1)
+    width = operand_bytes(problem)
+    out = np.dtype(problem.out_dtype).itemsize
+    per_group = float(problem.local_groups) * k * n
+    if problem.kernel is Kernel.TGMM:
+        moved = (rows * k + rows * n) * width + per_group * out
+    else:
+        moved = (rows * k + per_group) * width + m * n * out
+    rate = _ROOFLINE_PEAK.tflops["fp8" if width == 1 else "bf16"] * 1e12
+    return 2.0 * rows * k * n / rate > moved / (_ROOFLINE_PEAK.tbps * 1e12)
 
 
 def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
@@ -283,7 +313,8 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockCo
     check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
-        return _upcast_decided(_stages_that_fit(heuristic(problem), problem, weight_tiles),
+        return _upcast_decided(_stages_that_fit(heuristic(problem, weight_tiles), problem,
+                                                weight_tiles),
                                problem, weight_tiles)
     if isinstance(chosen, BlockConfig):
         return _upcast_decided(validate(chosen, problem, chosen, weight_tiles), problem,
@@ -302,7 +333,8 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockCo
         upcast = bool(values[6]) if values[6] or upcast_applies(problem) else None
     programs = values[7] if len(values) == 8 else 1
     stages = values[3] if len(values) >= 4 else _stages_that_fit(
-        BlockConfig(*values[:3], heuristic(problem).stages, warpgroups, upcast=upcast),
+        BlockConfig(*values[:3], heuristic(problem, weight_tiles).stages, warpgroups,
+                    upcast=upcast),
         problem, weight_tiles).stages
     config = validate(BlockConfig(*values[:3], stages, warpgroups, span, upcast, programs),
                       problem, chosen, weight_tiles)
@@ -350,21 +382,23 @@ def min_contraction(problem: Problem) -> int:
     return max(least, LAYOUT_ROWS) if problem.kernel is Kernel.TGMM else least
 
 
-def min_columns(problem: Problem) -> int:
-    """The least block_n (the rules in this module's docstring)."""
+def min_columns(problem: Problem, compute_warpgroups: int = 1) -> int:
+    """The least columns of a compute warpgroup (block_n with one; the rules in this module's
+    docstring)."""
     if problem.kernel is not Kernel.TGMM:
         return max(MIN_BLOCK, TMA_ROW_BYTES // np.dtype(problem.out_dtype).itemsize)
     k_major = kernel_dtype(problem.lhs_dtype, problem.rhs_dtype).name in K_MAJOR_ONLY
-    return LAYOUT_ROWS if k_major else MIN_BLOCK
+    return LAYOUT_ROWS if k_major or compute_warpgroups > 1 else MIN_BLOCK
 
 
-def heuristic(problem: Problem) -> BlockConfig:
+def heuristic(problem: Problem, weight_tiles: int = 1) -> BlockConfig:
     """Output tiles of 64 rows when a group's expected rows fit them (fine-grained MoE: a
     64-row group does not pay for a half-empty 128-row tile), else 128; 128 columns; one
     128-byte row of contraction per step; 4 stages in flight (at most 128 KiB of shared
-    memory). Each block then shrinks to the problem. A tgmm whose groups' expected rows fill
-    at most two steps, with work for two programs on every SM, runs two per SM in 2 or 3
-    stages (`_shared_sm_tgmm`)."""
+    memory). Each block then shrinks to the problem. A compute-bound call is warp-specialized
+    in 128 x 256 tiles where they fit (`_warp_specialized`). A tgmm whose groups' expected
+    rows fill at most two steps, with work for two programs on every SM, runs two per SM in 2
+    or 3 stages (`_shared_sm_tgmm`). `weight_tiles`: 2 for a gated unit's gmm."""
     width = operand_bytes(problem)
     contraction = SWIZZLE_BYTES // width
     rows_per_group = problem.m / max(problem.num_groups, 1)
@@ -378,7 +412,30 @@ def heuristic(problem: Problem) -> BlockConfig:
     else:
         blocks = BlockConfig(block_m=64 if rows_per_group <= 64 else 128, block_k=contraction,
                              block_n=128)
-    return fitted(blocks, problem)
+    return _warp_specialized(blocks, problem, weight_tiles) or fitted(blocks, problem)
+
+
+def _warp_specialized(blocks: BlockConfig, problem: Problem,
+                      weight_tiles: int) -> BlockConfig | None:
+    """For a compute-bound call (`compute_bound`), two compute warpgroups of 128 x 128 float32
+    sums, one 128 x 256 output tile, in as many stages as fit (3 of 16-bit values): each step's
+    tiles feed twice the multiply-adds of a 128 x 128 tile, and one warpgroup's loads are
+    waited for while the other multiplies. On the H100 (2026-11-28) Mixtral's forward and lhs
+    gradient ran at .64 and .67 of the roofline so, against .54 in 128 x 128 tiles. None where
+    the problem is not compute-bound, is smaller than the tile, or the stages (at least 2)
+    and output tiles do not fit shared memory (a float32 output, a gated unit's second weight
+    tile)."""
+    if not compute_bound(problem):
+        return None
+    rows = output_rows_block(problem.kernel)
+    wide = fitted(dataclasses.replace(blocks, **{rows: WIDE_ROWS}, block_n=WIDE_COLUMNS,
+                                      compute_warpgroups=2), problem)
+    wide = _stages_that_fit(wide, problem, weight_tiles)
+    if (getattr(wide, rows), wide.block_n) != (WIDE_ROWS, WIDE_COLUMNS):
+        return None
+    if shared_memory_bytes(wide, problem, weight_tiles) > shared_memory_limit(wide):
+        return None
+    return wide
 
 
 def _shared_sm_tgmm(blocks: BlockConfig, problem: Problem) -> BlockConfig | None:
@@ -413,7 +470,8 @@ def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
     sizes = {"block_m": problem.m, "block_k": problem.k, "block_n": problem.n}
     rows = output_rows_block(problem.kernel)
     least = {contraction_block(problem.kernel): min_contraction(problem),
-             "block_n": min_columns(problem) * config.compute_warpgroups,
+             "block_n": (min_columns(problem, config.compute_warpgroups)
+                         * config.compute_warpgroups),
              rows: min(OUTPUT_ROWS)}
     fitted_blocks = {}
     for name, size in sizes.items():

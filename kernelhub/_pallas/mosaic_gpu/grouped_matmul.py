@@ -40,7 +40,8 @@ import numpy as np
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import gmm_problem
 from kernelhub._grouped_matmul import polynomial_erf, visits
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling, warp_specialized
+from kernelhub._pallas.mosaic_gpu import (config, gmm_warp_specialized, kernel_parts,
+                                          profiling)
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 # n-tiles per band of the schedule (the weights' tiles read at once), where a group's rows span
@@ -119,17 +120,15 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret, band=band)
-    threads = None
     if blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)
     else:
-        body = functools.partial(warp_specialized.body, **shared, epilogue_fn=_epilogue)
-        threads = dict(num_threads=warp_specialized.COMPUTE_WARPGROUPS + 1,
-                       thread_name=warp_specialized.WG_AXIS)
+        body = functools.partial(gmm_warp_specialized.body, **shared, epilogue_fn=_epilogue)
     copied = () if existing is None or aliased else (existing,)
     out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *copied),
                               (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
-                              starting_as=existing if aliased else None, threads=threads,
+                              starting_as=existing if aliased else None,
+                              warp_specialized=blocks.compute_warpgroups > 1,
                               programs_per_sm=blocks.programs_per_sm)
     return out if (m_p, n_p) == (m, n_out) else out[:m, :n_out]
 

@@ -24,11 +24,17 @@ from kernelhub._pallas.mosaic_gpu import config, profiling
 # persistent loop's hand-over of work from one program to the next.
 INTERPRET_SMS = 2
 SM_AXIS = "sm"
+# Warp specialization (the tiling's compute_warpgroups=2): a program's warpgroups, named along
+# WG_AXIS, the memory warpgroup last.
+COMPUTE_WARPGROUPS = 2
+# Registers the memory warpgroup keeps (it only issues copies): the rest go to the others.
+MEMORY_REGISTERS = 40
+WG_AXIS = "wg"
 
 
 def launch(body: Callable[..., None], operands: Sequence[jax.Array],
            out_shape: tuple[int, ...], out_dtype, interpret: bool, name: str,
-           starting_as: jax.Array | None = None, threads: dict | None = None,
+           starting_as: jax.Array | None = None, warp_specialized: bool = False,
            programs_per_sm: int = 1) -> jax.Array:
     """Runs `body(*operand_refs, out_ref)` on a persistent grid of `programs_per_sm` programs
     per SM (config.py); the body spreads its work over them with
@@ -38,18 +44,19 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
     kernel updates in place, XLA copying it only when the caller does not donate it):
     the kernel writes only what it changes. Otherwise the output starts undefined and the
     kernel writes all of it.
-    `threads` (num_threads, thread_name) runs that many warpgroups per program (warp
-    specialization)."""
+    `warp_specialized` runs COMPUTE_WARPGROUPS + 1 warpgroups per program along WG_AXIS."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    threads = (dict(num_threads=COMPUTE_WARPGROUPS + 1, thread_name=WG_AXIS)
+               if warp_specialized else {})
     params = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
                                   **({} if interpret else profiling.compiler_params_fields()))
     if starting_as is not None:
         if interpret:
             raise ValueError("the interpreter takes no aliased output")
         mesh = plgpu.Mesh(grid=(_sm_count() * programs_per_sm,), grid_names=(SM_AXIS,),
-                          kernel_name=name, **(threads or {}))
+                          kernel_name=name, **threads)
         kernel = pl.kernel(body, out_type=(), mesh=mesh, compiler_params=params)
         # run_state: the ref lives only inside, so the call stays a pure function.
         return pl.run_state(lambda out_ref: kernel(*operands, out_ref))(starting_as)
@@ -62,7 +69,7 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
         compiler_params=params,
         interpret=jax_internals.mosaic_gpu_interpret_params() if interpret else None,
         kernel_name=name,
-        **(threads or {}),
+        **threads,
     )
     if not interpret:
         return kernel(*operands)

@@ -79,9 +79,10 @@ class ChunkLayout:
         return first_row, jnp.maximum(window, start)
 
     def specs(self, blocks: config.BlockConfig, k_tile, n_tile,
-              row_of: Callable[[jax.Array], jax.Array]) -> list:
+              row_of: Callable[[jax.Array], jax.Array], delay_release: int = 1) -> list:
         """The pipeline's specs of the lhs and rhs tiles of step c's chunk, whose first row is
-        `row_of(c)` (a multiple of `row_align`)."""
+        `row_of(c)` (a multiple of `row_align`); a step's buffers are refilled `delay_release`
+        steps after it."""
         from jax.experimental import pallas as pl
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -91,15 +92,17 @@ class ChunkLayout:
                 return pl.multiple_of(row_of(c), config.ROW_ALIGN)
 
             return [plgpu.BlockSpec((pl.Element(bm), bk), lambda c: (rows(c), k_tile),
-                                    delay_release=1),
+                                    delay_release=delay_release),
                     plgpu.BlockSpec((pl.Element(bm), bn), lambda c: (rows(c), n_tile),
-                                    delay_release=1)]
+                                    delay_release=delay_release)]
 
         def chunk(c):
             return jax.lax.div(row_of(c), jnp.int32(bm))
 
-        return [plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk(c)), delay_release=1),
-                plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk(c)), delay_release=1)]
+        return [plgpu.BlockSpec((bk, bm), lambda c: (k_tile, chunk(c)),
+                                delay_release=delay_release),
+                plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk(c)),
+                                delay_release=delay_release)]
 
     def zero_rows_outside(self, lhs_smem, rhs_smem, first_row, start, end,
                           interpret: bool) -> None:
@@ -127,23 +130,33 @@ class ChunkLayout:
                 smem[...] = kept.astype(smem.dtype)
             plgpu.commit_smem()
 
-    def operands(self, lhs_smem, rhs_smem, scratch):
+    def operands(self, lhs_smem, rhs_smem, scratch, columns: tuple | None = None):
         """wgmma's A [block_k, block_m] and B [block_m, block_n] from the chunk's tiles (one of
-        them transposed; `scratch` as kernel_parts.transposed_operand takes it)."""
+        them transposed; `scratch` as kernel_parts.transposed_operand takes it). With
+        `columns` (first, count), B is those columns of the tile only (a warp-specialized
+        compute warpgroup's half)."""
+        from jax.experimental import pallas as pl
+
+        if columns is not None:
+            first, count = columns
+            rhs_smem = (rhs_smem.at[pl.ds(first, count), :] if self.rhs_k_major
+                        else rhs_smem.at[:, pl.ds(first, count)])
         left = (kernel_parts.transposed_operand(lhs_smem, scratch) if self.lhs_rows_major
                 else lhs_smem)
         right = (kernel_parts.transposed_operand(rhs_smem, scratch) if self.rhs_k_major
                  else rhs_smem)
         return left, right
 
-    def scratch(self, blocks: config.BlockConfig, dtype, interpret: bool):
+    def scratch(self, blocks: config.BlockConfig, dtype, interpret: bool,
+                columns: int | None = None):
         """The shared-memory tile the interpreter transposes the transposed operand through
-        (None when compiled: a transposed view instead)."""
+        (None when compiled: a transposed view instead), for B of `columns` columns (block_n
+        when not given)."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         if not interpret:
             return None
         if self.lhs_rows_major:
             return plgpu.SMEM((blocks.block_k, blocks.block_m), dtype)
-        return plgpu.SMEM((blocks.block_m, blocks.block_n), dtype)
+        return plgpu.SMEM((blocks.block_m, columns or blocks.block_n), dtype)
 

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import local_bounds
 from kernelhub._grouped_matmul.problem import tgmm_problem
-from kernelhub._pallas.mosaic_gpu import config, group_spans, kernel_parts, profiling
+from kernelhub._pallas.mosaic_gpu import (config, group_spans, kernel_parts, profiling,
+                                          tgmm_warp_specialized)
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
@@ -60,10 +61,12 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         body = functools.partial(group_spans.body, spans=spans.shape[1], **tiles)
         tables = (table, spans)
     else:
-        body = functools.partial(_body, groups=groups, rows_padded=m_p, **tiles)
+        per_group = _body if blocks.compute_warpgroups == 1 else tgmm_warp_specialized.body
+        body = functools.partial(per_group, groups=groups, rows_padded=m_p, **tiles)
         tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
     out = kernel_parts.launch(body, (*tables, lhs, rhs, *existing), (groups, k_p, n_p),
                               out_dtype, interpret, "kernelhub_transposed_grouped_matmul",
+                              warp_specialized=blocks.compute_warpgroups > 1,
                               programs_per_sm=blocks.programs_per_sm)
     return out if (k_p, n_p) == (k, n) else out[:, :k, :n]
 

@@ -2,12 +2,12 @@
 
 Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
 64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
-for gmm three warp-specialized tilings (two compute warpgroups: warp_specialized.py), and for
-tgmm two that sum spans of 8 groups in one pipeline (group_spans.py), for every kernel
-four to six with two to four programs per SM (each with its share of the shared memory),
-for gmm of
-8-bit weights [G, k, n] each single-warpgroup tiling with and without upcast (config.py);
-each fitted to the problem as the heuristic's own is, and kept only where it is legal.
+four warp-specialized tilings (two compute warpgroups: gmm_warp_specialized.py,
+tgmm_warp_specialized.py), for tgmm two that sum spans of 8 groups in one pipeline
+(group_spans.py), for every kernel four to six with two to four programs per SM (each with its
+share of the shared memory), for gmm of 8-bit weights [G, k, n] each single-warpgroup tiling
+with and without upcast (config.py); each fitted to the problem as the heuristic's own is, and
+kept only where it is legal.
 """
 
 from __future__ import annotations

@@ -24,11 +24,8 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling
-
-COMPUTE_WARPGROUPS = 2
-# Registers the memory warpgroup keeps (it only issues copies): the rest go to the others.
-MEMORY_REGISTERS = 40
-WG_AXIS = "wg"
+from kernelhub._pallas.mosaic_gpu.kernel_parts import (COMPUTE_WARPGROUPS, MEMORY_REGISTERS,
+                                                       WG_AXIS)
 
 
 def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
