@@ -268,8 +268,9 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     pipeline runs on across them). Local groups 1..2 of 4 with existing_out (the other rows
     kept bitwise), unaligned groups, rows past the sum; then a gated unit with a bias and the
     weights [G, n, k] (transpose_rhs), whose two accumulators per warpgroup read two weight
-    tiles a step. (One layout each: the interpreter takes transposed weights as [G, k, n],
-    and export checks the compiled kernel's transposed view.)"""
+    tiles a step, each transposed for wgmma (interpreted, through a tile per compute
+    warpgroup allocated with the program's; compiled, a transposed view, which export
+    checks)."""
     rng = np.random.default_rng(9)
     m, k, n = 150, 80, 96
     sizes = np.array([20, 50, 3, 60], np.int32)  # groups 1, 2 local: rows 20..73

@@ -44,9 +44,6 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bm, part)
 
-    if transpose_rhs and interpret:
-        raise ValueError("the interpreted warp-specialized gmm takes weights [G, k, n]: "
-                         "grouped_matmul.py transposes them before the call")
     # Each work item hands the pipeline views already cut to its row tile and column tiles.
     rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, i)) if transpose_rhs else
                 plgpu.BlockSpec((bk, bn), lambda i: (i, 0)))
@@ -67,14 +64,19 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
         barriers=plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),
         rows_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, bm), jnp.float32),
         columns_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, 2 * halves, part), jnp.float32),
+        # Interpreted, weights [G, n, k] reach wgmma through a transposing tile per compute
+        # warpgroup (kernel_parts.transposed_operand), allocated here with the program's.
+        scratches=plgpu.SMEM((COMPUTE_WARPGROUPS, bk, part), rhs_ref.dtype)
+        if transpose_rhs and interpret else None,
     )
 
     @functools.partial(pl.run_scoped, **scoped, collective_axes=WG_AXIS)
-    def _program(allocations, tiles, barriers, rows_smem, columns_smem):
+    def _program(allocations, tiles, barriers, rows_smem, columns_smem, scratches):
         wg = jax.lax.axis_index(WG_AXIS)
         computing = wg < COMPUTE_WARPGROUPS
         tile_smem = tiles.at[wg]
         barrier = barriers.at[wg]
+        scratch = None if scratches is None else scratches.at[wg]
 
         def load(src, smem):
             return kernel_parts.load_vector_through(src, smem, barrier)
@@ -135,8 +137,10 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                 rhs_smems, accs = rest[:-1], rest[-1]
                 for acc, rhs_smem in zip(accs, rhs_smems):
                     if transpose_rhs:
+                        # (The interpreter's transposes share the warpgroup's scratch
+                        # tile: each is used at once.)
                         right = kernel_parts.transposed_operand(
-                            rhs_smem.at[pl.ds(wg * part, part), :], None)
+                            rhs_smem.at[pl.ds(wg * part, part), :], scratch)
                     else:
                         right = rhs_smem.at[:, pl.ds(wg * part, part)]
                     plgpu.wgmma(acc, lhs_smem, right)

@@ -87,12 +87,6 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
     if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs and not blocks.upcast:
         rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
-    if interpret and transpose_rhs and blocks.compute_warpgroups > 1:
-        # The interpreter's wgmma takes no transposed view, and the warp-specialized body's
-        # per-warpgroup transposes into a scratch tile deadlock its barriers (jax 0.10.2): it
-        # gets the weights [G, k, n] instead (its wgmma does not insist on K-major B). The
-        # compiled kernel keeps the transposed view; export checks that it lowers.
-        rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), False
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
     if spec.interleaved:
