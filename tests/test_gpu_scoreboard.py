@@ -5,6 +5,7 @@ mode runs them: docs/gpu.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -499,11 +500,13 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
                        "forward_two_per_sm": "gmm",
                        "forward_spread_fills": "gmm", "lhs_gradient_spread_fills": "gmm_t",
                        "lhs_gradient": "gmm_t",
-                       "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm"}
+                       "rhs_gradient": "tgmm", "rhs_gradient_spans": "tgmm",
+                       "rhs_gradient_warp_specialized": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),
                        "forward_warp_specialized": (128, 64, 256, 3, 2),
                        "forward_deep": (64, 64, 128, 8), "forward_wide": (64, 64, 256, 4),
-                       "forward_two_per_sm": (64, 64, 128, 3, 1, 1, 0, 2)}
+                       "forward_two_per_sm": (64, 64, 128, 3, 1, 1, 0, 2),
+                       "rhs_gradient_warp_specialized": (64, 64, 128, 4, 2)}
     # Each probe's tiling is one the kernel takes as it is at the shapes the GPU profiles.
     from kernelhub._grouped_matmul.problem import Kernel, Problem
     from kernelhub._pallas.mosaic_gpu import config as mosaic_config
@@ -513,6 +516,10 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
                           profiled.local, "bfloat16", "bfloat16", "bfloat16", False)
         for tiling in mosaic_profile.TILED_FORWARDS.values():
             assert mosaic_config.from_tiling(tiling, problem).as_tiling() == tiling
+        weights = dataclasses.replace(problem, kernel=Kernel.TGMM)
+        for pass_name in ("rhs_gradient_spans", "rhs_gradient_warp_specialized"):
+            tiling = mosaic_profile.explicit_tiling(profiled, pass_name)
+            assert mosaic_config.from_tiling(tiling, weights).as_tiling() == tiling
     megabytes, read, write = mosaic_profile.weight_stream(ops.w, repeats=2)
     assert megabytes == ops.w.size * 2 / 1e6 and read > 0 and write > 0  # bf16, once each
 

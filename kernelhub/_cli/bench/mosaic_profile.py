@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Nine probes beside the passes:
+the wait for a step's tiles. Ten probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_banded`: the forward in bands of grouped_matmul.BAND n-tiles even where a group's
@@ -21,6 +21,10 @@ the wait for a step's tiles. Nine probes beside the passes:
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
   (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
   holds its group's store, when it ends one);
+- `rhs_gradient_warp_specialized`: the weight gradient in 128 x 128 tiles of two compute
+  warpgroups of 64 columns and a memory warpgroup (tgmm_warp_specialized.py), 4 stages: the
+  next tile's loads start while a tile is stored, where one or two chunks a tile leave the
+  per-group pipeline nothing to overlap (what two programs per SM do for the heuristic);
 - `forward_deep`, `forward_wide`, `forward_two_per_sm`: the forward in the heuristic's tiling
   at both fine-grained shapes (64 x 128 outputs, 64 of contraction a step, 4 stages) with one
   change each: 8 stages, 256 columns, or 3 stages in each of two programs per SM. The
@@ -252,7 +256,8 @@ def run(shapes: list[str], passes: list[str], out: Path) -> str:
 PROBE_PASS = {"forward_k_major": "forward", "forward_banded": "forward",
               **dict.fromkeys(TILED_FORWARDS, "forward"),
               "forward_spread_fills": "forward", "lhs_gradient_spread_fills": "lhs_gradient",
-              "rhs_gradient_spans": "rhs_gradient"}
+              "rhs_gradient_spans": "rhs_gradient",
+              "rhs_gradient_warp_specialized": "rhs_gradient"}
 
 
 def compulsory_bytes(shape: Any, rows: int, pass_name: str) -> float:
@@ -272,7 +277,7 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
     import kernelhub
     from kernelhub._cli.bench import gpu_scoreboard_calls as calls
 
-    if pass_name == "rhs_gradient_spans":
+    if pass_name in ("rhs_gradient_spans", "rhs_gradient_warp_specialized"):
         call = kernelhub.get("transposed_grouped_matmul", platform="mosaic")
         return (ops.x, ops.dy, ops.sizes), lambda: jax.jit(lambda x, dy, s: call(
             x.T, dy, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
@@ -298,12 +303,17 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
 def explicit_tiling(shape: Any, pass_name: str) -> tuple[int, ...] | None:
     """The tiling a probe passes its call (the heuristic's otherwise): TILED_FORWARDS';
     `rhs_gradient_spans` the heuristic's bf16 tgmm blocks (64 summed rows a step, 128 by 128
-    outputs where they divide k and n), 4 stages, one program per SM, spans of 8 groups."""
+    outputs where they divide k and n), 4 stages, one program per SM, spans of 8 groups;
+    `rhs_gradient_warp_specialized` the same blocks (128 columns: 64 a compute warpgroup) in
+    4 stages, two compute warpgroups."""
     if pass_name in TILED_FORWARDS:
         return TILED_FORWARDS[pass_name]
+    rows = 128 if shape.k % 128 == 0 else 64
+    if pass_name == "rhs_gradient_warp_specialized":
+        return (64, rows, 128, 4, 2)
     if pass_name != "rhs_gradient_spans":
         return None
-    return (64, 128 if shape.k % 128 == 0 else 64, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
+    return (64, rows, 128 if shape.n % 128 == 0 else 64, 4, 1, 8)
 
 
 # The schedule knobs a probe sets while its call is traced: Mosaic GPU's bands of BAND n-tiles
@@ -341,7 +351,7 @@ def schedule_knob(pass_name: str) -> Iterator[None]:
 PASSES = ("forward", "forward_k_major", "forward_banded", "forward_warp_specialized",
           "forward_deep", "forward_wide", "forward_two_per_sm",
           "forward_spread_fills", "lhs_gradient", "lhs_gradient_spread_fills", "rhs_gradient",
-          "rhs_gradient_spans")
+          "rhs_gradient_spans", "rhs_gradient_warp_specialized")
 
 
 def main(argv: list[str] | None = None) -> int:
