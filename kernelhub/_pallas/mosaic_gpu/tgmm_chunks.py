@@ -78,6 +78,18 @@ class ChunkLayout:
                                              rows_padded)
         return first_row, jnp.maximum(window, start)
 
+    def group_chunks(self, bounds_ref, group, block_m: int, rows_padded: int):
+        """(end, chunks, rows_of) of `group`, whose rows [start, end) the table `bounds_ref`
+        ([starts, ends]) holds: how many chunks it takes, and `rows_of(c)`, chunk_rows of its
+        chunk c."""
+        start = bounds_ref[0, group]
+        end = bounds_ref[1, group]
+
+        def rows_of(chunk):
+            return self.chunk_rows(start, chunk, block_m, rows_padded)
+
+        return end, self.chunk_count(start, end, block_m), rows_of
+
     def specs(self, blocks: config.BlockConfig, k_tile, n_tile,
               row_of: Callable[[jax.Array], jax.Array], delay_release: int = 1) -> list:
         """The pipeline's specs of the lhs and rhs tiles of step c's chunk, whose first row is

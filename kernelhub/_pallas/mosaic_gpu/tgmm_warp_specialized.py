@@ -80,13 +80,8 @@ def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups
         @plgpu.nd_loop((groups, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
         def _work(info):
             group, k_tile, n_tile = info.index
-            start = bounds_ref[0, group]
-            end = bounds_ref[1, group]
-            chunks = layout.chunk_count(start, end, bm)
+            end, chunks, rows_of = layout.group_chunks(bounds_ref, group, bm, rows_padded)
             where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn + wg * part, part))
-
-            def rows_of(chunk):
-                return layout.chunk_rows(start, chunk, bm, rows_padded)
 
             def store(total):
                 with jax.named_scope(profiling.STORE):

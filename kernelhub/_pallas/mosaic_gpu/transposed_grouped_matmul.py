@@ -102,12 +102,7 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
     @plgpu.nd_loop((groups, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
         group, k_tile, n_tile = info.index
-        start = bounds_ref[0, group]
-        end = bounds_ref[1, group]
-        chunks = layout.chunk_count(start, end, bm)
-
-        def rows_of(chunk):
-            return layout.chunk_rows(start, chunk, bm, rows_padded)
+        end, chunks, rows_of = layout.group_chunks(bounds_ref, group, bm, rows_padded)
 
         def accumulate(acc, scratch=None):
             @jax.named_scope(profiling.STEP)
