@@ -1,24 +1,24 @@
 """Tiles of the Mosaic GPU grouped matmuls: the heuristic and the `tiling` override.
 
-A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[,
-upcast[, programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops:
-gmm's output rows, tgmm's summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is
-how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` warp-specializes the
-program: a memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
-(gmm_warp_specialized.py, tgmm_warp_specialized.py). `group_span` (tgmm only) is how many consecutive
-groups one work item sums through one pipeline, storing a tile at each group's end
-(group_spans.py); 1 runs a pipeline per group. `upcast` (gmm of 8-bit operands with weights
-[G, k, n] only): 1 converts each step's two tiles to float16 in shared memory and multiplies
-them on 16-bit wgmma, which reads the weights as stored; 0 multiplies the stored values on
-8-bit wgmma, which reads B only K-major, so the weights are first transposed to [G, n, k] (a
-copy of all of them). Left out, the roofline decides (`upcast_pays`); where it does not
-apply, 0 is the same as leaving it out. `programs_per_sm` (1 to 4; above 1, one compute
+A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[, upcast[,
+programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops: gmm's output
+rows, tgmm's summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic.
+`stages` is how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2`
+warp-specializes the program: a memory warpgroup loads for two compute warpgroups, each of
+block_n / 2 columns (gmm_warp_specialized.py, tgmm_warp_specialized.py). `group_span` (tgmm
+only) is how many consecutive groups one work item sums through one pipeline, storing a tile at
+each group's end (group_spans.py); 1 runs a pipeline per group. `upcast` (gmm of 8-bit operands
+with weights [G, k, n] only): 1 converts each step's two tiles to float16 in shared memory and
+multiplies them on 16-bit wgmma, which reads the weights as stored; 0 multiplies the stored
+values on 8-bit wgmma, which reads B only K-major, so the weights are first transposed to [G,
+n, k] (a copy of all of them). Left out, the roofline decides (`upcast_pays`); where it does
+not apply, 0 is the same as leaving it out. `programs_per_sm` (1 to 4; above 1, one compute
 warpgroup only) is how many programs of the persistent grid share an SM: each has its share of
-the SM's shared memory, and one program's loads are in flight while another waits, where a
-work item is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert:
-one chunk per item; on the H100 of 2026-11-27 two per SM ran those tgmms 1.14x to 1.62x
-faster). Programs whose registers do not fit the SM together run one after another: correct,
-only slower.
+the SM's shared memory, and one program's loads are in flight while another waits, where a work
+item is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert: one
+chunk per item; on the H100 of 2026-11-27 two per SM ran those tgmms 1.14x to 1.62x faster).
+Programs whose registers do not fit the SM together run one after another: correct, only
+slower.
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -332,10 +332,16 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockCo
         # 0 where upcast does not apply means nothing (it holds the place of programs_per_sm).
         upcast = bool(values[6]) if values[6] or upcast_applies(problem) else None
     programs = values[7] if len(values) == 8 else 1
-    stages = values[3] if len(values) >= 4 else _stages_that_fit(
-        BlockConfig(*values[:3], heuristic(problem, weight_tiles).stages, warpgroups,
-                    upcast=upcast),
-        problem, weight_tiles).stages
+    if len(values) >= 4:
+        stages = values[3]
+    else:
+        # The heuristic's stages where it has as many compute warpgroups, else the default's;
+        # as many of them as fit.
+        guide = heuristic(problem, weight_tiles)
+        stages = _stages_that_fit(
+            BlockConfig(*values[:3], guide.stages if guide.compute_warpgroups == warpgroups
+                        else BlockConfig.stages, warpgroups, upcast=upcast),
+            problem, weight_tiles).stages
     config = validate(BlockConfig(*values[:3], stages, warpgroups, span, upcast, programs),
                       problem, chosen, weight_tiles)
     return _upcast_decided(config, problem, weight_tiles)

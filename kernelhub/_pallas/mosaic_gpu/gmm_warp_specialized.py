@@ -3,13 +3,14 @@
 The same work as grouped_matmul.py's body ((visit, n-tile) pairs on a persistent grid, in bands),
 split between three warpgroups of each program:
 - the memory warpgroup issues the TMA loads of the lhs and weight tiles, `stages` ahead, and
-  runs on past the end of a work item into the next one's loads;
+  goes on to the next work item's loads once the compute warpgroups have taken the last
+  step's tiles (the end of each pipeline waits for that);
 - each of the two compute warpgroups multiplies the row tile by its half of the block_n
   columns into its own float32 accumulator (two for a gated unit), runs the epilogue on it,
   and stores the visit's rows of its half from its own shared-memory tile.
 
-So loads continue while a work item's epilogue and stores run, and a pipeline is not drained
-and filled again between work items. Shared memory that the warpgroups use is allocated once
+So the next work item's first loads are in flight while a work item's epilogue and stores
+run. Shared memory that the warpgroups use is allocated once
 for the program, outside the work loop: the pipeline's buffers, an output tile per compute
 warpgroup, and the epilogue's vectors with a barrier per compute warpgroup.
 """

@@ -10,10 +10,10 @@ chunk into shared memory by TMA, `stages` chunks in flight, and wgmma adds them 
 accumulator. Of a group's chunks only the first and the last can hold rows it does not sum
 (other groups', or those a last chunk moved back from the end shares with the chunk before);
 there a select sets those rows to exact zeros in shared memory, in both tiles (so a NaN in
-another group's row stays out of this sum). An empty group runs no chunk. The tile, plus existing_out's when given, is
-stored whole by one TMA copy: every output element is written once, by one program. The store
-runs while the program sums its next tile (one shared-memory tile per program holds the result
-in flight; only writing the next result waits for it).
+another group's row stays out of this sum). An empty group runs no chunk. The tile, plus
+existing_out's when given, is stored whole by one TMA copy: every output element is written
+once, by one program. The store runs while the program sums its next tile (one shared-memory
+tile per program holds the result in flight; only writing the next result waits for it).
 """
 
 from __future__ import annotations
