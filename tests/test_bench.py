@@ -135,9 +135,10 @@ def test_median_seconds_times_no_sample_after_another_function(monkeypatch):
     import types
 
     from kernelhub._cli.bench import timing
+    from kernelhub._core import turns
 
     clock = _FollowerCostingClock(slow_peer="reference")
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(turns, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     names = ("reference", "table", "heuristic")
     seconds = timing.median_seconds({name: clock.thunk(name) for name in names}, reps=3,
                                     warmup=0)

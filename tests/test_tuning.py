@@ -500,7 +500,9 @@ def test_candidates_take_each_place_in_a_turn(monkeypatch):
     def advance():
         state["place"] = 0  # a new turn
 
-    monkeypatch.setattr(_autotune, "time", types.SimpleNamespace(
+    from kernelhub._core import turns
+
+    monkeypatch.setattr(turns, "time", types.SimpleNamespace(
         perf_counter=lambda: state["now"]))
     times = _autotune.time_candidates([executable(0), None, executable(2), executable(3)],
                                       [(), ()], repeats=3, advance=advance)
@@ -533,6 +535,9 @@ def test_autotune_group_sizes_and_errors():
         kernelhub.autotune(step, lhs, rhs, existing, sizes, skew=-1.0, progress=False)
     with pytest.raises(ValueError, match="calls_per_sample must be an int >= 1, got 0"):
         kernelhub.autotune(step, lhs, rhs, existing, sizes, calls_per_sample=0, progress=False)
+    with pytest.raises(ValueError, match="calls_per_sample must be an int >= 1, got True"):
+        kernelhub.autotune(step, lhs, rhs, existing, sizes, calls_per_sample=True,
+                           progress=False)
     assert _autotune.default_calls_per_sample() == 1  # on this CPU
     with pytest.raises(ValueError, match="made no kernelhub grouped-matmul call"):
         kernelhub.autotune(lambda x: x * 2, lhs, progress=False)

@@ -7,13 +7,17 @@ was timed second in each turn, right after the slow reference, than when it was 
 Its place or what ran before it: one run cannot tell. So each turn starts one place further
 on (over as many turns as there are functions each is timed once in each place, and a median
 over the turns drops what one place costs), and the timers make an untimed call of a
-function right before each of its samples, so that no sample follows another function's.
+function right before each of its samples, so that no sample follows another function's
+(`seconds_per_call`, the sample both timers take).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import jax
 
 Item = TypeVar("Item")
 
@@ -25,3 +29,19 @@ def rotated(items: Sequence[Item], turn: int) -> list[Item]:
         return []
     start = turn % len(items)
     return [*items[start:], *items[:start]]
+
+
+def seconds_per_call(calls: Sequence[Callable[[], Any]], repeat: int = 1) -> float:
+    """One timed sample: after an untimed call of the first of `calls` (waited for), each of
+    them made `repeat` times back to back, waited for once at the end, in seconds per call.
+    Waited for once, the calls measure the device's time per call: a call waited for alone
+    also times its round trip from the host (0.1-0.3 ms on an H100, 1.5-2x a fine-grained
+    MoE kernel)."""
+    jax.block_until_ready(calls[0]())  # untimed: what ran before is behind it
+    start = time.perf_counter()
+    result = None
+    for call in calls:
+        for _ in range(repeat):
+            result = call()
+    jax.block_until_ready(result)
+    return (time.perf_counter() - start) / (len(calls) * repeat)

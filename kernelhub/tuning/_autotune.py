@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub._core.shapes import symbolic_shapes
-from kernelhub._core.turns import rotated
+from kernelhub._core.turns import rotated, seconds_per_call
 from kernelhub._grouped_matmul import active_table
 from kernelhub._grouped_matmul.passes import KernelCall
 from kernelhub._grouped_matmul.problem import Kernel, Problem
@@ -188,17 +188,10 @@ def time_candidates(executables: Sequence[Any], arrays: Sequence[tuple], repeats
             if executable is not None]
     for turn in range(repeats):
         for index, executable in rotated(live, turn):
-            # Untimed, so that the sample follows its own executable, not another candidate's
-            # (on a GPU what ran before cost up to 20%: kernelhub/_core/turns.py).
-            jax.block_until_ready(executable(arrays[0]))
-            start = time.perf_counter()
-            result = None
-            for operand_set in arrays:
-                for _ in range(calls_per_sample):
-                    result = executable(operand_set)
-            jax.block_until_ready(result)
-            samples[index].append((time.perf_counter() - start)
-                                  / (len(arrays) * calls_per_sample))
+            # After an untimed call of its own executable, not another candidate's (on a GPU
+            # what ran before cost up to 20%: kernelhub/_core/turns.py).
+            draws = [functools.partial(executable, operand_set) for operand_set in arrays]
+            samples[index].append(seconds_per_call(draws, calls_per_sample))
         advance()
     return [statistics.median(s) * 1e3 if s else None for s in samples]
 
@@ -234,7 +227,8 @@ def autotune(fn: Callable[..., Any], *example_args: Any, group_sizes: Any = None
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
     if calls_per_sample is None:
         calls_per_sample = default_calls_per_sample()
-    if not (isinstance(calls_per_sample, int) and calls_per_sample >= 1):
+    if (isinstance(calls_per_sample, bool) or not isinstance(calls_per_sample, int)
+            or calls_per_sample < 1):
         raise ValueError(f"calls_per_sample must be an int >= 1, got {calls_per_sample!r}")
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be a number of seconds > 0, got {time_limit}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from kernelhub._core.turns import rotated
+from kernelhub._core.turns import rotated, seconds_per_call
 
 # Stop repeating a measurement once it has two samples and this many seconds (slow peers).
 _SECONDS_PER_MEASUREMENT = 3.0
@@ -72,10 +72,5 @@ def median_seconds(fns: dict[str, Callable[[], Any]], reps: int, warmup: int,
             spent = sum(samples[name]) * calls_per_sample
             if len(samples[name]) >= 2 and spent > _SECONDS_PER_MEASUREMENT:
                 continue
-            jax.block_until_ready(fn())  # untimed: what ran before is behind it (turns.py)
-            start = time.perf_counter()
-            for _ in range(calls_per_sample - 1):
-                fn()
-            jax.block_until_ready(fn())
-            samples[name].append((time.perf_counter() - start) / calls_per_sample)
+            samples[name].append(seconds_per_call([fn], calls_per_sample))
     return {name: statistics.median(samples[name]) if name in live else None for name in fns}
