@@ -562,14 +562,21 @@ def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_
 def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
     """Mixtral (1024 rows an expert) is compute-bound in every pass: two compute warpgroups
     of a 128 x 256 output tile, 3 stages of 16-bit tiles, or none where they do not fit (a
-    float32 output; a gated unit's second weight tile). The fine-grained shapes, DeepSeek-V3's
-    shard counted at its local rows, are bound by their bytes: one warpgroup."""
+    float32 output; a gated unit's second weight tile), but interpreted. The fine-grained
+    shapes, DeepSeek-V3's shard counted at its local rows, are bound by their bytes: one
+    warpgroup."""
     mixtral = _problem(kernel, 8192, 4096, 14336, 8)
     assert config.compute_bound(mixtral)
     rows, contraction = (128, 64)
     expected = ((contraction, rows, 256, 3, 2) if kernel is Kernel.TGMM
                 else (rows, contraction, 256, 3, 2))
     assert config.heuristic(mixtral).as_tiling() == expected
+    # Interpreted, one compute warpgroup (the interpreter hangs on some wider halves), and
+    # the interpreted tuning space's default says the same.
+    interpreted = config.from_tiling(None, mixtral, interpret=True)
+    assert interpreted.compute_warpgroups == 1
+    assert tuning_space.space("mosaic-interpret").default(mixtral) == interpreted.as_tiling()
+    assert tuning_space.space("mosaic").default(mixtral) == expected
     wide = dataclasses.replace(mixtral, out_dtype="float32")
     assert config.compute_bound(wide) and config.heuristic(wide).compute_warpgroups == 1
     if kernel is Kernel.GMM:

@@ -307,15 +307,17 @@ def check_static(problem: Problem) -> None:
                              f"symbolic dimension {getattr(problem, name)}")
 
 
-def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1) -> BlockConfig:
-    """The config a call uses: `tiling` when it names one, else the heuristic's.
-    `weight_tiles`: 2 for a gated unit's gmm (two accumulators, two weight tiles a step)."""
+def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
+                interpret: bool = False) -> BlockConfig:
+    """The config a call uses: `tiling` when it names one, else the heuristic's (interpreted,
+    with one compute warpgroup: `heuristic`). `weight_tiles`: 2 for a gated unit's gmm (two
+    accumulators, two weight tiles a step)."""
     check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
-        return _upcast_decided(_stages_that_fit(heuristic(problem, weight_tiles), problem,
-                                                weight_tiles),
-                               problem, weight_tiles)
+        return _upcast_decided(_stages_that_fit(
+            heuristic(problem, weight_tiles, warp_specialize=not interpret), problem,
+            weight_tiles), problem, weight_tiles)
     if isinstance(chosen, BlockConfig):
         return _upcast_decided(validate(chosen, problem, chosen, weight_tiles), problem,
                                weight_tiles)
@@ -397,14 +399,18 @@ def min_columns(problem: Problem, compute_warpgroups: int = 1) -> int:
     return LAYOUT_ROWS if k_major or compute_warpgroups > 1 else MIN_BLOCK
 
 
-def heuristic(problem: Problem, weight_tiles: int = 1) -> BlockConfig:
+def heuristic(problem: Problem, weight_tiles: int = 1, warp_specialize: bool = True
+              ) -> BlockConfig:
     """Output tiles of 64 rows when a group's expected rows fit them (fine-grained MoE: a
     64-row group does not pay for a half-empty 128-row tile), else 128; 128 columns; one
     128-byte row of contraction per step; 4 stages in flight (at most 128 KiB of shared
     memory). Each block then shrinks to the problem. A compute-bound call is warp-specialized
     in 128 x 256 tiles where they fit (`_warp_specialized`). A tgmm whose groups' expected
     rows fill at most two steps, with work for two programs on every SM, runs two per SM in 2
-    or 3 stages (`_shared_sm_tgmm`). `weight_tiles`: 2 for a gated unit's gmm."""
+    or 3 stages (`_shared_sm_tgmm`). `weight_tiles`: 2 for a gated unit's gmm.
+    `warp_specialize=False` keeps one compute warpgroup: interpret mode's, which is for
+    numerics, and whose interpreter (jax 0.10.2) never finishes some wider warp-specialized
+    gmm tilings (docs/gpu.md), a mid-sized compute-bound one of bf16 outputs among them."""
     width = operand_bytes(problem)
     contraction = SWIZZLE_BYTES // width
     rows_per_group = problem.m / max(problem.num_groups, 1)
@@ -418,7 +424,8 @@ def heuristic(problem: Problem, weight_tiles: int = 1) -> BlockConfig:
     else:
         blocks = BlockConfig(block_m=64 if rows_per_group <= 64 else 128, block_k=contraction,
                              block_n=128)
-    return _warp_specialized(blocks, problem, weight_tiles) or fitted(blocks, problem)
+    wide = _warp_specialized(blocks, problem, weight_tiles) if warp_specialize else None
+    return wide or fitted(blocks, problem)
 
 
 def _warp_specialized(blocks: BlockConfig, problem: Problem,

@@ -77,7 +77,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
                           transpose_rhs)
     spec = epilogue.spec
-    blocks = config.from_tiling(tiling, problem, weight_tiles=2 if spec.glu is not None else 1)
+    blocks = config.from_tiling(tiling, problem, weight_tiles=2 if spec.glu is not None else 1,
+                                interpret=interpret)
     m, k, local_groups = problem.m, problem.k, problem.local_groups
     n_out = spec.output_columns(problem.n)
     halves = 2 if spec.glu is not None else 1

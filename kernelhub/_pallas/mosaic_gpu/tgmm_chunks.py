@@ -160,15 +160,18 @@ class ChunkLayout:
         return left, right
 
     def scratch(self, blocks: config.BlockConfig, dtype, interpret: bool,
-                columns: int | None = None):
+                columns: int | None = None, copies: int | None = None):
         """The shared-memory tile the interpreter transposes the transposed operand through
         (None when compiled: a transposed view instead), for B of `columns` columns (block_n
-        when not given)."""
+        when not given); with `copies`, that many such tiles along a leading axis (one per
+        warp-specialized compute warpgroup)."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         if not interpret:
             return None
         if self.lhs_rows_major:
-            return plgpu.SMEM((blocks.block_k, blocks.block_m), dtype)
-        return plgpu.SMEM((blocks.block_m, columns or blocks.block_n), dtype)
+            shape = (blocks.block_k, blocks.block_m)
+        else:
+            shape = (blocks.block_m, columns or blocks.block_n)
+        return plgpu.SMEM(shape if copies is None else (copies, *shape), dtype)
 

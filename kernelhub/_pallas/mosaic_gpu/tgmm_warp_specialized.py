@@ -60,13 +60,12 @@ def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups
     # The buffers depend on the blocks and dtypes only: a static grid of `stages` chunks
     # allocates as many slots as the per-tile pipelines (whose grids are dynamic) use.
     allocating = pipeline(ignored, ignored, 0, 0, lambda c: c * bm, stages)
-    scratch = layout.scratch(blocks, lhs_ref.dtype, interpret, columns=part)
     scoped = dict(
         allocations=allocating.get_allocations(lhs_ref, rhs_ref),
         tiles=plgpu.SMEM((COMPUTE_WARPGROUPS, bk, part), out_ref.dtype),
         barriers=plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),
-        scratches=None if scratch is None else plgpu.SMEM(
-            (COMPUTE_WARPGROUPS, *scratch.shape), scratch.dtype),
+        scratches=layout.scratch(blocks, lhs_ref.dtype, interpret, columns=part,
+                                 copies=COMPUTE_WARPGROUPS),
     )
 
     @functools.partial(pl.run_scoped, **scoped, collective_axes=WG_AXIS)

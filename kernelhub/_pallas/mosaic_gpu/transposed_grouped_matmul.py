@@ -41,7 +41,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     out_dtype = jnp.dtype(preferred_element_type)
     groups = num_actual_groups
     problem = tgmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None, groups)
-    blocks = config.from_tiling(tiling, problem)
+    blocks = config.from_tiling(tiling, problem, interpret=interpret)
     m, k, n = problem.m, problem.k, problem.n
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 

@@ -13,6 +13,7 @@ kept only where it is legal.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.passes import TuningSpace
@@ -89,8 +90,8 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     return [t for t in dict.fromkeys(tilings) if _accepts(t, problem)]
 
 
-def _default(problem: Problem) -> tuple[int, ...]:
-    return config.heuristic(problem).as_tiling()
+def _default(problem: Problem, warp_specialize: bool = True) -> tuple[int, ...]:
+    return config.heuristic(problem, warp_specialize=warp_specialize).as_tiling()
 
 
 def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
@@ -111,5 +112,9 @@ def _times_epilogue(epilogue: Epilogue) -> bool:
 
 
 def space(implementation: str) -> TuningSpace:
-    return TuningSpace(implementation, _candidates, _default, _accepts,
+    # Interpreted, the default is the tiling the interpreted kernels' heuristic gives (one
+    # compute warpgroup: config.heuristic).
+    default = functools.partial(_default,
+                                warp_specialize=not implementation.endswith("-interpret"))
+    return TuningSpace(implementation, _candidates, default, _accepts,
                        times_epilogue=_times_epilogue)
