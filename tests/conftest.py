@@ -15,6 +15,12 @@ if os.environ.get("JAX_PLATFORMS", "").strip() == "cpu":
         os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0",
         "--xla_llvm_disable_expensive_passes=true"]))
 
+# Interpreted, a warp-specialized Mosaic GPU kernel runs each of a program's warpgroups as a
+# computation of its own on XLA's CPU client, all at once; the client has as many threads as
+# cores (2 on CI) unless NPROC says otherwise, too few for them (config.check_interpretable).
+# Set before jax makes its CPU client.
+os.environ.setdefault("NPROC", str(max(os.cpu_count() or 1, 6)))
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

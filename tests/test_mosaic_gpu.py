@@ -266,7 +266,10 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     """compute_warpgroups=2: a memory warpgroup feeding two compute warpgroups, each of half
     the columns, on the interpreter's two programs (each walks several work items, so the
     pipeline runs on across them). Local groups 1..2 of 4 with existing_out (the other rows
-    kept bitwise), unaligned groups, rows past the sum; then a gated unit with a bias and the
+    kept bitwise), unaligned groups, rows past the sum, in the heuristic's compute-bound
+    tiling with the contract's float32 output, stored from 64-row pieces of each 128-row
+    tile (config.output_tile_rows; the groups' rows cross a piece); then a gated unit with a
+    bias and the
     weights [G, n, k] (transpose_rhs), whose two accumulators per warpgroup read two weight
     tiles a step, each transposed for wgmma (interpreted, through a tile per compute
     warpgroup allocated with the program's; compiled, a transposed view, which export
@@ -276,7 +279,10 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     sizes = np.array([20, 50, 3, 60], np.int32)  # groups 1, 2 local: rows 20..73
     lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
     existing = _values(rng, (m, n), jnp.float32)
-    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 64, 2, 2),
+    tiling = (128, 64, 256, 3, 2)
+    problem = Problem(Kernel.GMM, m, k, n, 4, 2, "bfloat16", "bfloat16", "float32", True)
+    assert config.output_tile_rows(config.from_tiling(tiling, problem), problem) == 64
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=tiling,
                        group_offset=jnp.int32(1), existing_out=existing)
     expected = reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing)
     assert_close(out, expected, jnp.float32, contraction=k)
@@ -561,25 +567,32 @@ def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_
 @pytest.mark.parametrize("kernel", list(Kernel))
 def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
     """Mixtral (1024 rows an expert) is compute-bound in every pass: two compute warpgroups
-    of a 128 x 256 output tile, 3 stages of 16-bit tiles, or none where they do not fit (a
-    float32 output; a gated unit's second weight tile), but interpreted. The fine-grained
-    shapes, DeepSeek-V3's shard counted at its local rows, are bound by their bytes: one
-    warpgroup."""
+    of a 128 x 256 output tile, 3 stages of 16-bit tiles; gmm's float32 output stored from
+    64-row pieces; none for a gated unit (two sums a warpgroup exceed its registers) or
+    tgmm's float32 output (its tile stays beside the pipeline), nor interpreted. The
+    fine-grained shapes, DeepSeek-V3's shard counted at its local rows, are bound by their
+    bytes: one warpgroup."""
     mixtral = _problem(kernel, 8192, 4096, 14336, 8)
     assert config.compute_bound(mixtral)
     rows, contraction = (128, 64)
     expected = ((contraction, rows, 256, 3, 2) if kernel is Kernel.TGMM
                 else (rows, contraction, 256, 3, 2))
     assert config.heuristic(mixtral).as_tiling() == expected
-    # Interpreted, one compute warpgroup (the interpreter hangs on some wider halves), and
-    # the interpreted tuning space's default says the same.
+    # Interpreted, one compute warpgroup (a warp-specialized program needs more XLA CPU
+    # client threads than a small host has: config.check_interpretable), and the
+    # interpreted tuning space's default says the same.
     interpreted = config.from_tiling(None, mixtral, interpret=True)
     assert interpreted.compute_warpgroups == 1
     assert tuning_space.space("mosaic-interpret").default(mixtral) == interpreted.as_tiling()
     assert tuning_space.space("mosaic").default(mixtral) == expected
     wide = dataclasses.replace(mixtral, out_dtype="float32")
-    assert config.compute_bound(wide) and config.heuristic(wide).compute_warpgroups == 1
-    if kernel is Kernel.GMM:
+    assert config.compute_bound(wide)
+    if kernel is Kernel.TGMM:
+        assert config.heuristic(wide).compute_warpgroups == 1
+    else:
+        blocks = config.heuristic(wide)
+        assert blocks.as_tiling() == expected and config.output_tile_rows(blocks, wide) == 64
+        assert config.output_tile_rows(config.heuristic(mixtral), mixtral) == 128
         assert config.from_tiling(None, mixtral, weight_tiles=2).compute_warpgroups == 1
     for shape in ((16384, 7168, 2048, 256, 32), (8192, 2048, 768, 128, 128),
                   (8192, 2880, 5760, 128, 128)):
@@ -635,6 +648,37 @@ def test_invalid_warp_specialized_tiling_names_the_rule(tiling, kernel, rule):
     problem = Problem(kernel, 512, 256, 384, 4, 4, "bfloat16", "bfloat16", "bfloat16", False)
     with pytest.raises(ValueError, match=rule):
         config.from_tiling(tiling, problem)
+
+
+def test_interpreted_warp_specialization_needs_a_client_thread_per_warpgroup(monkeypatch):
+    """Interpreted, a program's three warpgroups run at once, each a computation on XLA's
+    CPU client; with fewer threads than they and their callers need (2 on a 2-core host
+    without NPROC) the interpreter would wait forever: a ValueError saying what to set,
+    before anything runs. Compiled, and with one compute warpgroup, the threads don't
+    matter."""
+    from kernelhub._core import jax_internals
+
+    problem = Problem(Kernel.GMM, 512, 256, 384, 4, 4, "bfloat16", "bfloat16", "bfloat16",
+                      False)
+    monkeypatch.setattr(jax_internals, "xla_cpu_client_threads", lambda: 2)
+    with pytest.raises(ValueError, match="2 threads here.*NPROC=5"):
+        config.from_tiling((64, 64, 128, 3, 2), problem, interpret=True)
+    with pytest.raises(ValueError, match="NPROC"):
+        config.from_tiling(config.BlockConfig(64, 64, 128, 3, 2), problem, interpret=True)
+    assert config.from_tiling((64, 64, 128, 3, 2), problem).compute_warpgroups == 2
+    assert config.from_tiling((64, 64, 128, 3), problem, interpret=True).stages == 3
+    monkeypatch.setattr(jax_internals, "xla_cpu_client_threads", lambda: 5)
+    assert config.from_tiling((64, 64, 128, 3, 2), problem,
+                              interpret=True).compute_warpgroups == 2
+
+
+def test_xla_cpu_client_threads_follow_nproc(monkeypatch):
+    from kernelhub._core import jax_internals
+
+    monkeypatch.setenv("NPROC", "7")
+    assert jax_internals.xla_cpu_client_threads() == 7
+    monkeypatch.delenv("NPROC")
+    assert jax_internals.xla_cpu_client_threads() >= 1
 
 
 @pytest.mark.parametrize("tiling, dtype, rule", [
@@ -907,7 +951,9 @@ def test_forward_with_fills_spread_exports_for_cuda(monkeypatch):
 def test_warp_specialized_gmm_exports_for_cuda():
     """compute_warpgroups=2 at Qwen3-MoE's shape: three warpgroups a program; the forward with
     bf16 weights in both layouts, and fp8 (K-major: a transposed view of each warpgroup's
-    half of the weight tile) with a gated unit's two weight tiles a step."""
+    half of the weight tile) with a gated unit's two weight tiles a step. Then Mixtral's
+    forward with the contract's float32 output under the heuristic: a 128 x 256 tile stored
+    from 64-row pieces of the accumulators (config.output_tile_rows)."""
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     m, k, n, experts = 8192, 2048, 768, 128
     sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
@@ -926,6 +972,16 @@ def test_warp_specialized_gmm_exports_for_cuda():
                                     transpose_rhs=True, preferred_element_type=jnp.bfloat16),
         jax.ShapeDtypeStruct((m, k), fp8), jax.ShapeDtypeStruct((experts, 2 * n, k), fp8),
         sizes), 1)
+    m, k, n, experts = 8192, 4096, 14336, 8
+    problem = Problem(Kernel.GMM, m, k, n, experts, experts, "bfloat16", "bfloat16",
+                      "float32", False)
+    blocks = config.heuristic(problem)
+    assert (blocks.as_tiling(), config.output_tile_rows(blocks, problem)) == (
+        (128, 64, 256, 3, 2), 64)
+    _check_mosaic_only(_exported(
+        gmm, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts, k, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts,), jnp.int32)), 1, unpadded=True)
 
 
 def test_warp_specialized_tgmm_exports_for_cuda():

@@ -298,3 +298,18 @@ def mosaic_gpu_interpret_params() -> Any:
     if params is None:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params
     return params()
+
+
+def xla_cpu_client_threads() -> int:
+    """How many threads XLA's CPU client runs computations on: the `NPROC` environment variable
+    where set (read once, when jax makes the client), else this process's cores. No jax API
+    reports it; jax 0.10.2 and 0.11 size the pool this way."""
+    import os
+
+    value = os.environ.get("NPROC", "").strip()
+    if value.isdigit():
+        return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -289,12 +289,33 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
         peak = stages * (bk * bm + bm * bn) * width + bk * bn * out_width
     elif config.compute_warpgroups > 1:
         # The compute warpgroups' output tiles stay beside the pipeline.
-        peak = stages * (bm * bk + weight_tiles * bk * bn) * width + bm * bn * out_width
+        peak = (stages * (bm * bk + weight_tiles * bk * bn) * width
+                + output_tile_rows(config, problem, weight_tiles) * bn * out_width)
     else:
         step_tiles = bm * bk + weight_tiles * bk * bn
         converted = 2 * step_tiles * UPCAST_DTYPE.itemsize if config.upcast else 0
         peak = max(stages * step_tiles * width + converted, bm * bn * out_width)
     return peak + SHARED_MEMORY_SLACK
+
+
+def output_tile_rows(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
+    """Rows of each output tile a warp-specialized gmm keeps in shared memory: block_m where
+    the whole tiles fit beside the pipeline, else LAYOUT_ROWS, a piece of the accumulator
+    stored after another (a float32 128 x 256 tile takes 128 KiB, which 3 stages of 16-bit
+    tiles leave no room for). Every other kernel keeps a whole tile."""
+    bm = config.block_m
+    if problem.kernel is Kernel.TGMM or config.compute_warpgroups == 1 or bm <= LAYOUT_ROWS:
+        return bm
+    pipeline = (max(config.stages, 2) * (bm * config.block_k + weight_tiles * config.block_k
+                                         * config.block_n) * operand_bytes(problem))
+    whole = bm * config.block_n * np.dtype(problem.out_dtype).itemsize
+    fits = pipeline + whole + SHARED_MEMORY_SLACK <= shared_memory_limit(config)
+    return bm if fits else LAYOUT_ROWS
+
+
+# Computations that may hold an XLA CPU client thread while an interpreted kernel's
+# warpgroups run: the caller's and the interpreted kernel's own (kernel_parts.launch).
+INTERPRETER_CALLERS = 2
 
 
 def check_static(problem: Problem) -> None:
@@ -319,8 +340,10 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
             heuristic(problem, weight_tiles, warp_specialize=not interpret), problem,
             weight_tiles), problem, weight_tiles)
     if isinstance(chosen, BlockConfig):
-        return _upcast_decided(validate(chosen, problem, chosen, weight_tiles), problem,
-                               weight_tiles)
+        config = validate(chosen, problem, chosen, weight_tiles)
+        if interpret:
+            check_interpretable(config, chosen)
+        return _upcast_decided(config, problem, weight_tiles)
     if not isinstance(chosen, (tuple, list)) or not 3 <= len(chosen) <= 8 or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in chosen):
         raise ValueError(f"tiling {chosen!r} must be a tuple of ints {TILING_FORM}")
@@ -346,7 +369,32 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
             problem, weight_tiles).stages
     config = validate(BlockConfig(*values[:3], stages, warpgroups, span, upcast, programs),
                       problem, chosen, weight_tiles)
+    if interpret:
+        check_interpretable(config, chosen)
     return _upcast_decided(config, problem, weight_tiles)
+
+
+def check_interpretable(config: BlockConfig, tiling: Any) -> None:
+    """Raises ValueError where this host's interpreter could not finish `config`'s program.
+
+    Interpreted, each warpgroup of a warp-specialized program is a computation of its own on
+    XLA's CPU client, all of a program's at once, since they wait on each other's barriers;
+    the client runs a computation too large to run inline on one of its threads, and the
+    computations that launched the kernel may hold one each. With fewer threads the last
+    warpgroups never start and the others wait forever: refused rather than hung."""
+    if config.compute_warpgroups == 1:
+        return
+    from kernelhub._core.jax_internals import xla_cpu_client_threads
+
+    needed = config.compute_warpgroups + 1 + INTERPRETER_CALLERS
+    threads = xla_cpu_client_threads()
+    if threads < needed:
+        raise ValueError(
+            f"tiling {tiling!r}: interpreted, compute_warpgroups={config.compute_warpgroups} "
+            f"runs {config.compute_warpgroups + 1} warpgroups at once, each a computation "
+            f"on XLA's CPU client, which has {threads} threads here (the NPROC environment "
+            f"variable, else the cores): set NPROC={needed} or more before jax starts, or "
+            f"take compute_warpgroups=1")
 
 
 def _upcast_decided(config: BlockConfig, problem: Problem, weight_tiles: int) -> BlockConfig:
@@ -409,8 +457,8 @@ def heuristic(problem: Problem, weight_tiles: int = 1, warp_specialize: bool = T
     rows fill at most two steps, with work for two programs on every SM, runs two per SM in 2
     or 3 stages (`_shared_sm_tgmm`). `weight_tiles`: 2 for a gated unit's gmm.
     `warp_specialize=False` keeps one compute warpgroup: interpret mode's, which is for
-    numerics, and whose interpreter (jax 0.10.2) never finishes some wider warp-specialized
-    gmm tilings (docs/gpu.md), a mid-sized compute-bound one of bf16 outputs among them."""
+    numerics, and which runs a warp-specialized program only where XLA's CPU client has
+    threads for its warpgroups (`check_interpretable`), not on a small host by default."""
     width = operand_bytes(problem)
     contraction = SWIZZLE_BYTES // width
     rows_per_group = problem.m / max(problem.num_groups, 1)
@@ -434,11 +482,13 @@ def _warp_specialized(blocks: BlockConfig, problem: Problem,
     sums, one 128 x 256 output tile, in as many stages as fit (3 of 16-bit values): each step's
     tiles feed twice the multiply-adds of a 128 x 128 tile, and one warpgroup's loads are
     waited for while the other multiplies. On the H100 (2026-11-28) Mixtral's forward and lhs
-    gradient ran at .64 and .67 of the roofline so, against .54 in 128 x 128 tiles. None where
-    the problem is not compute-bound, is smaller than the tile, or the stages (at least 2)
-    and output tiles do not fit shared memory (a float32 output, a gated unit's second weight
-    tile)."""
-    if not compute_bound(problem):
+    gradient ran at .64 and .67 of the roofline so, against .54 in 128 x 128 tiles. A float32
+    output is stored in 64-row pieces (`output_tile_rows`). None where the problem is not
+    compute-bound, is smaller than the tile, has a gated unit, or the stages (at least 2) and
+    output tiles do not fit shared memory."""
+    if not compute_bound(problem) or weight_tiles > 1:
+        # A gated unit's two 128 x 128 float32 sums would take each compute warpgroup's
+        # threads 256 registers, more than a thread has.
         return None
     rows = output_rows_block(problem.kernel)
     wide = fitted(dataclasses.replace(blocks, **{rows: WIDE_ROWS}, block_n=WIDE_COLUMNS,

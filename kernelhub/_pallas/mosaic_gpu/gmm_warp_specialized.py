@@ -33,8 +33,10 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
          n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
          spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
          has_bias: bool, has_existing: bool, interpret: bool, band: int,
-         epilogue_fn) -> None:
-    """The kernel body; arguments as grouped_matmul._body's, `epilogue_fn` its epilogue."""
+         epilogue_fn, tile_rows: int) -> None:
+    """The kernel body; arguments as grouped_matmul._body's, `epilogue_fn` its epilogue,
+    `tile_rows` the rows of each compute warpgroup's output tile (config.output_tile_rows:
+    block_m, or a piece of it stored after another)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -44,6 +46,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bm, part)
+    pieces = bm // tile_rows
 
     # Each work item hands the pipeline views already cut to its row tile and column tiles.
     rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, i)) if transpose_rhs else
@@ -61,7 +64,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     group_rhs = rhs_ref.at[0]
     scoped = dict(
         allocations=pipeline(ignored, ignored).get_allocations(lhs_ref, *[group_rhs] * halves),
-        tiles=plgpu.SMEM((COMPUTE_WARPGROUPS, bm, part), out_ref.dtype),
+        tiles=plgpu.SMEM((COMPUTE_WARPGROUPS, tile_rows, part), out_ref.dtype),
         barriers=plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),
         rows_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, bm), jnp.float32),
         columns_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, 2 * halves, part), jnp.float32),
@@ -89,20 +92,26 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
             # This compute warpgroup's first column of the output.
             first_col = n_tile * bn + wg * part
 
-            def store_tile():
-                # In flight while the next work item's sums run: whoever writes the tile next
+            def store_piece(piece):
+                # The visit's rows among the piece's. In flight while the next piece is
+                # written or the next work item's sums run: whoever writes the tile next
                 # waits for it first.
+                top = first_row + piece * tile_rows
+                first = jnp.clip(start - top, 0, tile_rows)
+                count = jnp.maximum(jnp.clip(end - top, 0, tile_rows) - first, 0)
                 kernel_parts.store_rows(
                     tile_smem,
-                    lambda row, rows: out_ref.at[pl.ds(first_row + row, rows),
+                    lambda row, rows: out_ref.at[pl.ds(top + row, rows),
                                                  pl.ds(first_col, part)],
-                    start - first_row, end - start, bm, wait=False)
+                    first, count, tile_rows, wait=False)
 
             def store(result):
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                tile_smem[...] = result
-                plgpu.commit_smem()
-                store_tile()
+                for piece in range(pieces):
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    tile_smem[...] = (result if pieces == 1 else
+                                      result[piece * tile_rows:(piece + 1) * tile_rows])
+                    plgpu.commit_smem()
+                    store_piece(piece)
 
             def context(run):
                 def with_accumulators(*accs):
@@ -161,13 +170,15 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
             def _fill():
                 if existing_ref is None:
                     store(jnp.zeros(shape, out_ref.dtype))
-                else:
+                    return
+                for piece in range(pieces):
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                     plgpu.copy_gmem_to_smem(
-                        existing_ref.at[pl.ds(first_row, bm), pl.ds(first_col, part)],
+                        existing_ref.at[pl.ds(first_row + piece * tile_rows, tile_rows),
+                                        pl.ds(first_col, part)],
                         tile_smem, barrier)
                     plgpu.barrier_wait(barrier)
-                    store_tile()
+                    store_piece(piece)
 
         # The last stores complete before the kernel ends.
         plgpu.wait_smem_to_gmem(0)

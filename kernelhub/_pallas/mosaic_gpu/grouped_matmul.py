@@ -118,7 +118,9 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     if blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)
     else:
-        body = functools.partial(gmm_warp_specialized.body, **shared, epilogue_fn=_epilogue)
+        body = functools.partial(
+            gmm_warp_specialized.body, **shared, epilogue_fn=_epilogue,
+            tile_rows=config.output_tile_rows(blocks, problem, 1 if spec.glu is None else 2))
     copied = () if existing is None or aliased else (existing,)
     out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *copied),
                               (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
