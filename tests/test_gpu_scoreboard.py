@@ -496,6 +496,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
     assert not visits.SPREAD_FILLS
     assert kernels == {"forward": "gmm", "forward_k_major": "gmm_t",
                        "forward_banded": "gmm", "forward_warp_specialized": "gmm",
+                       "forward_warp_specialized_float32": "gmm",
                        "forward_deep": "gmm", "forward_wide": "gmm",
                        "forward_two_per_sm": "gmm",
                        "forward_spread_fills": "gmm", "lhs_gradient_spread_fills": "gmm_t",
@@ -504,6 +505,7 @@ def test_mosaic_profile_passes_run_the_kernel_each_names():
                        "rhs_gradient_warp_specialized": "tgmm"}
     assert tilings == {**dict.fromkeys(kernels), "rhs_gradient_spans": (64, 64, 64, 4, 1, 8),
                        "forward_warp_specialized": (128, 64, 256, 3, 2),
+                       "forward_warp_specialized_float32": (128, 64, 256, 3, 2),
                        "forward_deep": (64, 64, 128, 8), "forward_wide": (64, 64, 256, 4),
                        "forward_two_per_sm": (64, 64, 128, 3, 1, 1, 0, 2),
                        "rhs_gradient_warp_specialized": (64, 64, 128, 4, 2)}
@@ -576,6 +578,10 @@ def test_mosaic_profile_sums_each_warpgroups_regions_by_hand():
         2 * (2048 * 7168 + 2048 * 2048 + 32 * 7168 * 2048))
     assert mosaic_profile.compulsory_bytes(deepseek, 2048, "forward_deep") == (
         mosaic_profile.compulsory_bytes(deepseek, 2048, "forward"))
+    # A float32 output writes all 16384 x 2048 elements in 4 bytes, not 2.
+    assert mosaic_profile.compulsory_bytes(
+        deepseek, 2048, "forward_warp_specialized_float32") == (
+        mosaic_profile.compulsory_bytes(deepseek, 2048, "forward") + 2 * 16384 * 2048)
     found["tiling"] = (64, 128, 128, 2, 1, 1, 0, 2)
     found["tbps"] = 2.5
     table = mosaic_profile.report([("deepseek-v3", "rhs_gradient", found),

@@ -9,7 +9,7 @@ share one tiling; the probes below that name a tiling run it.
 For each pass, per warpgroup and then averaged: the kernel's span, the work items it ran, the
 share of the span in each region (sums: a work item's pipeline; step: the wgmma issued and the
 previous one waited for; store: epilogue and TMA store), and the time between steps, which is
-the wait for a step's tiles. Ten probes beside the passes:
+the wait for a step's tiles. Eleven probes beside the passes:
 - `forward_k_major`: the forward with the weights stored [G, n, k] (transpose_rhs=True), whether
   its loads go faster in that layout, where each weight tile's rows run along the contraction;
 - `forward_banded`: the forward in bands of grouped_matmul.BAND n-tiles even where a group's
@@ -18,6 +18,9 @@ the wait for a step's tiles. Ten probes beside the passes:
   the profile keeps measuring that choice (whole rows 557 us, bands 637, on the H100);
 - `forward_warp_specialized`: the forward in the tables' warp-specialized tiling (a memory
   warpgroup loading for two compute warpgroups, whose regions are the ones profiled);
+  `forward_warp_specialized_float32` the same with a float32 output, which that tiling
+  stores from 64-row pieces of each accumulator (config.output_tile_rows): against the bf16
+  probe, what storing a piece after another costs (its TB/s counts the wider output);
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
   (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
   holds its group's store, when it ends one);
@@ -58,7 +61,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernelhub._cli.bench.gpu_roofline import PassProblem
+from kernelhub._cli.bench.gpu_roofline import OUT_BYTES, PassProblem
 from kernelhub._pallas.mosaic_gpu import profiling
 from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
 
@@ -66,9 +69,13 @@ from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
 # DeepSeek-V3 and Mixtral (128 x 256 output tiles, two compute warpgroups of 128 columns,
 # 3 stages), and the heuristic's at the fine-grained shapes (64, 64, 128, 4) with one change.
 TILED_FORWARDS = {"forward_warp_specialized": (128, 64, 256, 3, 2),
+                  "forward_warp_specialized_float32": (128, 64, 256, 3, 2),
                   "forward_deep": (64, 64, 128, 8),
                   "forward_wide": (64, 64, 256, 4),
                   "forward_two_per_sm": (64, 64, 128, 3, 1, 1, 0, 2)}
+# Probes whose output is not the scoreboard's bf16, and the bytes of an element of theirs.
+PROBE_OUTPUTS = {"forward_warp_specialized_float32": "float32"}
+_BYTES = {"float32": 4}
 
 def region_times(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per trace (`tid`, one warpgroup): its span (first begin to last end, us) and, per
@@ -263,8 +270,11 @@ PROBE_PASS = {"forward_k_major": "forward", "forward_banded": "forward",
 def compulsory_bytes(shape: Any, rows: int, pass_name: str) -> float:
     """The bytes the roofline has the pass move (gpu_roofline.py), bf16, at `shape` with
     `rows` computed rows."""
-    return PassProblem(PROBE_PASS.get(pass_name, pass_name), shape.m, shape.k, shape.n, rows,
-                       shape.local, "bf16").compulsory_bytes
+    problem = PassProblem(PROBE_PASS.get(pass_name, pass_name), shape.m, shape.k, shape.n,
+                          rows, shape.local, "bf16")
+    # The forward probes' wider outputs: every one of the m x n elements written once.
+    wider = (_BYTES[PROBE_OUTPUTS[pass_name]] - OUT_BYTES) if pass_name in PROBE_OUTPUTS else 0
+    return problem.compulsory_bytes + wider * shape.m * shape.n
 
 
 def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
@@ -284,8 +294,9 @@ def _pass(ops: Any, shape: Any, pass_name: str, platform: str = "mosaic"
             num_actual_groups=shape.local, tiling=explicit_tiling(shape, pass_name)))
     if pass_name in TILED_FORWARDS:
         call = kernelhub.get("grouped_matmul", platform="mosaic")
+        out = PROBE_OUTPUTS.get(pass_name, calls.OUT)
         return (ops.x, ops.w, ops.sizes), lambda: jax.jit(lambda x, w, s: call(
-            x, w, s, preferred_element_type=calls.OUT, group_offset=shape.offset,
+            x, w, s, preferred_element_type=out, group_offset=shape.offset,
             tiling=explicit_tiling(shape, pass_name)))
     if pass_name in ("forward_banded", "forward_spread_fills", "lhs_gradient_spread_fills"):
         pass_name = PROBE_PASS[pass_name]
@@ -349,7 +360,7 @@ def schedule_knob(pass_name: str) -> Iterator[None]:
 
 
 PASSES = ("forward", "forward_k_major", "forward_banded", "forward_warp_specialized",
-          "forward_deep", "forward_wide", "forward_two_per_sm",
+          "forward_warp_specialized_float32", "forward_deep", "forward_wide", "forward_two_per_sm",
           "forward_spread_fills", "lhs_gradient", "lhs_gradient_spread_fills", "rhs_gradient",
           "rhs_gradient_spans", "rhs_gradient_warp_specialized")
 
