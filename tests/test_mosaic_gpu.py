@@ -568,8 +568,8 @@ def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_
 def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
     """Mixtral (1024 rows an expert) is compute-bound in every pass: two compute warpgroups
     of a 128 x 256 output tile, 3 stages of 16-bit tiles; gmm's float32 output stored from
-    64-row pieces; none for a gated unit (two sums a warpgroup exceed its registers) or
-    tgmm's float32 output (its tile stays beside the pipeline), nor interpreted. The
+    64-row pieces; a gated unit's in 128 x 128 (its two sums share a warpgroup's registers);
+    none for tgmm's float32 output (its tile stays beside the pipeline), nor interpreted. The
     fine-grained shapes, DeepSeek-V3's shard counted at its local rows, are bound by their
     bytes: one warpgroup."""
     mixtral = _problem(kernel, 8192, 4096, 14336, 8)
@@ -593,7 +593,12 @@ def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
         blocks = config.heuristic(wide)
         assert blocks.as_tiling() == expected and config.output_tile_rows(blocks, wide) == 64
         assert config.output_tile_rows(config.heuristic(mixtral), mixtral) == 128
-        assert config.from_tiling(None, mixtral, weight_tiles=2).compute_warpgroups == 1
+        # A gated unit: two sums a warpgroup in the registers of one, 128 x 128 tiles (64
+        # columns of each sum a compute warpgroup); interpreted, 128 x 64 in one.
+        assert config.from_tiling(None, mixtral, weight_tiles=2).as_tiling() == (
+            128, 64, 128, 3, 2)
+        assert config.from_tiling(None, mixtral, weight_tiles=2, interpret=True).as_tiling(
+            ) == (128, 64, 64, 4)
     for shape in ((16384, 7168, 2048, 256, 32), (8192, 2048, 768, 128, 128),
                   (8192, 2880, 5760, 128, 128)):
         m, k, n, groups, local = shape
@@ -953,7 +958,7 @@ def test_warp_specialized_gmm_exports_for_cuda():
     bf16 weights in both layouts, and fp8 (K-major: a transposed view of each warpgroup's
     half of the weight tile) with a gated unit's two weight tiles a step. Then Mixtral's
     forward with the contract's float32 output under the heuristic: a 128 x 256 tile stored
-    from 64-row pieces of the accumulators (config.output_tile_rows)."""
+    from 64-row pieces of the accumulators (config.output_tile_rows); and its gated unit."""
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     m, k, n, experts = 8192, 2048, 768, 128
     sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
@@ -981,6 +986,14 @@ def test_warp_specialized_gmm_exports_for_cuda():
     _check_mosaic_only(_exported(
         gmm, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         jax.ShapeDtypeStruct((experts, k, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts,), jnp.int32)), 1, unpadded=True)
+    # Its fused gate and up projection under the heuristic: 128 x 128 tiles, each compute
+    # warpgroup two 128 x 64 sums.
+    _check_mosaic_only(_exported(
+        lambda lhs, rhs, sizes: gmm(lhs, rhs, sizes, glu="silu",
+                                    preferred_element_type=jnp.bfloat16),
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts, k, 2 * n), jnp.bfloat16),
         jax.ShapeDtypeStruct((experts,), jnp.int32)), 1, unpadded=True)
 
 

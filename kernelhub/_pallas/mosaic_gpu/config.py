@@ -92,6 +92,12 @@ _ROOFLINE_PEAK = gpu_peaks.peak_for("H100 SXM")
 # The warp-specialized tile the heuristic gives a compute-bound call: 128 output rows by 256
 # columns, 128 a compute warpgroup (`compute_bound`, `_warp_specialized`).
 WIDE_ROWS, WIDE_COLUMNS = 128, 256
+# Its stages at most: what the tables' warp-specialized tiling ran on the H100 (2026-11-28),
+# and so a deeper pipeline never takes the place of whole output tiles (`output_tile_rows`).
+WIDE_STAGES = 3
+# The float32 sums the heuristic gives one warpgroup: 128 registers of each of its threads,
+# of the 255 a thread can have (a gated unit's two sums share them).
+ACCUMULATOR_ELEMENTS = 128 * 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,8 +476,9 @@ def heuristic(problem: Problem, weight_tiles: int = 1, warp_specialize: bool = T
             if shared is not None:
                 return shared
     else:
-        blocks = BlockConfig(block_m=64 if rows_per_group <= 64 else 128, block_k=contraction,
-                             block_n=128)
+        block_m = 64 if rows_per_group <= 64 else 128
+        blocks = BlockConfig(block_m=block_m, block_k=contraction,
+                             block_n=min(128, ACCUMULATOR_ELEMENTS // (weight_tiles * block_m)))
     wide = _warp_specialized(blocks, problem, weight_tiles) if warp_specialize else None
     return wide or fitted(blocks, problem)
 
@@ -483,18 +490,19 @@ def _warp_specialized(blocks: BlockConfig, problem: Problem,
     tiles feed twice the multiply-adds of a 128 x 128 tile, and one warpgroup's loads are
     waited for while the other multiplies. On the H100 (2026-11-28) Mixtral's forward and lhs
     gradient ran at .64 and .67 of the roofline so, against .54 in 128 x 128 tiles. A float32
-    output is stored in 64-row pieces (`output_tile_rows`). None where the problem is not
-    compute-bound, is smaller than the tile, has a gated unit, or the stages (at least 2) and
-    output tiles do not fit shared memory."""
-    if not compute_bound(problem) or weight_tiles > 1:
-        # A gated unit's two 128 x 128 float32 sums would take each compute warpgroup's
-        # threads 256 registers, more than a thread has.
+    output is stored in 64-row pieces (`output_tile_rows`). A gated unit's tile is 128 x 128,
+    each compute warpgroup summing its 64 columns of the gate and of the up projection. None
+    where the problem is not compute-bound, is smaller than the tile, or the stages (at least
+    2) and output tiles do not fit shared memory."""
+    if not compute_bound(problem):
         return None
     rows = output_rows_block(problem.kernel)
-    wide = fitted(dataclasses.replace(blocks, **{rows: WIDE_ROWS}, block_n=WIDE_COLUMNS,
-                                      compute_warpgroups=2), problem)
+    # A gated unit's two sums share a warpgroup's registers: 128 x 128 output tiles.
+    columns = WIDE_COLUMNS // weight_tiles
+    wide = fitted(dataclasses.replace(blocks, **{rows: WIDE_ROWS}, block_n=columns,
+                                      stages=WIDE_STAGES, compute_warpgroups=2), problem)
     wide = _stages_that_fit(wide, problem, weight_tiles)
-    if (getattr(wide, rows), wide.block_n) != (WIDE_ROWS, WIDE_COLUMNS):
+    if (getattr(wide, rows), wide.block_n) != (WIDE_ROWS, columns):
         return None
     if shared_memory_bytes(wide, problem, weight_tiles) > shared_memory_limit(wide):
         return None
