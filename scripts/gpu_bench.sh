@@ -233,8 +233,11 @@ for stage in "${stages[@]}"; do
         lax.ragged_dot --gpu-dtypes "${roofline_dtypes[@]}" "${narrowed[@]}"
       ;;
     epilogue)
-      # Fused against unfused epilogues, forward and forward + grad (issue #35's GPU rows).
-      run_stage epilogue "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench --gpu-tables epilogue "${smoke[@]}"
+      # Fused against unfused epilogues, forward and forward + grad (issue #35's GPU rows), on
+      # each GPU kernel; at $KERNELHUB_GPU_SHAPES (benchmark shape names) where set.
+      read -r -a epilogue_shapes <<<"${KERNELHUB_GPU_SHAPES:-}"
+      run_stage epilogue "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench --gpu-tables epilogue \
+        ${epilogue_shapes[@]+--gpu-shapes "${epilogue_shapes[@]}"} "${smoke[@]}"
       ;;
     bench)
       run_stage bench "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench "${smoke[@]}"

@@ -492,8 +492,10 @@ def measure_gpu(shape: Shape, dtype: Any, reps: int, warmup: int, platform: str 
                 error = difference(fns["kernelhub"](), fns["unfused"]())
             flops = 2.0 * (rows.stop - rows.start) * shape.k * 2 * shape.n
             flops *= 3 if pass_name == GRADIENT else 1
-            results.append(EpilogueMeasurement(shape, GPU_PATTERN, f"{variant.name}, {pass_name}",
-                                               flops, seconds, error))
+            # The Triton kernels' rows keep the names of the runs before the Mosaic GPU ones.
+            label = f"{variant.name}, {pass_name}" + (
+                "" if platform == "triton" else f" ({platform})")
+            results.append(EpilogueMeasurement(shape, GPU_PATTERN, label, flops, seconds, error))
     return results
 
 

@@ -6,7 +6,8 @@ same FLOPs (jnp.dot on the computed rows, i.e. cuBLAS) and the peer jax.lax.ragg
 forward on e4m3, int8, MXFP8 and 4-bit-weight operands beside dense bf16 and dense 8-bit floors
 (gpu_quantized.py);
 then fused epilogues (glu="silu"; bias + glu="swiglu_oai", interleaved) beside the same math
-unfused, forward and forward + grad (epilogue.py).
+unfused, forward and forward + grad (epilogue.py), on the Triton kernels and, where the GPU has
+them (Hopper), the Mosaic GPU ones (rows marked "(mosaic)").
 It writes gpu_bench.md (tables, targets), gpu_bench.json (raw numbers) and gpu_bench.png (plot,
 when matplotlib is installed) into the output folder. `--gpu-parts sweep` times a few block
 configs per shape instead (gpu_sweep.md), the data for tuning kernelhub/_pallas/gpu/config.py.
@@ -44,6 +45,8 @@ GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
 PASSES = ("gmm forward", "gmm backward", "tgmm")
 TABLES = ("main", "quantized", "epilogue")
+# The kernels whose fused epilogues the epilogue table times, each beside the unfused math.
+EPILOGUE_PLATFORMS = ("triton", "mosaic")
 
 
 # ---------------------------------------------------------------- command line
@@ -157,10 +160,19 @@ def run_gpu_benchmark(args: argparse.Namespace) -> int:
                 quantized_rows.append(result)
             write_reports()
         for shape in shapes if "epilogue" in tables else ():
-            for result in epilogue.measure_gpu(shape, dtype, reps, warmup, platform="triton"):
-                print(epilogue.gpu_one_line(result), flush=True)
-                epilogue_rows.append(result)
-            write_reports()
+            # Both GPU kernels where Hopper has the Mosaic GPU ones (the interpreter's, in a
+            # smoke run, would take minutes).
+            for platform in ("triton",) if smoke else EPILOGUE_PLATFORMS:
+                try:
+                    measured = epilogue.measure_gpu(shape, dtype, reps, warmup, platform=platform)
+                except kernelhub.NoImplementationError as error:
+                    print(f"epilogue, {platform}: not here: {str(error).splitlines()[0]}",
+                          flush=True)
+                    continue
+                for result in measured:
+                    print(epilogue.gpu_one_line(result), flush=True)
+                    epilogue_rows.append(result)
+                write_reports()
         print(f"wrote {out / 'gpu_bench.md'}, {out / 'gpu_bench.json'}"
               + (f", {out / 'gpu_bench.png'}" if plotted else " (no plot: matplotlib is missing)"))
     if "roofline" in parts:
