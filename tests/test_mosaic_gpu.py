@@ -381,20 +381,29 @@ def test_tgmm_chunks_from_group_starts_moved_back_from_the_end(tiling):
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_warp_specialized_tgmm_with_offset_existing_out_and_other_groups_nan(dtype):
+@pytest.mark.parametrize("dtype, tiling, k, n", [
+    (jnp.bfloat16, (64, 128, 256, 3, 2), 128, 256),  # Mixtral's heuristic tiling
+    (jnp.float32, (64, 64, 128, 2, 2), 64, 128)])
+def test_warp_specialized_tgmm_with_offset_existing_out_and_other_groups_nan(dtype, tiling, k,
+                                                                             n):
     """compute_warpgroups=2: a memory warpgroup loading each chunk for two compute warpgroups,
     each summing half of the output tile's columns, on the interpreter's two programs. Local
     groups 1..4 of 5 with existing_out, an empty group, boundaries inside chunks (both
     warpgroups mask the same rows of the shared tiles), a NaN in rows of no group; 16-bit
-    values read lhs [m, k] (its tile transposed for wgmma), float32 ones rhs [n, m]."""
+    values read lhs [m, k] (its tile transposed for wgmma), float32 ones rhs [n, m]. The bf16
+    case's float32 output tiles of 128 rows do not fit beside its 3 stages: each warpgroup
+    stores its half in 64-row pieces (config.output_tile_rows)."""
     rng = np.random.default_rng(3)
-    k, m, n = 64, 200, 128
+    m = 200
     sizes = np.array([13, 0, 51, 70, 9], np.int32)  # sum 143; local rows 13..143
     lhs, rhs = _values(rng, (k, m), dtype), _values(rng, (m, n), dtype)
     rhs = rhs.at[150:].set(jnp.nan)
     existing = _values(rng, (4, k, n), jnp.float32)
-    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 64, 128, 2, 2),
+    problem = Problem(Kernel.TGMM, m, k, n, 5, 4, jnp.dtype(dtype).name, jnp.dtype(dtype).name,
+                      "float32", True)
+    assert config.output_tile_rows(config.from_tiling(tiling, problem), problem) == (
+        64 if dtype == jnp.bfloat16 else k)
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=tiling,
                         group_offset=jnp.int32(1), num_actual_groups=4, existing_out=existing)
     expected = reference.tgmm(lhs, rhs, sizes, group_offset=1, num_actual_groups=4,
                               existing_out=existing)
@@ -549,9 +558,9 @@ SHARED = (64, 64, 128, 3, 1, 1, 0, 2)
     ((8192, 2048, 768, 128, 128), (64, 128, 128, 2, 1, 1, 0, 2), SHARED),
     ((8192, 2880, 5760, 128, 128), SHARED, SHARED),  # 2880: 64-row tiles, 3 stages
     # Mixtral's 1024 rows per expert fill a pipeline, and wgmma bounds it: warp-specialized
-    # 128 x 256 tiles, where a float32 output tile leaves too little shared memory for them;
-    # a small problem leaves a second program per SM no work.
-    ((8192, 4096, 14336, 8, 8), (64, 128, 256, 3, 2), (64, 128, 128, 4)),
+    # 128 x 256 tiles (a float32 output's stored in 64-row pieces); a small problem leaves a
+    # second program per SM no work.
+    ((8192, 4096, 14336, 8, 8), (64, 128, 256, 3, 2), (64, 128, 256, 3, 2)),
     ((512, 256, 384, 4, 4), (64, 128, 128, 4), (64, 128, 128, 4)),
 ])
 def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_chunks(
@@ -567,9 +576,9 @@ def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_
 @pytest.mark.parametrize("kernel", list(Kernel))
 def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
     """Mixtral (1024 rows an expert) is compute-bound in every pass: two compute warpgroups
-    of a 128 x 256 output tile, 3 stages of 16-bit tiles; gmm's float32 output stored from
+    of a 128 x 256 output tile, 3 stages of 16-bit tiles; a float32 output stored from
     64-row pieces; a gated unit's in 128 x 128 (its two sums share a warpgroup's registers);
-    none for tgmm's float32 output (its tile stays beside the pipeline), nor interpreted. The
+    not interpreted. The
     fine-grained shapes, DeepSeek-V3's shard counted at its local rows, are bound by their
     bytes: one warpgroup."""
     mixtral = _problem(kernel, 8192, 4096, 14336, 8)
@@ -587,12 +596,10 @@ def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
     assert tuning_space.space("mosaic").default(mixtral) == expected
     wide = dataclasses.replace(mixtral, out_dtype="float32")
     assert config.compute_bound(wide)
-    if kernel is Kernel.TGMM:
-        assert config.heuristic(wide).compute_warpgroups == 1
-    else:
-        blocks = config.heuristic(wide)
-        assert blocks.as_tiling() == expected and config.output_tile_rows(blocks, wide) == 64
-        assert config.output_tile_rows(config.heuristic(mixtral), mixtral) == 128
+    blocks = config.heuristic(wide)
+    assert blocks.as_tiling() == expected and config.output_tile_rows(blocks, wide) == 64
+    assert config.output_tile_rows(config.heuristic(mixtral), mixtral) == 128
+    if kernel is not Kernel.TGMM:
         # A gated unit: two sums a warpgroup in the registers of one, 128 x 128 tiles (64
         # columns of each sum a compute warpgroup); interpreted, 128 x 64 in one.
         assert config.from_tiling(None, mixtral, weight_tiles=2).as_tiling() == (
@@ -1000,19 +1007,25 @@ def test_warp_specialized_gmm_exports_for_cuda():
 def test_warp_specialized_tgmm_exports_for_cuda():
     """The heuristic's weight gradient at Mixtral's shape (compute-bound): two compute
     warpgroups of a 128 x 256 tile, bf16 (lhs read [m, k], each warpgroup's B a column half of
-    the rhs tile) and fp8 (both read K-major: each warpgroup's B a transposed view of its rows
+    the rhs tile; a bf16 output, and a float32 one stored in 64-row pieces) and fp8 (both read K-major: each warpgroup's B a transposed view of its rows
     of the [n, m] tile), one Mosaic GPU kernel each."""
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
     m, k, n, experts = 8192, 4096, 14336, 8
     sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
-    for dtype, tiling in ((jnp.bfloat16, None), (jnp.float8_e4m3fn, (128, 128, 256, 3, 2))):
+    for dtype, tiling, out in ((jnp.bfloat16, None, jnp.bfloat16),
+                               (jnp.bfloat16, None, jnp.float32),
+                               (jnp.float8_e4m3fn, (128, 128, 256, 3, 2), jnp.bfloat16)):
         if tiling is None:
             problem = Problem(Kernel.TGMM, m, k, n, experts, experts, "bfloat16", "bfloat16",
-                              "bfloat16", False)
-            assert config.heuristic(problem).compute_warpgroups == 2
+                              jnp.dtype(out).name, False)
+            blocks = config.heuristic(problem)
+            assert blocks.compute_warpgroups == 2
+            # A float32 output's 128-row tiles stored in 64-row pieces.
+            assert config.output_tile_rows(blocks, problem) == (
+                64 if out == jnp.float32 else 128)
         _check_mosaic_only(_exported(
-            lambda lhs, rhs, sizes, tiling=tiling: tgmm(
-                lhs, rhs, sizes, tiling=tiling, preferred_element_type=jnp.bfloat16),
+            lambda lhs, rhs, sizes, tiling=tiling, out=out: tgmm(
+                lhs, rhs, sizes, tiling=tiling, preferred_element_type=out),
             jax.ShapeDtypeStruct((k, m), dtype), jax.ShapeDtypeStruct((m, n), dtype), sizes),
             1, unpadded=True)
 

@@ -285,38 +285,45 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
     """What a kernel with these blocks allocates at its peak, SHARED_MEMORY_SLACK included:
     `stages` tiles of each operand (`weight_tiles` weight tiles per gmm step), and the output
     tile. tgmm keeps its output tile beside the pipeline (its store stays in flight); gmm's
-    takes the pipeline's place once the sums are done. With upcast, two float16 copies of each
-    step's tiles (one being converted while wgmma reads the other) stay beside the pipeline."""
-    width = operand_bytes(problem)
+    takes the pipeline's place once the sums are done, but for warp specialization, where the
+    compute warpgroups' tiles stay beside it (`output_tile_rows` of their rows). With upcast,
+    two float16 copies of each step's tiles (one being converted while wgmma reads the other)
+    stay beside the pipeline."""
     out_width = np.dtype(problem.out_dtype).itemsize
-    bm, bk, bn = config.block_m, config.block_k, config.block_n
-    stages = max(config.stages, 2)
-    if problem.kernel is Kernel.TGMM:
-        peak = stages * (bk * bm + bm * bn) * width + bk * bn * out_width
-    elif config.compute_warpgroups > 1:
-        # The compute warpgroups' output tiles stay beside the pipeline.
-        peak = (stages * (bm * bk + weight_tiles * bk * bn) * width
-                + output_tile_rows(config, problem, weight_tiles) * bn * out_width)
+    pipeline = max(config.stages, 2) * _step_bytes(config, problem, weight_tiles)
+    if problem.kernel is Kernel.TGMM or config.compute_warpgroups > 1:
+        peak = (pipeline + output_tile_rows(config, problem, weight_tiles) * config.block_n
+                * out_width)
     else:
-        step_tiles = bm * bk + weight_tiles * bk * bn
-        converted = 2 * step_tiles * UPCAST_DTYPE.itemsize if config.upcast else 0
-        peak = max(stages * step_tiles * width + converted, bm * bn * out_width)
+        converted = 0
+        if config.upcast:
+            converted = (2 * _step_bytes(config, problem, weight_tiles)
+                         // operand_bytes(problem) * UPCAST_DTYPE.itemsize)
+        peak = max(pipeline + converted, config.block_m * config.block_n * out_width)
     return peak + SHARED_MEMORY_SLACK
 
 
+def _step_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
+    """The bytes of one pipeline step's tiles."""
+    bm, bk, bn = config.block_m, config.block_k, config.block_n
+    if problem.kernel is Kernel.TGMM:
+        return (bk * bm + bm * bn) * operand_bytes(problem)
+    return (bm * bk + weight_tiles * bk * bn) * operand_bytes(problem)
+
+
 def output_tile_rows(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
-    """Rows of each output tile a warp-specialized gmm keeps in shared memory: block_m where
-    the whole tiles fit beside the pipeline, else LAYOUT_ROWS, a piece of the accumulator
-    stored after another (a float32 128 x 256 tile takes 128 KiB, which 3 stages of 16-bit
-    tiles leave no room for). Every other kernel keeps a whole tile."""
-    bm = config.block_m
-    if problem.kernel is Kernel.TGMM or config.compute_warpgroups == 1 or bm <= LAYOUT_ROWS:
-        return bm
-    pipeline = (max(config.stages, 2) * (bm * config.block_k + weight_tiles * config.block_k
-                                         * config.block_n) * operand_bytes(problem))
-    whole = bm * config.block_n * np.dtype(problem.out_dtype).itemsize
+    """Rows of each output tile a warp-specialized kernel keeps in shared memory beside its
+    pipeline: all of the tile's (gmm's block_m, tgmm's block_k) where the whole tiles fit,
+    else LAYOUT_ROWS, a piece of the accumulator stored after another (a float32 128 x 256
+    tile takes 128 KiB, which 3 stages of 16-bit tiles leave no room for). Every other kernel
+    keeps a whole tile."""
+    rows = getattr(config, output_rows_block(problem.kernel))
+    if config.compute_warpgroups == 1 or rows <= LAYOUT_ROWS:
+        return rows
+    whole = rows * config.block_n * np.dtype(problem.out_dtype).itemsize
+    pipeline = max(config.stages, 2) * _step_bytes(config, problem, weight_tiles)
     fits = pipeline + whole + SHARED_MEMORY_SLACK <= shared_memory_limit(config)
-    return bm if fits else LAYOUT_ROWS
+    return rows if fits else LAYOUT_ROWS
 
 
 # Computations that may hold an XLA CPU client thread while an interpreted kernel's

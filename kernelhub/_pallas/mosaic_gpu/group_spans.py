@@ -126,9 +126,8 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                 @pl.when(table_ref[LAST, visit] == 1)
                 @jax.named_scope(profiling.STORE)
                 def _store():
-                    where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
                     kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref,
-                                            where)
+                                            group, k_tile * bk, pl.ds(n_tile * bn, bn))
 
                 return total
 

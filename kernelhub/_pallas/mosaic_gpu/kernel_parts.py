@@ -106,22 +106,31 @@ def transposed_operand(smem, scratch):
     return scratch
 
 
-def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, where) -> None:
-    """tgmm: stores a [block_k, block_n] float32 result tile (plus existing_out's, when given)
-    at `where` of the output through `tile_smem` by TMA, without waiting for the store; only a
-    previous store still reading `tile_smem` is waited for."""
+def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, group: jax.Array,
+               first_row: jax.Array, columns) -> None:
+    """tgmm: stores a [rows, columns] float32 result tile (plus existing_out's, when given)
+    at output[group, first_row:first_row + rows, columns] through `tile_smem` by TMA, without
+    waiting for the store; only a previous store still reading `tile_smem` is waited for. A
+    `tile_smem` of fewer rows than the tile takes it a piece at a time
+    (config.output_tile_rows), each piece's store waited for before the next is written."""
+    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-    if existing_ref is None:
-        tile_smem[...] = total.astype(out_ref.dtype)
-    else:
-        plgpu.copy_gmem_to_smem(existing_ref.at[where], tile_smem, barrier)
-        plgpu.barrier_wait(barrier)
-        kept = tile_smem[...].astype(jnp.float32)
-        tile_smem[...] = (total + kept).astype(out_ref.dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
+    rows = tile_smem.shape[0]
+    pieces = total.shape[0] // rows
+    for piece in range(pieces):
+        part = total if pieces == 1 else total[piece * rows:(piece + 1) * rows]
+        where = (group, pl.ds(first_row + piece * rows, rows), columns)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        if existing_ref is None:
+            tile_smem[...] = part.astype(out_ref.dtype)
+        else:
+            plgpu.copy_gmem_to_smem(existing_ref.at[where], tile_smem, barrier)
+            plgpu.barrier_wait(barrier)
+            kept = tile_smem[...].astype(jnp.float32)
+            tile_smem[...] = (part + kept).astype(out_ref.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
 
 
 def wgmma_zeros(shape: tuple[int, int], interpret: bool) -> jax.Array:

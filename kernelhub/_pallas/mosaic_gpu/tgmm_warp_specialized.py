@@ -7,7 +7,8 @@ warpgroups of each program:
   chunks ahead, and goes on to the next tile's loads while this one is stored;
 - each of the two compute warpgroups multiplies the chunks into its own float32 accumulator,
   [block_k, block_n / 2]: its half of the output tile's columns, and stores that half by TMA
-  (plus existing_out's, when given), the store left in flight while it sums its next tile.
+  (plus existing_out's, when given), the store left in flight while it sums its next tile
+  (in 64-row pieces where whole tiles do not fit beside the pipeline: a float32 output's).
 
 Why: where a group's rows are many (Mixtral: 1024 a group), tgmm is bound by wgmma, and one
 warpgroup's registers hold at most a 128 x 128 float32 sum, whose chunk brings 64 bytes of
@@ -37,8 +38,10 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import (COMPUTE_WARPGROUPS, MEMOR
 
 def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
          rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
-         has_existing: bool, interpret: bool) -> None:
-    """The kernel body; arguments as transposed_grouped_matmul._body's."""
+         has_existing: bool, interpret: bool, tile_rows: int) -> None:
+    """The kernel body; arguments as transposed_grouped_matmul._body's, `tile_rows` the rows
+    of each compute warpgroup's output tile (config.output_tile_rows: block_k, or a piece of
+    it stored after another)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -62,7 +65,7 @@ def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups
     allocating = pipeline(ignored, ignored, 0, 0, lambda c: c * bm, stages)
     scoped = dict(
         allocations=allocating.get_allocations(lhs_ref, rhs_ref),
-        tiles=plgpu.SMEM((COMPUTE_WARPGROUPS, bk, part), out_ref.dtype),
+        tiles=plgpu.SMEM((COMPUTE_WARPGROUPS, tile_rows, part), out_ref.dtype),
         barriers=plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),
         scratches=layout.scratch(blocks, lhs_ref.dtype, interpret, columns=part,
                                  copies=COMPUTE_WARPGROUPS),
@@ -80,12 +83,12 @@ def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups
         def _work(info):
             group, k_tile, n_tile = info.index
             end, chunks, rows_of = layout.group_chunks(bounds_ref, group, bm, rows_padded)
-            where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn + wg * part, part))
 
             def store(total):
                 with jax.named_scope(profiling.STORE):
                     kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref,
-                                            where)
+                                            group, k_tile * bk,
+                                            pl.ds(n_tile * bn + wg * part, part))
 
             def context(run):
                 def with_accumulator(acc):

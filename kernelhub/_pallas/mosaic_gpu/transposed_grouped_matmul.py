@@ -61,8 +61,12 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         body = functools.partial(group_spans.body, spans=spans.shape[1], **tiles)
         tables = (table, spans)
     else:
-        per_group = _body if blocks.compute_warpgroups == 1 else tgmm_warp_specialized.body
-        body = functools.partial(per_group, groups=groups, rows_padded=m_p, **tiles)
+        if blocks.compute_warpgroups == 1:
+            body = functools.partial(_body, groups=groups, rows_padded=m_p, **tiles)
+        else:
+            body = functools.partial(tgmm_warp_specialized.body, groups=groups,
+                                     rows_padded=m_p, **tiles,
+                                     tile_rows=config.output_tile_rows(blocks, problem))
         tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
     out = kernel_parts.launch(body, (*tables, lhs, rhs, *existing), (groups, k_p, n_p),
                               out_dtype, interpret, "kernelhub_transposed_grouped_matmul",
@@ -135,9 +139,9 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                     lambda tile: accumulate(acc, tile), scratch), plgpu.ACC(shape))
             else:
                 total = pl.run_scoped(accumulate, plgpu.ACC(shape))
-        where = (group, pl.ds(k_tile * bk, bk), pl.ds(n_tile * bn, bn))
         with jax.named_scope(profiling.STORE):
-            kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref, where)
+            kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref, group,
+                                    k_tile * bk, pl.ds(n_tile * bn, bn))
 
     # The last store completes before the kernel ends.
     plgpu.wait_smem_to_gmem(0)
