@@ -4,8 +4,9 @@ jax has no public way to trace a function into a jaxpr for given abstract values
 manual mesh axes they vary over), to drop a jaxpr's dead equations, to lower a jaxpr inside a
 lowering rule, to add a configuration option that jax.jit caches on, to read a lowered
 module's operations, to add a primitive to Pallas's Triton lowering (and build Triton IR
-there), to make that lowering's pointer offsets wide enough for 8-bit arrays, or to read
-Pallas's dynamic-shape export flag. Everything kernelhub takes from `jax._src` for those goes
+there), to make that lowering's pointer offsets wide enough for 8-bit arrays, to read
+Pallas's dynamic-shape export flag, or to learn how many threads XLA's CPU client runs
+computations on. Everything kernelhub takes from `jax._src` for those goes
 through this module (the Triton IR capture of kernelhub/_verify/cuda_lowering.py aside), so a
 jax upgrade that moves them breaks here. Checked with jax 0.10.2 and 0.11.
 """

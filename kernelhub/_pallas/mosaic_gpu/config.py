@@ -35,7 +35,10 @@ What Hopper fixes (each rule below found by lowering or running on an H100):
   a column half of the shared weight-side tile, kept to at least 64 columns (whole 128-byte
   swizzled rows of 16-bit values): narrower halves lower, but no GPU has run them;
 - the pipeline's stages, the output tile and a little more fit one block's 227 KiB of shared
-  memory.
+  memory (a warp-specialized kernel's output tiles, beside its pipeline, in 64-row pieces
+  where whole ones do not fit: `output_tile_rows`);
+- (a choice) the heuristic gives one warpgroup at most 128 x 128 float32 sums, 128 of the 255
+  registers a thread has (a gated unit's two sums share them).
 The heuristic reads shapes and dtypes only, never group sizes.
 """
 
@@ -290,25 +293,23 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
     two float16 copies of each step's tiles (one being converted while wgmma reads the other)
     stay beside the pipeline."""
     out_width = np.dtype(problem.out_dtype).itemsize
-    pipeline = max(config.stages, 2) * _step_bytes(config, problem, weight_tiles)
+    step = _step_elements(config, problem, weight_tiles)
+    pipeline = max(config.stages, 2) * step * operand_bytes(problem)
     if problem.kernel is Kernel.TGMM or config.compute_warpgroups > 1:
         peak = (pipeline + output_tile_rows(config, problem, weight_tiles) * config.block_n
                 * out_width)
     else:
-        converted = 0
-        if config.upcast:
-            converted = (2 * _step_bytes(config, problem, weight_tiles)
-                         // operand_bytes(problem) * UPCAST_DTYPE.itemsize)
+        converted = 2 * step * UPCAST_DTYPE.itemsize if config.upcast else 0
         peak = max(pipeline + converted, config.block_m * config.block_n * out_width)
     return peak + SHARED_MEMORY_SLACK
 
 
-def _step_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
-    """The bytes of one pipeline step's tiles."""
+def _step_elements(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
+    """The elements of one pipeline step's tiles."""
     bm, bk, bn = config.block_m, config.block_k, config.block_n
     if problem.kernel is Kernel.TGMM:
-        return (bk * bm + bm * bn) * operand_bytes(problem)
-    return (bm * bk + weight_tiles * bk * bn) * operand_bytes(problem)
+        return bk * bm + bm * bn
+    return bm * bk + weight_tiles * bk * bn
 
 
 def output_tile_rows(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
@@ -321,7 +322,8 @@ def output_tile_rows(config: BlockConfig, problem: Problem, weight_tiles: int = 
     if config.compute_warpgroups == 1 or rows <= LAYOUT_ROWS:
         return rows
     whole = rows * config.block_n * np.dtype(problem.out_dtype).itemsize
-    pipeline = max(config.stages, 2) * _step_bytes(config, problem, weight_tiles)
+    pipeline = (max(config.stages, 2) * _step_elements(config, problem, weight_tiles)
+                * operand_bytes(problem))
     fits = pipeline + whole + SHARED_MEMORY_SLACK <= shared_memory_limit(config)
     return rows if fits else LAYOUT_ROWS
 
