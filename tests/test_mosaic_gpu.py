@@ -693,6 +693,41 @@ def test_xla_cpu_client_threads_follow_nproc(monkeypatch):
     assert jax_internals.xla_cpu_client_threads() >= 1
 
 
+def test_a_table_tiling_too_big_for_a_gated_unit_gives_way_to_the_heuristic():
+    """Tables are tuned without epilogues, and a gated call shares its key with the plain
+    call of its weights: a tiling whose 4 stages fit the plain call's shared memory does not
+    fit beside a gated unit's second weight tile. The table is then passed over for the gated
+    call (one warning) rather than failing it; the plain call still takes it."""
+    from kernelhub import tuning
+    from kernelhub._grouped_matmul import active_table
+    from kernelhub._grouped_matmul import tables as _tables
+    from kernelhub.tuning import _autotune
+
+    rng = np.random.default_rng(12)
+    m, k, n = 200, 64, 64
+    sizes = np.array([90, 40, 70], np.int32)
+    lhs, gate_up = _values(rng, (m, k), jnp.bfloat16), _values(rng, (3, k, 2 * n), jnp.bfloat16)
+    gmm = _mosaic(GMM)
+    calls = {}
+    for glu in (None, "silu"):
+        recorder = _autotune.Recorder()
+        with active_table.activated(recorder):
+            gmm(lhs, gate_up, jnp.asarray(sizes), glu=glu, preferred_element_type=jnp.bfloat16)
+        ((key, calls[glu]),) = recorder.calls.items()
+    tiling = (128, 64, 256, 4)  # 4 x 48 KiB of tiles; 4 x 80 KiB with the gate's
+    with pytest.raises(ValueError, match="shared memory"):
+        config.from_tiling(tiling, calls["silu"].problem, weight_tiles=2)
+    table = tuning.Tuning({key: tuning.Entry(tiling, (64, 64, 128), 1.0, 1.0, "test")})
+    assert _tables.choose(None, table, calls[None]) == tiling
+    with table:
+        with pytest.warns(UserWarning, match=r"tiling \[128, 64, 256, 4\].*heuristic"):
+            out = gmm(lhs, gate_up, jnp.asarray(sizes), glu="silu",
+                      preferred_element_type=jnp.bfloat16)
+    assert_close(out, reference.gmm(lhs, gate_up, sizes, glu="silu"), jnp.bfloat16,
+                 contraction=k)
+    assert _tables.choose(None, table, calls["silu"]) is None
+
+
 @pytest.mark.parametrize("tiling, dtype, rule", [
     ((32, 64, 64), "bfloat16", "64 rows at a time"),  # block_m, masked in wgmma's layout
     ((64, 64, 32), "float32", "tiled \\[block_n, block_m\\]"),

@@ -28,7 +28,9 @@ class TuningSpace:
 
     candidates(problem) -> tilings to time (each a tuple the backend's `tiling` takes);
     default(problem) -> the tiling its heuristic picks, as such a tuple;
-    accepts(tiling, problem) -> whether a tiling tuned for a nearby shape is legal here;
+    accepts(tiling, problem, epilogue) -> whether a tiling tuned for a nearby shape, without
+      a fused epilogue, is legal for this problem under `epilogue` (a gated unit's second
+      weight tile may not fit beside a tiling that the plain call's does);
     times_epilogue(epilogue) -> whether a table's time for a gmm call's kernel problem is also
     the call's time under that fused epilogue. Tables are tuned without epilogues; a backend
     that does more for one (a copy of an operand) says False, and such a call then has no
@@ -38,7 +40,8 @@ class TuningSpace:
     implementation: str
     candidates: Callable[[Problem], Sequence[tuple[int, ...]]]
     default: Callable[[Problem], tuple[int, ...]]
-    accepts: Callable[[tuple[int, ...], Problem], bool] = lambda tiling, problem: True
+    accepts: Callable[[tuple[int, ...], Problem, Epilogue], bool] = (
+        lambda tiling, problem, epilogue=None: True)
     times_epilogue: Callable[[Epilogue], bool] = lambda epilogue: True
 
 
@@ -60,6 +63,8 @@ class KernelCall:
     invoke: Callable[[Arrays, Any], jax.Array]
     # Whether the tables' entry for this call's key times it (TuningSpace.times_epilogue).
     timed_by_tables: bool = True
+    # The fused epilogue the kernel runs (a table's tiling must suit it: TuningSpace.accepts).
+    epilogue: Epilogue = NO_EPILOGUE.spec
 
     def run(self, tiling: Any) -> jax.Array:
         return self.invoke(self.arrays, tiling)
@@ -87,7 +92,8 @@ def gmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rh
 
     return KernelCall(space, op, pass_name, problem,
                       (lhs, rhs, group_sizes, group_offset, existing_out), invoke,
-                      timed_by_tables=space.times_epilogue(epilogue.spec))
+                      timed_by_tables=space.times_epilogue(epilogue.spec),
+                      epilogue=epilogue.spec)
 
 
 def tgmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rhs, group_sizes,

@@ -31,6 +31,7 @@ class KernelCall(Protocol):
 
     space: Any
     problem: Problem
+    epilogue: Any  # the fused epilogue's spec (kernelhub/_grouped_matmul/epilogue.py)
 
     def key(self, device: str | None = None) -> TuningKey: ...
 
@@ -178,17 +179,20 @@ class Tuning:
 
 def _accepted(tiling: tuple[int, ...] | None, call: KernelCall,
               table: Tuning) -> tuple[int, ...] | None:
-    # A key covers shapes within a factor of two; a tiling tuned for one of them may break a
-    # kernel's rule at another (a TPU tile that must divide k), and a hand-edited table may
-    # hold anything: then the heuristic decides, and the table's entry is named once.
-    if tiling is None or call.space.accepts(tiling, call.problem):
+    # A key covers shapes within a factor of two, and a call with a fused epilogue as well as
+    # without; a tiling tuned for one of them may break a kernel's rule at another (a TPU
+    # tile that must divide k, a gated unit's second weight tile beside Mosaic GPU's stages),
+    # and a hand-edited table may hold anything: then the heuristic decides, and the table's
+    # entry is named once.
+    if tiling is None or call.space.accepts(tiling, call.problem, call.epilogue):
         return tiling
     key = call.key()
     if key not in table.refused:
         table.refused.add(key)
         warnings.warn(
             f"{table.source}: tiling {list(tiling)} for {key.describe()} breaks the kernel's "
-            f"rules at this shape; the heuristic's tiling is used instead", stacklevel=2)
+            f"rules for this call (its shape, or its fused epilogue); the heuristic's tiling "
+            f"is used instead", stacklevel=2)
     return None
 
 
@@ -315,14 +319,14 @@ def shipped_tiling(call: KernelCall) -> tuple[int, ...] | None:
 def measured_entry(table: Any, call: KernelCall) -> Entry | None:
     """The entry whose tiling `call` runs with under `table` (a Tuning, or None for the shipped
     tables) and whose time was measured with it; None where there is none, or where the
-    kernel would not take its tiling at this shape (the heuristic's then runs, not timed)."""
+    kernel would not take its tiling for this call (the heuristic's then runs, not timed)."""
     if not call.problem.static:
         return None
     key = call.key()
     entry = table.entry(key) if isinstance(table, Tuning) else None
     if entry is None:
         entry = shipped(key.device_kind).entry(key)
-    if entry is None or not call.space.accepts(entry.tiling, call.problem):
+    if entry is None or not call.space.accepts(entry.tiling, call.problem, call.epilogue):
         return None
     return entry
 

@@ -65,7 +65,8 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(c.as_tiling() for c in fitted))
 
 
-def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
+def _accepts(tiling: tuple[int, ...], problem: Problem, epilogue: object = None) -> bool:
+    # (A fused epilogue changes no rule of these kernels' tilings.)
     try:
         config.from_tiling(tiling, problem.m, problem.k, problem.n, config.heuristic(problem))
     except ValueError:

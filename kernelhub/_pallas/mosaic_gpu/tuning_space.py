@@ -94,9 +94,12 @@ def _default(problem: Problem, warp_specialize: bool = True) -> tuple[int, ...]:
     return config.heuristic(problem, warp_specialize=warp_specialize).as_tiling()
 
 
-def _accepts(tiling: tuple[int, ...], problem: Problem) -> bool:
+def _accepts(tiling: tuple[int, ...], problem: Problem, epilogue: Epilogue | None = None
+             ) -> bool:
+    # A gated unit reads two weight tiles a step: stages that fit beside one may not fit.
+    weight_tiles = 2 if epilogue is not None and epilogue.glu is not None else 1
     try:
-        config.from_tiling(tiling, problem)
+        config.from_tiling(tiling, problem, weight_tiles)
     except ValueError:
         return False
     return True
