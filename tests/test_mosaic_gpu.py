@@ -697,7 +697,8 @@ def test_a_table_tiling_too_big_for_a_gated_unit_gives_way_to_the_heuristic():
     """Tables are tuned without epilogues, and a gated call shares its key with the plain
     call of its weights: a tiling whose 4 stages fit the plain call's shared memory does not
     fit beside a gated unit's second weight tile. The table is then passed over for the gated
-    call (one warning) rather than failing it; the plain call still takes it."""
+    call (one warning) rather than failing it; the plain call still takes it. So is a tiling
+    whose one 128 x 128 sum fits a warpgroup's registers and whose gated two would not."""
     from kernelhub import tuning
     from kernelhub._grouped_matmul import active_table
     from kernelhub._grouped_matmul import tables as _tables
@@ -726,6 +727,10 @@ def test_a_table_tiling_too_big_for_a_gated_unit_gives_way_to_the_heuristic():
     assert_close(out, reference.gmm(lhs, gate_up, sizes, glu="silu"), jnp.bfloat16,
                  contraction=k)
     assert _tables.choose(None, table, calls["silu"]) is None
+    space, gated, plain = calls[None].space, calls["silu"].epilogue, calls[None].epilogue
+    assert space.accepts((128, 64, 128, 4), calls[None].problem, plain)
+    assert not space.accepts((128, 64, 128, 4), calls["silu"].problem, gated)
+    assert space.accepts((128, 64, 64, 4), calls["silu"].problem, gated)
 
 
 @pytest.mark.parametrize("tiling, dtype, rule", [

@@ -312,6 +312,13 @@ def _step_elements(config: BlockConfig, problem: Problem, weight_tiles: int) -> 
     return bm * bk + weight_tiles * bk * bn
 
 
+def accumulator_elements(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
+    """The float32 sums one compute warpgroup holds: its share of the output tile, once per
+    weight tile (against ACCUMULATOR_ELEMENTS, the heuristic's bound)."""
+    rows = getattr(config, output_rows_block(problem.kernel))
+    return weight_tiles * rows * config.block_n // config.compute_warpgroups
+
+
 def output_tile_rows(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
     """Rows of each output tile a warp-specialized kernel keeps in shared memory beside its
     pipeline: all of the tile's (gmm's block_m, tgmm's block_k) where the whole tiles fit,

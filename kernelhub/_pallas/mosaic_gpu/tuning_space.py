@@ -96,13 +96,17 @@ def _default(problem: Problem, warp_specialize: bool = True) -> tuple[int, ...]:
 
 def _accepts(tiling: tuple[int, ...], problem: Problem, epilogue: Epilogue | None = None
              ) -> bool:
-    # A gated unit reads two weight tiles a step: stages that fit beside one may not fit.
-    weight_tiles = 2 if epilogue is not None and epilogue.glu is not None else 1
+    # A gated unit reads two weight tiles a step and sums two accumulators, where the tables
+    # were tuned with one: stages that fit beside one weight tile may not fit beside two, and
+    # a warpgroup's registers that hold one sum of a tile may not hold two (the heuristic's
+    # bound; an explicit tiling is the caller's).
+    gated = epilogue is not None and epilogue.glu is not None
     try:
-        config.from_tiling(tiling, problem, weight_tiles)
+        blocks = config.from_tiling(tiling, problem, 2 if gated else 1)
     except ValueError:
         return False
-    return True
+    return not gated or (config.accumulator_elements(blocks, problem, 2)
+                         <= config.ACCUMULATOR_ELEMENTS)
 
 
 def _times_epilogue(epilogue: Epilogue) -> bool:
