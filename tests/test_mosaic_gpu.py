@@ -265,18 +265,18 @@ def test_gmm_fp8_weights_copied_or_upcast_with_offset_existing_out_and_a_gated_u
 def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     """compute_warpgroups=2: a memory warpgroup feeding two compute warpgroups, each of half
     the columns, on the interpreter's two programs (each walks several work items, so the
-    pipeline runs on across them). Local groups 1..2 of 4 with existing_out (the other rows
-    kept bitwise), unaligned groups, rows past the sum, in the heuristic's compute-bound
-    tiling with the contract's float32 output, stored from 64-row pieces of each 128-row
-    tile (config.output_tile_rows; the groups' rows cross a piece); then a gated unit with a
-    bias and the
-    weights [G, n, k] (transpose_rhs), whose two accumulators per warpgroup read two weight
-    tiles a step, each transposed for wgmma (interpreted, through a tile per compute
+    pipeline runs on across them). Local groups 1..2 of 4 (the second empty) with
+    existing_out (the other rows kept bitwise), unaligned groups, rows past the sum, in the
+    heuristic's compute-bound tiling with the contract's float32 output, stored from 64-row
+    pieces of each 128-row tile (config.output_tile_rows): group 1's 90 rows, in the tile
+    from row 16, cross from the first piece into the second. Then a gated unit with a bias
+    and the weights [G, n, k] (transpose_rhs), whose two accumulators per warpgroup read two
+    weight tiles a step, each transposed for wgmma (interpreted, through a tile per compute
     warpgroup allocated with the program's; compiled, a transposed view, which export
-    checks)."""
+    checks), and rows past the sum exactly 0."""
     rng = np.random.default_rng(9)
-    m, k, n = 150, 80, 96
-    sizes = np.array([20, 50, 3, 60], np.int32)  # groups 1, 2 local: rows 20..73
+    m, k, n = 170, 80, 96
+    sizes = np.array([20, 90, 0, 40], np.int32)  # groups 1, 2 local: rows 20..110; sum 150
     lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
     existing = _values(rng, (m, n), jnp.float32)
     tiling = (128, 64, 256, 3, 2)
@@ -286,7 +286,7 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
                        group_offset=jnp.int32(1), existing_out=existing)
     expected = reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing)
     assert_close(out, expected, jnp.float32, contraction=k)
-    kept = np.r_[0:20, 73:m]
+    kept = np.r_[0:20, 110:m]
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
     gate_up = _values(rng, (4, 2 * n, k), jnp.bfloat16)
@@ -295,7 +295,7 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
                        glu="silu", transpose_rhs=True, preferred_element_type=jnp.bfloat16)
     expected = reference.gmm(lhs, gate_up, sizes, bias=bias, glu="silu", transpose_rhs=True)
     assert_close(out, expected, jnp.bfloat16, contraction=k)
-    assert np.all(np.asarray(out)[133:] == 0)
+    assert np.all(np.asarray(out)[150:] == 0)
 
 
 # ---------------------------------------------------------------- transposed_grouped_matmul
@@ -1047,8 +1047,9 @@ def test_warp_specialized_gmm_exports_for_cuda():
 def test_warp_specialized_tgmm_exports_for_cuda():
     """The heuristic's weight gradient at Mixtral's shape (compute-bound): two compute
     warpgroups of a 128 x 256 tile, bf16 (lhs read [m, k], each warpgroup's B a column half of
-    the rhs tile; a bf16 output, and a float32 one stored in 64-row pieces) and fp8 (both read K-major: each warpgroup's B a transposed view of its rows
-    of the [n, m] tile), one Mosaic GPU kernel each."""
+    the rhs tile; a bf16 output, and a float32 one stored in 64-row pieces) and fp8 (both read
+    K-major: each warpgroup's B a transposed view of its rows of the [n, m] tile), one Mosaic
+    GPU kernel each."""
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
     m, k, n, experts = 8192, 4096, 14336, 8
     sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)

@@ -61,6 +61,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kernelhub._cli.bench.gpu_roofline import OUT_BYTES, PassProblem
 from kernelhub._pallas.mosaic_gpu import profiling
 from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
@@ -73,9 +75,8 @@ TILED_FORWARDS = {"forward_warp_specialized": (128, 64, 256, 3, 2),
                   "forward_deep": (64, 64, 128, 8),
                   "forward_wide": (64, 64, 256, 4),
                   "forward_two_per_sm": (64, 64, 128, 3, 1, 1, 0, 2)}
-# Probes whose output is not the scoreboard's bf16, and the bytes of an element of theirs.
+# Probes whose output is not the scoreboard's bf16.
 PROBE_OUTPUTS = {"forward_warp_specialized_float32": "float32"}
-_BYTES = {"float32": 4}
 
 def region_times(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per trace (`tid`, one warpgroup): its span (first begin to last end, us) and, per
@@ -273,7 +274,8 @@ def compulsory_bytes(shape: Any, rows: int, pass_name: str) -> float:
     problem = PassProblem(PROBE_PASS.get(pass_name, pass_name), shape.m, shape.k, shape.n,
                           rows, shape.local, "bf16")
     # The forward probes' wider outputs: every one of the m x n elements written once.
-    wider = (_BYTES[PROBE_OUTPUTS[pass_name]] - OUT_BYTES) if pass_name in PROBE_OUTPUTS else 0
+    wider = (np.dtype(PROBE_OUTPUTS[pass_name]).itemsize - OUT_BYTES
+             if pass_name in PROBE_OUTPUTS else 0)
     return problem.compulsory_bytes + wider * shape.m * shape.n
 
 
