@@ -1111,3 +1111,32 @@ def test_existing_out_is_updated_in_place_when_compiled():
     call = next(line for line in text.splitlines() if "custom_call @mosaic_gpu_v2(" in line)
     assert "output_operand_aliases" in call
     assert "tf.aliasing_output = 0" in text
+
+
+@pytest.mark.parametrize("tiling", [None, (64, 128, 256, 3, 2), (64, 128, 128, 4, 1, 8)],
+                         ids=["heuristic", "warp-specialized", "spans"])
+def test_tgmm_existing_out_is_updated_in_place_when_compiled(tiling):
+    """Gradient accumulation into a weight gradient (DeepSeek-V3's 32 local experts): compiled,
+    tgmm's output is existing_out's buffer, aliased, in each of its three bodies (one compute
+    warpgroup, two, spans of groups), so no second [G, k, n] buffer is allocated and an empty
+    group's tiles are neither read nor written (interpret mode takes existing_out as an operand:
+    test_tgmm_unaligned_offset_actual_groups_and_existing_out checks the values)."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
+
+    def weight_gradient(lhs, rhs, sizes, offset, existing):
+        return tgmm(lhs, rhs, sizes, group_offset=offset, num_actual_groups=local,
+                    existing_out=existing, tiling=tiling, preferred_element_type=jnp.float32)
+
+    if ON_GPU:
+        pytest.skip("lowering for cuda from a CPU host")
+    exported = jax.export.export(jax.jit(weight_gradient, donate_argnums=4),
+                                 platforms=["cuda"])(
+        jax.ShapeDtypeStruct((k, m), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
+        jax.ShapeDtypeStruct((local, k, n), jnp.float32))
+    text = exported.mlir_module()
+    _check_mosaic_only(exported, 1, unpadded=True)
+    call = next(line for line in text.splitlines() if "custom_call @mosaic_gpu_v2(" in line)
+    assert "output_operand_aliases" in call
+    assert "tf.aliasing_output = 0" in text

@@ -69,13 +69,14 @@ def chunk_tables(starts: jax.Array, ends: jax.Array, span: int, m_padded: int,
 
 
 def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig,
-         spans: int, k_tiles: int, n_tiles: int, layout: ChunkLayout, has_existing: bool,
-         interpret: bool) -> None:
+         spans: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
+         existing: kernel_parts.Existing, interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    out_ref = refs[-1]
-    existing_ref = refs[0] if has_existing else None
+    # (In place, an empty group's one visit adds its zeros to existing_out's tile: the same
+    # values written back.)
+    existing_ref, out_ref = kernel_parts.tgmm_output_refs(refs, existing)
     pl.run_scoped(functools.partial(_loop, table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref,
                                     out_ref, blocks=blocks, spans=spans, k_tiles=k_tiles,
                                     n_tiles=n_tiles, layout=layout, interpret=interpret),

@@ -9,6 +9,7 @@ CI runs these kernels, reads such a tile as an error: padding keeps one behaviou
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Sequence
 
@@ -104,6 +105,29 @@ def transposed_operand(smem, scratch):
     scratch[...] = smem[...].T
     plgpu.commit_smem()
     return scratch
+
+
+class Existing(enum.Enum):
+    """How a tgmm body finds existing_out: not given; an operand of its own (interpreted),
+    or the output's own buffer, aliased (compiled: `launch`'s `starting_as`)."""
+
+    NONE = "none"
+    OPERAND = "operand"
+    IN_PLACE = "in place"
+
+    @classmethod
+    def of(cls, given: bool, in_place: bool) -> Existing:
+        return cls.NONE if not given else cls.IN_PLACE if in_place else cls.OPERAND
+
+
+def tgmm_output_refs(refs, existing: Existing) -> tuple:
+    """tgmm's refs after its operands, in launch order (existing_out when an operand, then the
+    output), as (existing_out's ref or None, the output's ref); in place, both are the
+    output's."""
+    out_ref = refs[-1]
+    if existing is Existing.IN_PLACE:
+        return out_ref, out_ref
+    return (refs[0] if existing is Existing.OPERAND else None), out_ref
 
 
 def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, group: jax.Array,

@@ -38,15 +38,14 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import (COMPUTE_WARPGROUPS, MEMOR
 
 def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
          rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
-         has_existing: bool, interpret: bool, tile_rows: int) -> None:
+         existing: kernel_parts.Existing, interpret: bool, tile_rows: int) -> None:
     """The kernel body; arguments as transposed_grouped_matmul._body's, `tile_rows` the rows
     of each compute warpgroup's output tile (config.output_tile_rows: block_k, or a piece of
     it stored after another)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    out_ref = refs[-1]
-    existing_ref = refs[0] if has_existing else None
+    existing_ref, out_ref = kernel_parts.tgmm_output_refs(refs, existing)
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bk, part)
@@ -116,9 +115,11 @@ def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups
                 pipeline(step, context, k_tile, n_tile, lambda c: rows_of(c)[0], chunks)(
                     lhs_ref, rhs_ref, allocations=allocations)
 
-            @pl.when((chunks == 0) & computing)
-            def _empty():
-                store(kernel_parts.wgmma_zeros(shape, interpret))
+            if existing is not kernel_parts.Existing.IN_PLACE:
+                # (In place, an empty group's tiles already hold existing_out's values.)
+                @pl.when((chunks == 0) & computing)
+                def _empty():
+                    store(kernel_parts.wgmma_zeros(shape, interpret))
 
         # The last stores complete before the kernel ends.
         plgpu.wait_smem_to_gmem(0)

@@ -12,7 +12,8 @@ accumulator. Of a group's chunks only the first and the last can hold rows it do
 there a select sets those rows to exact zeros in shared memory, in both tiles (so a NaN in
 another group's row stays out of this sum). An empty group runs no chunk. The tile, plus
 existing_out's when given, is stored whole by one TMA copy: every output element is written
-once, by one program. The store runs while the program sums its next tile (one shared-memory
+once, by one program. Compiled, existing_out is the output's own buffer (aliased, as gmm's):
+each tile is read from it and written back, and an empty group's tiles are left as they are. The store runs while the program sums its next tile (one shared-memory
 tile per program holds the result in flight; only writing the next result waits for it).
 """
 
@@ -51,10 +52,17 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     lhs, rhs = layout.arranged(lhs.astype(dtype), rhs.astype(dtype))
     lhs_sizes, rhs_sizes = layout.padding(m_p, k_p, n_p)
     lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
-    existing = () if existing_out is None else (padded(existing_out, {1: k_p, 2: n_p}),)
+    existing = None if existing_out is None else padded(existing_out, {1: k_p, 2: n_p})
+    # Compiled, the output is existing_out's buffer (aliased): the program that sums a tile
+    # reads it there and writes it back, and an empty group's tiles are left as they are
+    # (kernel_parts.tgmm_output_refs). The interpreter takes no aliased output: there
+    # existing_out is an operand and every tile is written.
+    in_place = existing is not None and not interpret
+    copied = () if existing is None or in_place else (existing,)
     starts, ends = local_bounds(group_sizes, group_offset, groups, m)
     tiles = dict(blocks=blocks, k_tiles=k_p // bk, n_tiles=n_p // bn, layout=layout,
-                 has_existing=bool(existing), interpret=interpret)
+                 existing=kernel_parts.Existing.of(existing is not None, in_place),
+                 interpret=interpret)
     if blocks.group_span > 1:
         table, spans = group_spans.chunk_tables(starts, ends, blocks.group_span, m_p, bm,
                                                 layout)
@@ -68,8 +76,9 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
                                      rows_padded=m_p, **tiles,
                                      tile_rows=config.output_tile_rows(blocks, problem))
         tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
-    out = kernel_parts.launch(body, (*tables, lhs, rhs, *existing), (groups, k_p, n_p),
+    out = kernel_parts.launch(body, (*tables, lhs, rhs, *copied), (groups, k_p, n_p),
                               out_dtype, interpret, "kernelhub_transposed_grouped_matmul",
+                              starting_as=existing if in_place else None,
                               warp_specialized=blocks.compute_warpgroups > 1,
                               programs_per_sm=blocks.programs_per_sm)
     return out if (k_p, n_p) == (k, n) else out[:, :k, :n]
@@ -77,26 +86,27 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
 
 def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
           rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
-          has_existing: bool, interpret: bool) -> None:
+          existing: kernel_parts.Existing, interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    out_ref = refs[-1]
-    existing_ref = refs[0] if has_existing else None
+    existing_ref, out_ref = kernel_parts.tgmm_output_refs(refs, existing)
     pl.run_scoped(functools.partial(_loop, bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref,
                                     blocks=blocks, groups=groups, rows_padded=rows_padded,
                                     k_tiles=k_tiles, n_tiles=n_tiles, layout=layout,
+                                    skip_empty=existing is kernel_parts.Existing.IN_PLACE,
                                     interpret=interpret),
                   plgpu.SMEM((blocks.block_k, blocks.block_n), out_ref.dtype), plgpu.Barrier())
 
 
 def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
           blocks: config.BlockConfig, groups: int, rows_padded: int, k_tiles: int,
-          n_tiles: int, layout: ChunkLayout, interpret: bool) -> None:
+          n_tiles: int, layout: ChunkLayout, skip_empty: bool, interpret: bool) -> None:
     """The program's share of the output tiles. One shared-memory tile holds each result
     while TMA stores it; the next tile's sums run while that store is in flight (a group of a
     fine-grained MoE sums few rows into each tile: its store costs as much as its loads), and
-    only the write of the next result waits for it."""
+    only the write of the next result waits for it. `skip_empty`: an empty group's tiles
+    already hold what they should (existing_out's, in place) and are not stored."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -139,7 +149,9 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                     lambda tile: accumulate(acc, tile), scratch), plgpu.ACC(shape))
             else:
                 total = pl.run_scoped(accumulate, plgpu.ACC(shape))
-        with jax.named_scope(profiling.STORE):
+        @pl.when((chunks > 0) if skip_empty else True)
+        @jax.named_scope(profiling.STORE)
+        def _store():
             kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref, group,
                                     k_tile * bk, pl.ds(n_tile * bn, bn))
 
