@@ -14,6 +14,11 @@ python3 -m venv .venv-test
 # references, quantization and kernels at shared shapes compile once. 5% of CI's time.
 cache=$(mktemp -d "${TMPDIR:-/tmp}/kernelhub-test-xla.XXXXXX")
 trap 'rm -rf "$cache"' EXIT
+# Python's compiled modules go to the same folder (and so nowhere else): on a host that sets
+# PYTHONDONTWRITEBYTECODE, as these machines do, every Python process the tests start (the two
+# workers, the CLI, example and import checks, the multidevice suite) compiled the sources of
+# jax and the test tools again: about 3 s each, a third of those tests' time.
 JAX_COMPILATION_CACHE_DIR=$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 JAX_PLATFORMS=cpu \
+  PYTHONPYCACHEPREFIX=$cache/python PYTHONDONTWRITEBYTECODE= \
   .venv-test/bin/python -m pytest -n 2 --dist loadgroup "$@"
