@@ -154,7 +154,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
     row_scale_ref, column_scale_ref, bias_ref, existing_ref, out_ref = (
         kernel_parts.gmm_operand_refs(refs, has_row_scale, has_column_scale, has_bias,
                                       has_existing))
-    bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    bm, bn = blocks.block_m, blocks.block_n
     shape = (bm, bn)
 
     @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)

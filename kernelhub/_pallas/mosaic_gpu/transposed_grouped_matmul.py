@@ -13,8 +13,9 @@ there a select sets those rows to exact zeros in shared memory, in both tiles (s
 another group's row stays out of this sum). An empty group runs no chunk. The tile, plus
 existing_out's when given, is stored whole by one TMA copy: every output element is written
 once, by one program. Compiled, existing_out is the output's own buffer (aliased, as gmm's):
-each tile is read from it and written back, and an empty group's tiles are left as they are. The store runs while the program sums its next tile (one shared-memory
-tile per program holds the result in flight; only writing the next result waits for it).
+each tile is read from it and written back, and an empty group's tiles are left as they are.
+The store runs while the program sums its next tile (one shared-memory tile per program holds
+the result in flight; only writing the next result waits for it).
 """
 
 from __future__ import annotations
