@@ -150,6 +150,7 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                     lambda tile: accumulate(acc, tile), scratch), plgpu.ACC(shape))
             else:
                 total = pl.run_scoped(accumulate, plgpu.ACC(shape))
+
         @pl.when((chunks > 0) if skip_empty else True)
         @jax.named_scope(profiling.STORE)
         def _store():
