@@ -1118,9 +1118,10 @@ def test_existing_out_is_updated_in_place_when_compiled():
 def test_tgmm_existing_out_is_updated_in_place_when_compiled(tiling):
     """Gradient accumulation into a weight gradient (DeepSeek-V3's 32 local experts): compiled,
     tgmm's output is existing_out's buffer, aliased, in each of its three bodies (one compute
-    warpgroup, two, spans of groups), so no second [G, k, n] buffer is allocated and an empty
-    group's tiles are neither read nor written (interpret mode takes existing_out as an operand:
-    test_tgmm_unaligned_offset_actual_groups_and_existing_out checks the values)."""
+    warpgroup, two, spans of groups), so no second [G, k, n] buffer is allocated. Only the
+    aliasing is checked here; the values (an empty group's slice left as existing_out's) are
+    test_tgmm_unaligned_offset_actual_groups_and_existing_out's, which on a GPU runs this path
+    and here the interpreter's, where existing_out is an operand."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
 
