@@ -28,6 +28,7 @@ from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import config, group_spans, grouped_matmul, tuning_space
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
+from kernelhub import quantization
 from kernelhub.quantization import quantize
 
 GMM = "grouped_matmul"
@@ -223,10 +224,12 @@ def test_gmm_activation_with_bias_and_gradients():
 @pytest.mark.parametrize("dtypes, transpose_rhs", [
     ((jnp.float8_e4m3fn, jnp.float8_e4m3fn), False),
     ((jnp.float8_e5m2, jnp.float8_e5m2), True),
+    ((jnp.int8, jnp.int8), True),
 ])
-def test_gmm_fp8_with_row_and_column_scales(dtypes, transpose_rhs):
-    """fp8 operands with one scale per row of lhs and per column of each expert: the kernel
-    multiplies the stored fp8 values (fp8 wgmma) and scales its float32 tile before the store."""
+def test_gmm_8bit_with_row_and_column_scales(dtypes, transpose_rhs):
+    """fp8 and int8 operands with one scale per row of lhs and per column of each expert: the
+    kernel multiplies the stored values (fp8 or int8 wgmma) and scales its float32 tile (int8's
+    int32 sums converted) before the store."""
     rng = np.random.default_rng(4)
     m, k, n = 70, 64, 32
     sizes = np.array([25, 45], np.int32)
@@ -260,6 +263,70 @@ def test_gmm_fp8_weights_copied_or_upcast_with_offset_existing_out_and_a_gated_u
     assert_close(out, expected, jnp.float32, contraction=k)
     kept = np.r_[0:10, 40:72]
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+
+def _large_int8(rng, shape):
+    """int8 values whose sums pass 2**24 within a few hundred terms, where float32 sums round."""
+    return rng.integers(100, 128, shape).astype(np.int8)
+
+
+def _exact(lhs, rhs):
+    return lhs.astype(np.int64) @ rhs.astype(np.int64)
+
+
+def test_int8_gmm_sums_are_exact_in_int32():
+    """int8 x int8 on int8 wgmma: int32 sums, exact, rounded once to the float32 output, in
+    both weight layouts (weights [G, k, n] copied K-major: upcast=0; [G, n, k] as stored).
+    Sums reach 2e7, past 2**24, where float32 sums (the float16 upcast's) are off by 2. An
+    empty group, and rows past the sum exactly 0."""
+    rng = np.random.default_rng(21)
+    m, k, n = 72, 1536, 64
+    sizes = np.array([0, 40, 25], np.int32)  # rows 65.. past the sum
+    lhs, rhs = _large_int8(rng, (m, k)), _large_int8(rng, (3, k, n))
+    exact = np.zeros((m, n), np.int64)
+    exact[:40], exact[40:65] = _exact(lhs[:40], rhs[1]), _exact(lhs[40:65], rhs[2])
+    assert exact.max() > 2**24
+    for weights, transpose_rhs, tiling in ((rhs, False, (64, 128, 64, 3, 1, 1, 0)),
+                                           (np.swapaxes(rhs, 1, 2), True, None)):
+        out = _mosaic(GMM)(jnp.asarray(lhs), jnp.asarray(weights), jnp.asarray(sizes),
+                           transpose_rhs=transpose_rhs, tiling=tiling)
+        np.testing.assert_array_equal(np.asarray(out), exact.astype(np.float32))
+
+
+def test_int8_tgmm_sums_are_exact_in_int32():
+    """tgmm of int8 x int8: exact int32 sums over a group's 1450 rows (past 2**24), per group
+    (the heuristic) and carried across a span of groups' chunks (group_span=8); a row of no
+    group, its values masked, and an empty group's tile exactly 0."""
+    rng = np.random.default_rng(22)
+    k, m, n = 64, 1536, 64
+    sizes = np.array([1450, 0, 50], np.int32)  # rows 1500.. belong to no group
+    lhs, rhs = _large_int8(rng, (k, m)), _large_int8(rng, (m, n))
+    exact = np.stack([_exact(lhs[:, :1450], rhs[:1450]), np.zeros((k, n), np.int64),
+                      _exact(lhs[:, 1450:1500], rhs[1450:1500])])
+    assert exact.max() > 2**24
+    for tiling in (None, (128, 64, 64, 3, 1, 8)):
+        out = _mosaic(TGMM)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes),
+                            tiling=tiling)
+        np.testing.assert_array_equal(np.asarray(out), exact.astype(np.float32))
+
+
+def test_int8_multiplies_as_stored_while_int32_sums_cannot_wrap():
+    limit = quantization.MAX_EXACT_INT32_TERMS
+    int8, bf16 = np.dtype(np.int8), np.dtype(jnp.bfloat16)
+    assert config.kernel_dtype(int8, int8, limit) == int8
+    assert config.accumulator_dtype(int8) == np.dtype(np.int32)
+    # Past the limit the values are widened exactly and summed in float32.
+    assert config.kernel_dtype(int8, int8, limit + 1) == bf16
+    assert config.accumulator_dtype(bf16) == np.dtype(np.float32)
+    assert config.kernel_dtype(int8, bf16, 64) == bf16
+    assert config.kernel_dtype(int8, jnp.float8_e4m3fn, 64) == bf16
+    # tgmm's terms are its summed rows, m.
+    tgmm = Problem(Kernel.TGMM, limit + 1, 256, 256, 4, 4, "int8", "int8", "float32", False)
+    assert config.problem_dtype(tgmm) == bf16
+    assert config.problem_dtype(dataclasses.replace(tgmm, m=limit)) == int8
+    # Fine-grained MoE reads int8 weights [G, k, n] as stored, converted per tile, as for fp8.
+    deepseek = Problem(Kernel.GMM, 16384, 7168, 2048, 256, 32, "int8", "int8", "bfloat16", True)
+    assert config.from_tiling(None, deepseek).upcast is True
 
 
 def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
@@ -778,9 +845,9 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
 
 
 @pytest.mark.parametrize("tiling, dtype, kernel, rule", [
-    ((64, 64, 128, 4, 1, 1, 1), "bfloat16", Kernel.GMM, "two fp8 operands of one kind"),
+    ((64, 64, 128, 4, 1, 1, 1), "bfloat16", Kernel.GMM, "two 8-bit operands of one kind"),
     ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.GMM_TRANSPOSED_RHS, "leave it out"),
-    ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "two fp8 operands of one kind"),
+    ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "two 8-bit operands of one kind"),
     ((64, 128, 256, 4, 2, 1, 1), "float8_e4m3fn", Kernel.GMM, "one compute warpgroup"),
     ((64, 128, 128, 4, 1, 1, 2), "float8_e4m3fn", Kernel.GMM, "must be 0 or 1"),
 ])
@@ -883,17 +950,21 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
                        unpadded=True)
 
 
-@pytest.mark.parametrize("shape, upcast", [("deepseek_v3", True), ("mixtral", False)])
-def test_fp8_forward_exports_with_the_weights_copied_only_where_bound_by_flops(shape, upcast):
-    """An fp8 forward (both operands quantized in the call, one scale per row and column):
-    one Mosaic GPU kernel; at DeepSeek-V3 it reads the weights [G, k, n] as stored (no
-    transpose in the program), at Mixtral's shape it copies them K-major first."""
+@pytest.mark.parametrize("shape, upcast, dtype", [
+    ("deepseek_v3", True, jnp.float8_e4m3fn), ("mixtral", False, jnp.float8_e4m3fn),
+    ("deepseek_v3", True, jnp.int8), ("mixtral", False, jnp.int8)])
+def test_8bit_forward_exports_with_the_weights_copied_only_where_bound_by_flops(shape, upcast,
+                                                                                dtype):
+    """An fp8 or int8 forward (both operands quantized in the call, one scale per row and
+    column): one Mosaic GPU kernel; at DeepSeek-V3 it reads the weights [G, k, n] as stored
+    (no transpose in the program), at Mixtral's shape it copies them K-major first (for int8
+    wgmma with int32 sums)."""
     m, k, n, experts, local = {**MOE_SHAPES, "mixtral": (8192, 4096, 14336, 8, 8)}[shape]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
 
     def forward(lhs, rhs, sizes, offset):
-        lhs = quantize(lhs, jnp.float8_e4m3fn, axis=1)
-        rhs = quantize(rhs, jnp.float8_e4m3fn, axis=1)
+        lhs = quantize(lhs, dtype, axis=1)
+        rhs = quantize(rhs, dtype, axis=1)
         return gmm(lhs, rhs, sizes, group_offset=offset, preferred_element_type=jnp.bfloat16)
 
     exported = _exported(forward, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
@@ -904,11 +975,11 @@ def test_fp8_forward_exports_with_the_weights_copied_only_where_bound_by_flops(s
     assert ("stablehlo.transpose" in exported.mlir_module()) is not upcast
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int8])
 def test_tgmm_over_group_spans_exports_for_cuda(dtype):
     """group_span=8 at DeepSeek-V3's shape (32 local experts, a traced group_offset): one
-    Mosaic GPU kernel, no padding. fp8 too: its masks select through float16 (an 8-bit select
-    does not lower)."""
+    Mosaic GPU kernel, no padding. fp8 and int8 too: their masks select through float16 (an
+    8-bit select does not lower), and int8's running sum is int32."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
 

@@ -5,10 +5,10 @@ Triton kernels) at a priority below the Triton kernels': a call takes it where t
 kind's shipped table measured it faster for that call (docs/dispatch.md, "Per call"), and as
 (mosaic, cpu), run only when forced (`platform="mosaic"` or
 KERNELHUB_PLATFORM=mosaic) to test the kernels without a GPU. Quantized operands with one
-scale per row and column run here (fp8 on fp8 wgmma); scale blocks and 4-bit values are not
-features of these kernels, so the registry sends such calls to the Triton kernels, and forcing
-this platform on one is a NoImplementationError naming the feature. Pallas itself is imported
-when a kernel is first traced, not here. Design: docs/gpu.md.
+scale per row and column run here (fp8 on fp8 wgmma, int8 on int8 wgmma); scale blocks and
+4-bit values are not features of these kernels, so the registry sends such calls to the Triton
+kernels, and forcing this platform on one is a NoImplementationError naming the feature.
+Pallas itself is imported when a kernel is first traced, not here. Design: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def needs_hopper() -> str | None:
 
 def _register(backend: str, interpret: bool, **how):
     # Quantized operands: int8 and fp8 values reach the kernels with their one scale per row
-    # or column folded around them (fold_scales): fp8 x fp8 multiplies as stored, other pairs
-    # widened exactly (config.kernel_dtype). Epilogues run on the float32 accumulator.
+    # or column folded around them (fold_scales): fp8 x fp8 and int8 x int8 multiply as
+    # stored, other pairs widened exactly (config.kernel_dtype). Epilogues run on the float32
+    # sums.
     return register_grouped_matmuls(
         "mosaic", backend, functools.partial(_raw_gmm, interpret=interpret),
         functools.partial(_raw_tgmm, interpret=interpret),

@@ -30,7 +30,7 @@ What Hopper fixes (each rule below found by lowering or running on an H100):
   (block_n of 64 for 16-bit outputs, 32 for float32);
 - tgmm zeroes other groups' rows of its [block_m, block_n] weight-side tile in registers, in
   wgmma's operand layout, whose tiles are 64 rows: block_m is at least 64, and block_n too
-  where that tile is stored K-major ([block_n, block_m]: float32 and fp8);
+  where that tile is stored K-major ([block_n, block_m]: float32, fp8 and int8);
 - (a choice, not found by a fault) a warp-specialized tgmm's compute warpgroups each multiply
   a column half of the shared weight-side tile, kept to at least 64 columns (whole 128-byte
   swizzled rows of 16-bit values): narrower halves lower, but no GPU has run them;
@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelhub import quantization
 from kernelhub._core.shapes import is_static
 from kernelhub._grouped_matmul import gpu_peaks
 from kernelhub._grouped_matmul.problem import Kernel, Problem
@@ -84,10 +85,10 @@ SHARED_MEMORY_SLACK = 4096
 TILING_FORM = ("(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[, "
                "upcast[, programs_per_sm]]]]])")
 # Types whose wgmma reads the B operand K-major only.
-K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2")
+K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2", "int8")
 # What 8-bit tiles are converted to for 16-bit wgmma (`upcast`): Hopper converts fp8 to
-# float16 in one instruction (to bfloat16 only through float32), and float16 holds every e4m3
-# and e5m2 value exactly.
+# float16 in one instruction (to bfloat16 only through float32), and float16 holds every e4m3,
+# e5m2 and int8 value exactly.
 UPCAST_DTYPE = np.dtype(np.float16)
 # The roofline of `upcast_pays` and `compute_bound`: an H100 SXM's spec sheet (an H200's
 # differs only in HBM); only the ratios of its rates matter.
@@ -227,10 +228,10 @@ def shared_memory_limit(config: BlockConfig) -> int:
 def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
     if not upcast_applies(problem):
         raise ValueError(
-            f"tiling {source!r}: upcast={int(config.upcast)} is for gmm of two fp8 operands "
-            f"of one kind with weights [G, k, n] only (8-bit wgmma reads those only after a "
-            f"copy); this is a {problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: "
-            f"leave it out, or 0")
+            f"tiling {source!r}: upcast={int(config.upcast)} is for gmm of two 8-bit operands "
+            f"of one kind (fp8, or int8 whose sums fit int32) with weights [G, k, n] only "
+            f"(8-bit wgmma reads those only after a copy); this is a {problem.kernel} of "
+            f"{problem.lhs_dtype} x {problem.rhs_dtype}: leave it out, or 0")
     if config.upcast and config.compute_warpgroups != 1:
         raise ValueError(f"tiling {source!r}: upcast=1 is written for one compute warpgroup; "
                          f"compute_warpgroups={config.compute_warpgroups} takes upcast=0")
@@ -434,25 +435,42 @@ def _upcast_decided(config: BlockConfig, problem: Problem, weight_tiles: int) ->
 
 def operand_bytes(problem: Problem) -> int:
     """Bytes per element of the tiles the kernel multiplies (kernel_dtype's choice)."""
-    return np.dtype(kernel_dtype(problem.lhs_dtype, problem.rhs_dtype)).itemsize
+    return np.dtype(problem_dtype(problem)).itemsize
+
+
+def problem_dtype(problem: Problem) -> np.dtype:
+    """kernel_dtype for `problem`'s operands and contraction (gmm's k, tgmm's summed rows)."""
+    contraction = problem.m if problem.kernel is Kernel.TGMM else problem.k
+    return kernel_dtype(problem.lhs_dtype, problem.rhs_dtype, contraction)
 
 
 # The operand types wgmma multiplies as stored, both operands of one type.
 _WGMMA_TYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
 
 
-def kernel_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype:
-    """The one dtype both tiles are multiplied in: their own when they share a wgmma type; else
-    the narrowest float that holds both exactly (bfloat16 for 8-bit values, float32 beside a
-    float32 operand or for float16 with bfloat16)."""
+def kernel_dtype(lhs_dtype: Any, rhs_dtype: Any, contraction: Any) -> np.dtype:
+    """The one dtype both tiles are multiplied in: their own when they share a wgmma type, or
+    int8 for two int8 operands whose int32 sums cannot wrap (`contraction` terms, the summed
+    axis, at most quantization.MAX_EXACT_INT32_TERMS); else the narrowest float that holds
+    both exactly (bfloat16 for 8-bit values, float32 beside a float32 operand or for float16
+    with bfloat16)."""
     lhs, rhs = np.dtype(lhs_dtype), np.dtype(rhs_dtype)
     if lhs == rhs and lhs.name in _WGMMA_TYPES:
+        return lhs
+    if lhs == rhs == np.dtype(np.int8) and is_static(contraction) and (
+            contraction <= quantization.MAX_EXACT_INT32_TERMS):
         return lhs
     if "float32" in (lhs.name, rhs.name) or {lhs.name, rhs.name} == {"float16", "bfloat16"}:
         return np.dtype(np.float32)
     if "float16" in (lhs.name, rhs.name):
         return np.dtype(np.float16)
     return np.dtype("bfloat16")
+
+
+def accumulator_dtype(multiplied: Any) -> np.dtype:
+    """What wgmma sums tiles of the `multiplied` dtype in: int32 for int8 (exact, kernel_dtype
+    bounds the terms), else float32. The kernels read it as float32 before the epilogue."""
+    return np.dtype(np.int32 if np.dtype(multiplied) == np.dtype(np.int8) else np.float32)
 
 
 def min_contraction(problem: Problem) -> int:
@@ -465,7 +483,7 @@ def min_columns(problem: Problem, compute_warpgroups: int = 1) -> int:
     docstring)."""
     if problem.kernel is not Kernel.TGMM:
         return max(MIN_BLOCK, TMA_ROW_BYTES // np.dtype(problem.out_dtype).itemsize)
-    k_major = kernel_dtype(problem.lhs_dtype, problem.rhs_dtype).name in K_MAJOR_ONLY
+    k_major = problem_dtype(problem).name in K_MAJOR_ONLY
     return LAYOUT_ROWS if k_major or compute_warpgroups > 1 else MIN_BLOCK
 
 

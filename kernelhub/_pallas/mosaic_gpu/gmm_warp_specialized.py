@@ -117,7 +117,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                 def with_accumulators(*accs):
                     with jax.named_scope(profiling.SUMS):
                         totals = run(tuple(accs))
-                        totals = tuple(acc[...] for acc in totals)
+                        totals = tuple(kernel_parts.sums(acc) for acc in totals)
                     with jax.named_scope(profiling.STORE):
                         finish(totals)
 
@@ -140,7 +140,9 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                                 columns, bias_ref, 1))
                     store(result.astype(out_ref.dtype))
 
-                pl.run_scoped(with_accumulators, *[plgpu.ACC(shape) for _ in range(halves)])
+                pl.run_scoped(with_accumulators,
+                              *[kernel_parts.accumulator(shape, lhs_ref.dtype)
+                                for _ in range(halves)])
 
             @jax.named_scope(profiling.STEP)
             def step(_, lhs_smem, *rest):

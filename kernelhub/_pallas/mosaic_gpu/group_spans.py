@@ -7,14 +7,15 @@ consecutive local groups, and one `emit_pipeline` streams all of the span's chun
 group's own, tgmm_chunks.py: with 16-bit values they start at its first row): the loads of a
 group's first chunks are in flight while the previous group's last ones are summed.
 
-The running sum is the pipeline's carry, a float32 value in registers: each chunk's product
-comes from a wgmma into a fresh accumulator and is added to it. At a group's first chunk the
-sum restarts from zeros (a select, so that no NaN of the group before can leak in), and at its
-last chunk it is stored by TMA (kernel_parts.store_tile, the store left in flight). An empty
-group gets one visit whose rows are all masked, so its tile is stored as zeros. (One
-accumulator reset at each group's start would save the adds, but Mosaic GPU's interpreter in
-jax 0.10.2 has no rule for storing into an accumulator or for `pl.run_state`.) Each wgmma is
-waited for at its chunk; the loads of the next `stages` chunks are in flight meanwhile.
+The running sum is the pipeline's carry, a float32 value in registers (int32 for int8 tiles,
+exact across a group's chunks): each chunk's product comes from a wgmma into a fresh accumulator
+and is added to it. At a group's first chunk the sum restarts from zeros (a select, so that no
+NaN of the group before can leak in), and at its last chunk it is stored by TMA
+(kernel_parts.store_tile, the store left in flight). An empty group gets one visit whose rows
+are all masked, so its tile is stored as zeros. (One accumulator reset at each group's start
+would save the adds, but Mosaic GPU's interpreter in jax 0.10.2 has no rule for storing into an
+accumulator or for `pl.run_state`.) Each wgmma is waited for at its chunk; the loads of the next
+`stages` chunks are in flight meanwhile.
 
 The chunk table is computed on the device from group_sizes, with a static length (every chunk
 of [0, m) once, plus one per group), so the launch never depends on the sizes' values.
@@ -91,6 +92,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
 
     bk, bn = blocks.block_k, blocks.block_n
     shape = (bk, bn)
+    summed_in = jnp.dtype(config.accumulator_dtype(lhs_ref.dtype))
 
     # Span outermost: the programs running at once read the same span's rows.
     @plgpu.nd_loop((spans, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
@@ -103,7 +105,8 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
             return table_ref[ROW, first_visit + step]
 
         def accumulate(scratch=None):
-            zeros = kernel_parts.wgmma_zeros(shape, interpret)
+            # The running sum in the accumulator's dtype: int8's stay exact across chunks.
+            zeros = kernel_parts.wgmma_zeros(shape, interpret, summed_in)
 
             @jax.named_scope(profiling.STEP)
             def step(indices, lhs_smem, rhs_smem, running):
@@ -116,19 +119,21 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                 # All rows kept, or (a group's first chunk) none: zeros by a select.
                 first_kept = jnp.where(table_ref[FIRST, visit] == 1, bk, 0)
                 kept = kernel_parts.tile_iota(shape, 0, interpret) >= first_kept
-                before = jnp.where(kept, running, jnp.zeros((), jnp.float32))
+                before = jnp.where(kept, running, jnp.zeros((), summed_in))
 
                 def product(acc_ref):
                     plgpu.wgmma(acc_ref, left, right)
                     return acc_ref[...]
 
-                total = before + pl.run_scoped(product, plgpu.ACC(shape))
+                total = before + pl.run_scoped(
+                    product, kernel_parts.accumulator(shape, lhs_ref.dtype))
 
                 @pl.when(table_ref[LAST, visit] == 1)
                 @jax.named_scope(profiling.STORE)
                 def _store():
-                    kernel_parts.store_tile(total, tile_smem, barrier, existing_ref, out_ref,
-                                            group, k_tile * bk, pl.ds(n_tile * bn, bn))
+                    kernel_parts.store_tile(total.astype(jnp.float32), tile_smem, barrier,
+                                            existing_ref, out_ref, group, k_tile * bk,
+                                            pl.ds(n_tile * bn, bn))
 
                 return total
 

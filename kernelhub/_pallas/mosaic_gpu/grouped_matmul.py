@@ -12,21 +12,22 @@ fit one row tile a band spans every n-tile (band_width).
 
 A visit of a local group multiplies its row tile by the group's weights: `plgpu.emit_pipeline`
 keeps `stages` TMA loads of lhs and rhs tiles in flight while `wgmma` adds each k step into a
-float32 accumulator in registers. The fused epilogue (scales of quantized operands, bias,
-activation, gated unit) runs there, on the accumulator; the tile then goes to shared memory and
-TMA stores only the visit's rows (`kernel_parts.store_rows`), so a row tile shared by two groups
-is written once per row. A visit of rows outside the local groups stores zeros. With
-existing_out the compiled kernel updates its buffer in place (aliased) and such rows get no
-visit; in interpret mode, which takes no aliased output, their visits copy existing_out's rows.
+float32 accumulator in registers (int32 for int8 tiles: exact sums, read as float32 after the
+last step). The fused epilogue (scales of quantized operands, bias, activation, gated unit) runs
+there, on the accumulator; the tile then goes to shared memory and TMA stores only the visit's
+rows (`kernel_parts.store_rows`), so a row tile shared by two groups is written once per row. A
+visit of rows outside the local groups stores zeros. With existing_out the compiled kernel
+updates its buffer in place (aliased) and such rows get no visit; in interpret mode, which takes
+no aliased output, their visits copy existing_out's rows.
 
 A gated unit sums two accumulators, gate and up columns, per output tile; the interleaved
 layout's columns are first gathered into the concatenated one (a copy of the weights: splitting
-pairs in registers waits for a GPU run). float32 and fp8 wgmma read both operands K-major from
-shared memory, so weights [G, k, n] of those types are transposed to [G, n, k] first (a copy;
-store them that way, transpose_rhs=True, to avoid it). For fp8 the tiling's `upcast` avoids
-the copy instead (config.py): each step's two tiles are converted to float16 in shared memory
-and multiplied on 16-bit wgmma, which reads B as stored, at half the 8-bit rate; the roofline
-picks it where the weights' bytes, not the FLOPs, bound the call.
+pairs in registers waits for a GPU run). float32, fp8 and int8 wgmma read both operands K-major
+from shared memory, so weights [G, k, n] of those types are transposed to [G, n, k] first (a
+copy; store them that way, transpose_rhs=True, to avoid it). For 8-bit values the tiling's
+`upcast` avoids the copy instead (config.py): each step's two tiles are converted to float16
+in shared memory and multiplied on 16-bit wgmma, which reads B as stored, at half the 8-bit
+rate; the roofline picks it where the weights' bytes, not the FLOPs, bound the call.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     halves = 2 if spec.glu is not None else 1
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
-    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype)
+    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, k)
     lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
     if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs and not blocks.upcast:
         rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
@@ -156,6 +157,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
                                       has_existing))
     bm, bn = blocks.block_m, blocks.block_n
     shape = (bm, bn)
+    multiplied = config.UPCAST_DTYPE if blocks.upcast else lhs_ref.dtype
 
     @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
@@ -185,7 +187,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
                     lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
                                             rhs_ref.at[group], column_tiles,
                                             blocks, k_tiles, transpose_rhs, interpret),
-                    *[plgpu.ACC(shape) for _ in range(halves)])
+                    *[kernel_parts.accumulator(shape, multiplied) for _ in range(halves)])
             if plain:
                 (result,) = totals
             else:
@@ -299,7 +301,7 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
                   *[rhs_spec(c) for c in column_tiles]],
         max_concurrent_steps=max(blocks.stages, 2),
     )(rows_lhs_ref, *[group_rhs_ref] * len(column_tiles))
-    return tuple(acc[...] for acc in accs)
+    return tuple(kernel_parts.sums(acc) for acc in accs)
 
 
 def _epilogue(spec: Epilogue, totals, shape, row_scale, column_scale, bias) -> jax.Array:

@@ -95,7 +95,7 @@ def _sm_count() -> int:
 def transposed_operand(smem, scratch):
     """The wgmma operand that is the transpose of a tile in shared memory: compiled, a
     transposed view (wgmma reads A or B in either order for 16-bit values, and B [K, N] of
-    float32 and fp8 only from a tile stored [N, K]). Mosaic GPU's interpreter (jax 0.10.2)
+    float32 and 8-bit types only from a tile stored [N, K]). Mosaic GPU's interpreter (jax 0.10.2)
     takes no transposed view in wgmma, so there `scratch`, of the transposed shape, receives the
     tile transposed through registers (the compiled kernel never does this)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -157,12 +157,26 @@ def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, grou
         plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
 
 
-def wgmma_zeros(shape: tuple[int, int], interpret: bool) -> jax.Array:
-    """float32 zeros in the layout of a wgmma accumulator (a start for a sum carried in
-    registers; the interpreter needs no layout)."""
+def accumulator(shape: tuple[int, int], multiplied):
+    """A wgmma accumulator for tiles of the `multiplied` dtype (config.accumulator_dtype), for
+    `pl.run_scoped`."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    zeros = jnp.zeros(shape, jnp.float32)
+    return plgpu.ACC(shape, jnp.dtype(config.accumulator_dtype(multiplied)))
+
+
+def sums(acc) -> jax.Array:
+    """An accumulator's sums as float32 (int8's exact int32 sums rounded once)."""
+    total = acc[...]
+    return total if total.dtype == jnp.float32 else total.astype(jnp.float32)
+
+
+def wgmma_zeros(shape: tuple[int, int], interpret: bool, dtype=jnp.float32) -> jax.Array:
+    """Zeros in the layout of a wgmma accumulator (a start for a sum carried in registers; the
+    interpreter needs no layout)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    zeros = jnp.zeros(shape, dtype)
     return zeros if interpret else plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
 
 

@@ -7,8 +7,9 @@ tgmm sums lhs[:, rows] @ rhs[rows, :] over chunks of block_m rows: wgmma's A is 
   instead, `lhs_rows_major`: the kit's weight gradient passes `x.T` of the activations x [m, k],
   and the kernel's own transpose back cancels that one inside the jitted program, so no copy of
   x is made (XLA folds the two). The tile [block_m, block_k] goes to wgmma as a transposed view.
-  float32 and fp8 wgmma read A K-major only, which the [k, m] layout is: they keep it.
-- rhs [m, n] is B as stored for 16-bit values; float32 and fp8 wgmma read B K-major only, so
+  float32 and 8-bit (fp8, int8) wgmma read A K-major only, which the [k, m] layout is: they
+  keep it.
+- rhs [m, n] is B as stored for 16-bit values; float32 and 8-bit wgmma read B K-major only, so
   such rhs is transposed to [n, m] first (a copy), `rhs_k_major`.
 
 Where a group's chunks start: with 16-bit values both tiles hold the rows along their major
@@ -16,7 +17,7 @@ axis, which TMA cuts in groups of config.ROW_ALIGN rows, so the chunks start at 
 first row rounded down to such a multiple and follow every block_m rows; a chunk that would
 pass the padded rows is moved back to end there, summing only the rows after the chunk before
 it. A group of r rows then takes ceil(r / block_m) chunks, one more only where the rounding
-pushes it over. float32 and fp8 tiles hold the rows along their minor axis (cut in 128-byte
+pushes it over. float32 and 8-bit tiles hold the rows along their minor axis (cut in 128-byte
 swizzle rows), so their chunks are the aligned [i * block_m, (i + 1) * block_m). Either way a
 group takes no more chunks than the aligned ones it touches.
 """
@@ -136,7 +137,7 @@ class ChunkLayout:
                 values = smem[...]
                 if values.dtype.itemsize == 1:
                     # Mosaic GPU selects no 8-bit values: the select runs on float16, which
-                    # holds every e4m3 and e5m2 value exactly.
+                    # holds every e4m3, e5m2 and int8 value exactly.
                     values = values.astype(jnp.float16)
                 kept = jnp.where(owned, values, jnp.zeros((), values.dtype))
                 smem[...] = kept.astype(smem.dtype)

@@ -92,10 +92,10 @@ def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups
             def context(run):
                 def with_accumulator(acc):
                     with jax.named_scope(profiling.SUMS):
-                        total = run(acc)[...]
+                        total = kernel_parts.sums(run(acc))
                     store(total)
 
-                pl.run_scoped(with_accumulator, plgpu.ACC(shape))
+                pl.run_scoped(with_accumulator, kernel_parts.accumulator(shape, lhs_ref.dtype))
 
             @jax.named_scope(profiling.STEP)
             def step(indices, lhs_smem, rhs_smem, acc):

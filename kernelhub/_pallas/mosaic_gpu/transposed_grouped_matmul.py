@@ -47,7 +47,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     m, k, n = problem.m, problem.k, problem.n
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
-    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype)
+    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, m)
     m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n, bn)
     layout = ChunkLayout.for_dtype(dtype)
     lhs, rhs = layout.arranged(lhs.astype(dtype), rhs.astype(dtype))
@@ -139,17 +139,18 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
                     max_concurrent_steps=max(blocks.stages, 2),
                 )(lhs_ref, rhs_ref)
 
-            return acc[...]
+            return kernel_parts.sums(acc)
 
         scratch = layout.scratch(blocks, lhs_ref.dtype, interpret)
+        accumulator = kernel_parts.accumulator(shape, lhs_ref.dtype)
         with jax.named_scope(profiling.SUMS):
             if scratch is not None:
                 # Registers and shared memory come from separate scopes (the interpreter's
                 # rule).
                 total = pl.run_scoped(lambda acc: pl.run_scoped(
-                    lambda tile: accumulate(acc, tile), scratch), plgpu.ACC(shape))
+                    lambda tile: accumulate(acc, tile), scratch), accumulator)
             else:
-                total = pl.run_scoped(accumulate, plgpu.ACC(shape))
+                total = pl.run_scoped(accumulate, accumulator)
 
         @pl.when((chunks > 0) if skip_empty else True)
         @jax.named_scope(profiling.STORE)
