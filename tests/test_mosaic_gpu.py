@@ -12,6 +12,7 @@ platform="mosaic" resolves to the compiled kernels and the same tests run them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -308,6 +309,66 @@ def test_int8_tgmm_sums_are_exact_in_int32():
         out = _mosaic(TGMM)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes),
                             tiling=tiling)
         np.testing.assert_array_equal(np.asarray(out), exact.astype(np.float32))
+
+
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs", [
+    (jnp.bfloat16, jnp.int8, False),
+    (jnp.bfloat16, jnp.float8_e4m3fn, True),
+    (jnp.float8_e4m3fn, jnp.float8_e5m2, False),
+])
+def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
+        lhs_dtype, rhs_dtype, transpose_rhs):
+    """Weight-only quantization (bf16 activations, int8 or e4m3 weights with one scale per
+    column) and a mixed 8-bit pair, both ways (the tiling's upcast): the 8-bit tiles converted
+    per step in shared memory (to bf16 beside bf16, float16 beside 8-bit; e4m3 to bf16 through
+    float32), or the operand widened to bf16 before the kernel; with group_offset,
+    existing_out's rows kept elsewhere, and k = 200 ending in a partial step."""
+    rng = np.random.default_rng(23)
+    m, k, n = 72, 200, 64
+    sizes = np.array([10, 30, 0, 25], np.int32)  # local groups 1 and 2 (empty); sum 65 < 72
+    lhs = _values(rng, (m, k), jnp.float32)
+    lhs = (lhs.astype(lhs_dtype) if jnp.dtype(lhs_dtype).itemsize == 2
+           else quantize(lhs, lhs_dtype, axis=1))
+    rhs = quantize(_values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32),
+                   rhs_dtype, axis=2 if transpose_rhs else 1)
+    existing = _values(rng, (m, n), jnp.float32)
+    as_float = lambda x: x.dequantize() if hasattr(x, "dequantize") else x  # noqa: E731
+    expected = reference.gmm(as_float(lhs), rhs.dequantize(), sizes, group_offset=1,
+                             existing_out=existing, transpose_rhs=transpose_rhs)
+    for upcast in (1, 0):
+        out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
+                           transpose_rhs=transpose_rhs, tiling=(64, 64, 64, 2, 1, 1, upcast))
+        assert_close(out, expected, jnp.float32, contraction=k)
+        kept = np.r_[0:10, 40:72]
+        np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+
+def test_which_tiles_are_converted_per_tile():
+    bf16, f16, int8 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.int8)
+    e4m3, e5m2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+    assert config.converted_dtype(bf16, int8) == bf16
+    assert config.converted_dtype(int8, f16) == f16
+    assert config.converted_dtype(e4m3, e5m2) == f16
+    assert config.converted_dtype(e4m3, e4m3) == f16
+    assert config.converted_dtype(bf16, bf16) is None
+    assert config.converted_dtype(np.float32, int8) is None  # float32 wgmma: widened first
+
+    def problem(lhs, rhs, kernel=Kernel.GMM, m=16384):
+        return Problem(kernel, m, 7168, 2048, 256, 32, lhs.name, rhs.name, "bfloat16", True)
+
+    # Beside a 16-bit operand, converting costs no FLOP rate and saves the widened copy: the
+    # heuristic converts in both weight layouts (with one compute warpgroup) ...
+    for kernel in (Kernel.GMM, Kernel.GMM_TRANSPOSED_RHS):
+        assert config.upcast_applies(problem(bf16, int8, kernel))
+        assert config.from_tiling(None, problem(bf16, int8, kernel)).upcast is True
+        assert config.from_tiling(None, problem(e4m3, e5m2, kernel)).upcast is True
+    # ... an 8-bit pair of one kind needs nothing with weights [G, n, k], and no tgmm converts.
+    assert not config.upcast_applies(problem(e4m3, e4m3, Kernel.GMM_TRANSPOSED_RHS))
+    assert not config.upcast_applies(problem(bf16, int8, Kernel.TGMM))
+    # A compute-bound call warp-specializes (config.compute_bound) and widens first.
+    mixtral = Problem(Kernel.GMM, 8192, 4096, 14336, 8, 8, "bfloat16", "int8", "bfloat16", True)
+    blocks = config.from_tiling(None, mixtral)
+    assert (blocks.compute_warpgroups, blocks.upcast) == (2, False)
 
 
 def test_int8_multiplies_as_stored_while_int32_sums_cannot_wrap():
@@ -973,6 +1034,33 @@ def test_8bit_forward_exports_with_the_weights_copied_only_where_bound_by_flops(
                          jax.ShapeDtypeStruct((), jnp.int32))
     _check_mosaic_only(exported, 1, unpadded=True)
     assert ("stablehlo.transpose" in exported.mlir_module()) is not upcast
+
+
+@pytest.mark.parametrize("rhs_dtype, transpose_rhs", [(jnp.int8, False),
+                                                      (jnp.float8_e4m3fn, True)])
+def test_weight_only_8bit_forward_exports_reading_the_weights_as_stored(rhs_dtype,
+                                                                        transpose_rhs):
+    """bf16 activations beside 8-bit weights with one scale per column, at DeepSeek-V3's
+    shape: one Mosaic GPU kernel, and (the heuristic converting their tiles in shared memory)
+    no bf16 copy of the weights in the program, which upcast=0 makes."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    shape = (local, n, k) if transpose_rhs else (local, k, n)
+    widened = "tensor<{}xbf16>".format("x".join(map(str, shape)))
+
+    def forward(tiling, lhs, values, scale, sizes, offset):
+        rhs = quantization.QuantizedArray(values, scale, axis=2 if transpose_rhs else 1)
+        return gmm(lhs, rhs, sizes, group_offset=offset, transpose_rhs=transpose_rhs,
+                   tiling=tiling, preferred_element_type=jnp.bfloat16)
+
+    scale_shape = quantization.scale_shape(shape, 2 if transpose_rhs else 1, None)
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct(shape, rhs_dtype),
+            jax.ShapeDtypeStruct(scale_shape, jnp.float32),
+            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+    for tiling, copied in ((None, False), ((64, 64, 128, 4, 1, 1, 0), True)):
+        exported = _exported(functools.partial(forward, tiling), *args)
+        _check_mosaic_only(exported, 1, unpadded=True)
+        assert (widened in exported.mlir_module()) is copied
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int8])

@@ -85,10 +85,12 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     halves = 2 if spec.glu is not None else 1
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
-    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, k)
-    lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
-    if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs and not blocks.upcast:
-        rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
+    if not blocks.upcast:
+        # Else both are read as stored and the 8-bit tiles converted in shared memory.
+        dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, k)
+        lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
+        if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs:
+            rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
     if spec.interleaved:
@@ -157,7 +159,8 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
                                       has_existing))
     bm, bn = blocks.block_m, blocks.block_n
     shape = (bm, bn)
-    multiplied = config.UPCAST_DTYPE if blocks.upcast else lhs_ref.dtype
+    multiplied = (config.converted_dtype(lhs_ref.dtype, rhs_ref.dtype) if blocks.upcast
+                  else lhs_ref.dtype)
 
     @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
@@ -237,67 +240,77 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
                                  column_tiles, blocks, k_tiles, transpose_rhs)
+    wide = (config.converted_dtype(rows_lhs_ref.dtype, group_rhs_ref.dtype) if blocks.upcast
+            else group_rhs_ref.dtype)
+    scoped = {}
     if blocks.upcast:
-        # Two float16 copies of a step's tiles: wgmma reads one while the next step converts
-        # into the other.
-        return pl.run_scoped(
-            lambda lhs_f16, rhs_f16: multiply(None, (lhs_f16, rhs_f16)),
-            plgpu.SMEM((2, bm, bk), config.UPCAST_DTYPE),
-            plgpu.SMEM((len(accs), 2, bk, bn), config.UPCAST_DTYPE))
+        # Two 16-bit copies of each 8-bit tile of a step: wgmma reads one while the next step
+        # converts into the other.
+        if rows_lhs_ref.dtype != wide:
+            scoped["lhs_converted"] = plgpu.SMEM((2, bm, bk), wide)
+        if group_rhs_ref.dtype != wide:
+            tile = (bn, bk) if transpose_rhs else (bk, bn)
+            scoped["rhs_converted"] = plgpu.SMEM((len(accs), 2, *tile), wide)
     if transpose_rhs and interpret:
-        return pl.run_scoped(multiply, plgpu.SMEM((bk, bn), group_rhs_ref.dtype))
-    return multiply(None)
+        scoped["scratch"] = plgpu.SMEM((bk, bn), wide)
+    return pl.run_scoped(lambda **refs: multiply(**refs), **scoped) if scoped else multiply()
 
 
 def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
-                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, scratch,
-                   upcast_tiles=None):
-    """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it,
-    `upcast_tiles` the float16 tiles [2, bm, bk] and [accumulators, 2, bk, bn] with upcast."""
+                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool,
+                   scratch=None, lhs_converted=None, rhs_converted=None):
+    """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it; with
+    upcast, `lhs_converted` [2, bm, bk] and `rhs_converted` [accumulators, 2, <weight tile>]
+    receive the 8-bit tiles of a step converted (None: that operand is multiplied as
+    stored)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
+    def converted(tile_smem, copies, index):
+        # The previous step's wgmma, which read the other copy, is done (the wait below), and
+        # this step's may read this one while the next step converts.
+        target = copies.at[jax.lax.rem(index, 2)]
+        values = tile_smem[...]
+        if target.dtype == jnp.bfloat16 and jnp.issubdtype(values.dtype, jnp.floating):
+            # Hopper converts fp8 to float16 only; to bfloat16 through float32 (exact).
+            values = values.astype(jnp.float32)
+        target[...] = values.astype(target.dtype)
+        return target
+
     @jax.named_scope(profiling.STEP)
     def step(indices, lhs_smem, *rhs_smems):
-        if upcast_tiles is None:
-            for acc, rhs_smem in zip(accs, rhs_smems):
-                # (The interpreter's transposes share one scratch tile: each is used at once.)
-                right = (kernel_parts.transposed_operand(rhs_smem, scratch) if transpose_rhs
-                         else rhs_smem)
-                plgpu.wgmma(acc, lhs_smem, right)
-        else:
-            # The 8-bit tiles converted in shared memory; the previous step's wgmma, which
-            # read the other copy, is done (the wait below), and this step's may read this one
-            # while the next step converts.
-            lhs_f16, rhs_f16 = upcast_tiles
-            slot = jax.lax.rem(indices[0], 2)
-            left = lhs_f16.at[slot]
-            left[...] = lhs_smem[...].astype(config.UPCAST_DTYPE)
-            rights = []
-            for half, rhs_smem in enumerate(rhs_smems):
-                rights.append(rhs_f16.at[half, slot])
-                rights[-1][...] = rhs_smem[...].astype(config.UPCAST_DTYPE)
+        left = (lhs_smem if lhs_converted is None else
+                converted(lhs_smem, lhs_converted, indices[0]))
+        rights = (rhs_smems if rhs_converted is None else
+                  [converted(rhs_smem, rhs_converted.at[half], indices[0])
+                   for half, rhs_smem in enumerate(rhs_smems)])
+        if lhs_converted is not None or rhs_converted is not None:
             plgpu.commit_smem()
-            for acc, right in zip(accs, rights):
-                plgpu.wgmma(acc, left, right)
+        for acc, right in zip(accs, rights):
+            # (The interpreter's transposes share one scratch tile: each is used at once.)
+            if transpose_rhs:
+                right = kernel_parts.transposed_operand(right, scratch)
+            plgpu.wgmma(acc, left, right)
         # This step's products stay in flight; the previous step's are done, so the pipeline
         # may refill their buffers (delay_release=1) after this step.
         plgpu.wgmma_wait(len(accs))
 
     # wgmma reads a step's tiles until the next step's wait: the pipeline refills them one step
-    # later. Converted (upcast), they are read once, before the step ends, and free at once.
-    delay = 0 if upcast_tiles is not None else 1
+    # later. Converted tiles are read once, before the step ends, and free at once.
+    lhs_delay = 1 if lhs_converted is None else 0
+    rhs_delay = 1 if rhs_converted is None else 0
 
     def rhs_spec(column_tile):
         if transpose_rhs:
-            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i), delay_release=delay)
-        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=delay)
+            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i),
+                                   delay_release=rhs_delay)
+        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=rhs_delay)
 
     plgpu.emit_pipeline(
         step,
         grid=(k_tiles,),
-        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=delay),
+        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=lhs_delay),
                   *[rhs_spec(c) for c in column_tiles]],
         max_concurrent_steps=max(blocks.stages, 2),
     )(rows_lhs_ref, *[group_rhs_ref] * len(column_tiles))

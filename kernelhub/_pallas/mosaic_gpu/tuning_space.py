@@ -1,13 +1,13 @@
 """The Mosaic GPU kernels' candidate tiles for kernelhub.tuning.
 
-Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles,
-64 to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight,
-four warp-specialized tilings (two compute warpgroups: gmm_warp_specialized.py,
+Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles, 64
+to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight, four
+warp-specialized tilings (two compute warpgroups: gmm_warp_specialized.py,
 tgmm_warp_specialized.py), for tgmm two that sum spans of 8 groups in one pipeline
 (group_spans.py), for every kernel four to six with two to four programs per SM (each with its
-share of the shared memory), for gmm of 8-bit weights [G, k, n] each single-warpgroup tiling
-with and without upcast (config.py); each fitted to the problem as the heuristic's own is, and
-kept only where it is legal.
+share of the shared memory), for gmm with an 8-bit operand (config.upcast_applies) each
+single-warpgroup tiling with and without upcast (config.py); each fitted to the problem as the
+heuristic's own is, and kept only where it is legal.
 """
 
 from __future__ import annotations
@@ -80,9 +80,10 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
                 for c in (_SHARED_SM_TGMM if tgmm else _SHARED_SM_GMM)]
     fitted = [config.fitted(tiling, problem) for tiling in tilings]
     if config.upcast_applies(problem):
-        # 8-bit gmm of weights [G, k, n]: each single-warpgroup tiling both ways, float16
-        # conversions of the tiles as stored and 8-bit wgmma after a copy of the weights (the
-        # roofline's choice, config.upcast_pays, is only an estimate).
+        # gmm with an 8-bit operand: each single-warpgroup tiling both ways, 16-bit
+        # conversions of the tiles as stored and a copy first (the weights K-major for 8-bit
+        # wgmma, or the 8-bit operand widened); the roofline's choice, config.upcast_pays, is
+        # only an estimate.
         fitted = [config.fitted(dataclasses.replace(tiling, upcast=upcast), problem)
                   for tiling in fitted
                   for upcast in ((False, True) if tiling.compute_warpgroups == 1 else (False,))]
