@@ -362,9 +362,16 @@ def test_which_tiles_are_converted_per_tile():
         assert config.upcast_applies(problem(bf16, int8, kernel))
         assert config.from_tiling(None, problem(bf16, int8, kernel)).upcast is True
         assert config.from_tiling(None, problem(e4m3, e5m2, kernel)).upcast is True
-    # ... an 8-bit pair of one kind needs nothing with weights [G, n, k], and no tgmm converts.
+    # ... and in tgmm where the copies fit: not beside the heuristic's two programs per SM at
+    # 64 rows per expert (2 stages in half the shared memory), which widen first.
+    tgmm = problem(bf16, int8, Kernel.TGMM)
+    assert config.upcast_applies(tgmm)
+    assert config.from_tiling((64, 128, 128, 4), tgmm).upcast is True
+    assert config.from_tiling(None, tgmm).as_tiling() == (64, 128, 128, 2, 1, 1, 0, 2)
+    # ... an 8-bit pair of one kind needs nothing with weights [G, n, k] or in tgmm (8-bit
+    # wgmma multiplies it, tgmm's rhs copied K-major).
     assert not config.upcast_applies(problem(e4m3, e4m3, Kernel.GMM_TRANSPOSED_RHS))
-    assert not config.upcast_applies(problem(bf16, int8, Kernel.TGMM))
+    assert not config.upcast_applies(problem(int8, int8, Kernel.TGMM))
     # A compute-bound call warp-specializes (config.compute_bound) and widens first.
     mixtral = Problem(Kernel.GMM, 8192, 4096, 14336, 8, 8, "bfloat16", "int8", "bfloat16", True)
     blocks = config.from_tiling(None, mixtral)
@@ -471,6 +478,39 @@ def test_tgmm_fp8_masks_other_groups_rows(dtype):
     lhs[:, 140] = np.nan
     out = _mosaic(TGMM)(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes))
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
+
+
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype", [
+    (jnp.int8, jnp.bfloat16), (jnp.bfloat16, jnp.float8_e4m3fn),
+    (jnp.float8_e4m3fn, jnp.float8_e5m2)])
+def test_tgmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(lhs_dtype,
+                                                                                rhs_dtype):
+    """A weight gradient of a quantized activation beside a bf16 cotangent (and the reverse,
+    and a mixed 8-bit pair): the 8-bit tiles converted per chunk in shared memory, their other
+    groups' rows zeroed in the same select (the heuristic's choice), over spans of groups too,
+    or the operand widened before the kernel (upcast=0); groups 1..2 of 4 crossing chunks,
+    existing_out added, against float64. Row 70, in group 2's last chunk but of group 3 (not
+    local), holds a NaN (16-bit operand) or 8s (8-bit), which the select keeps out."""
+    rng = np.random.default_rng(24)
+    k, m, n = 64, 150, 64
+    sizes = np.array([13, 0, 51, 70], np.int32)  # local groups 1, 2: rows 13..64
+
+    def operand(shape, dtype, axis):
+        values = np.asarray(_values(rng, shape, jnp.float32)).copy()
+        wide = jnp.dtype(dtype).itemsize == 2
+        values[(slice(None), 70) if axis == 1 else 70] = np.nan if wide else 8.0
+        values = jnp.asarray(values)
+        return values.astype(dtype) if wide else quantize(values, dtype, axis=axis)
+
+    lhs, rhs = operand((k, m), lhs_dtype, 1), operand((m, n), rhs_dtype, 0)
+    existing = _values(rng, (2, k, n), jnp.float32)
+    as_float = lambda x: x.dequantize() if hasattr(x, "dequantize") else x  # noqa: E731
+    expected = reference.tgmm(as_float(lhs), as_float(rhs), sizes, group_offset=1,
+                              num_actual_groups=2, existing_out=existing)
+    for tiling in (None, (64, 64, 64, 2, 1, 8, 1), (64, 64, 64, 2, 1, 1, 0)):
+        out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), group_offset=jnp.int32(1),
+                            num_actual_groups=2, existing_out=existing, tiling=tiling)
+        assert_close(out, expected, jnp.float32, contraction=m)
 
 
 def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
@@ -1061,6 +1101,30 @@ def test_weight_only_8bit_forward_exports_reading_the_weights_as_stored(rhs_dtyp
         exported = _exported(functools.partial(forward, tiling), *args)
         _check_mosaic_only(exported, 1, unpadded=True)
         assert (widened in exported.mlir_module()) is copied
+
+
+def test_tgmm_of_an_8bit_activation_and_a_bf16_cotangent_exports_reading_it_as_stored():
+    """A weight gradient of int8 activations (one scale per row of x^T) beside a bf16
+    cotangent at DeepSeek-V3's shape, one program per SM: one Mosaic GPU kernel, and with
+    upcast no bf16 copy of the activations in the program (upcast=0 makes one)."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
+
+    def weight_gradient(tiling, values, scale, d_out, sizes, offset):
+        lhs = quantization.QuantizedArray(values, scale, axis=1)
+        return tgmm(lhs, d_out, sizes, group_offset=offset, num_actual_groups=local,
+                    tiling=tiling)
+
+    args = (jax.ShapeDtypeStruct((k, m), jnp.int8), jax.ShapeDtypeStruct((k, 1), jnp.float32),
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+    for upcast in (1, 0):
+        exported = _exported(functools.partial(weight_gradient, (64, 128, 128, 4, 1, 1, upcast)),
+                             *args)
+        _check_mosaic_only(exported, 1, unpadded=True)
+        text = exported.mlir_module()
+        copied = f"tensor<{k}x{m}xbf16>" in text or f"tensor<{m}x{k}xbf16>" in text
+        assert copied is (upcast == 0)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int8])

@@ -7,20 +7,19 @@ rows, tgmm's summed rows), a callable `(m, k, n) -> tuple | None`, or None for t
 warp-specializes the program: a memory warpgroup loads for two compute warpgroups, each of
 block_n / 2 columns (gmm_warp_specialized.py, tgmm_warp_specialized.py). `group_span` (tgmm
 only) is how many consecutive groups one work item sums through one pipeline, storing a tile at
-each group's end (group_spans.py); 1 runs a pipeline per group. `upcast` (gmm with an 8-bit
-operand, `upcast_applies`): 1 converts each step's 8-bit tiles in shared memory to a 16-bit
-type (`converted_dtype`) and multiplies on 16-bit wgmma, which reads the weights as stored; 0
-copies first: two 8-bit operands of one kind are multiplied as stored on 8-bit wgmma, which
-reads B only K-major, so weights [G, k, n] are transposed to [G, n, k] (a copy of all of
-them), and an 8-bit operand beside a 16-bit one, or of another 8-bit kind, is widened whole to
-bf16 (a copy of it). Left out, the roofline decides (`upcast_pays`); where it does not apply,
-0 is the same as leaving it out. `programs_per_sm` (1 to 4; above 1, one compute
+each group's end (group_spans.py); 1 runs a pipeline per group. `upcast` (an 8-bit operand,
+`upcast_applies`; one compute warpgroup): 1 converts each step's 8-bit tiles in shared memory to
+a 16-bit type (`converted_dtype`) and multiplies on 16-bit wgmma, which reads every operand as
+stored; 0 copies first: two 8-bit operands of one kind are multiplied as stored on 8-bit wgmma,
+which reads B only K-major, so gmm's weights [G, k, n] are transposed to [G, n, k] (a copy of
+all of them), and an 8-bit operand beside a 16-bit one, or of another 8-bit kind, is widened
+whole to bf16 (a copy of it). Left out, the roofline decides (`upcast_pays`); where it does not
+apply, 0 is the same as leaving it out. `programs_per_sm` (1 to 4; above 1, one compute
 warpgroup only) is how many programs of the persistent grid share an SM: each has its share of
 the SM's shared memory, and one program's loads are in flight while another waits, where a work
 item is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert: one
 chunk per item; on the H100 of 2026-11-27 two per SM ran those tgmms 1.14x to 1.62x faster).
-Programs whose registers do not fit the SM together run one after another: correct, only
-slower.
+Programs whose registers do not fit the SM together run one after another: correct, only slower.
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -230,11 +229,11 @@ def shared_memory_limit(config: BlockConfig) -> int:
 def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
     if not upcast_applies(problem):
         raise ValueError(
-            f"tiling {source!r}: upcast={int(config.upcast)} is for gmm with an 8-bit operand "
-            f"beside a 16-bit or 8-bit one, and for two 8-bit operands of one kind (fp8, or "
-            f"int8 whose sums fit int32) with weights [G, k, n] only (8-bit wgmma reads those "
-            f"only after a copy); this is a {problem.kernel} of {problem.lhs_dtype} x "
-            f"{problem.rhs_dtype}: leave it out, or 0")
+            f"tiling {source!r}: upcast={int(config.upcast)} is for an 8-bit operand beside a "
+            f"16-bit one or one of another 8-bit kind, and for two 8-bit operands of one kind "
+            f"(fp8, or int8 whose sums fit int32) in gmm with weights [G, k, n] only (8-bit "
+            f"wgmma reads those only after a copy); this is a {problem.kernel} of "
+            f"{problem.lhs_dtype} x {problem.rhs_dtype}: leave it out, or 0")
     if config.upcast and config.compute_warpgroups != 1:
         raise ValueError(f"tiling {source!r}: upcast=1 is written for one compute warpgroup; "
                          f"compute_warpgroups={config.compute_warpgroups} takes upcast=0")
@@ -252,47 +251,38 @@ def converted_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype | None:
 
 
 def upcast_applies(problem: Problem) -> bool:
-    """Whether the tiling's `upcast` entry chooses anything: gmm with an 8-bit operand beside a
-    16-bit or 8-bit one, but for two of one kind (multiplied as stored on 8-bit wgmma) only
-    with weights [G, k, n], which 8-bit wgmma reads after a copy."""
-    if problem.kernel is Kernel.TGMM:
-        return False
+    """Whether the tiling's `upcast` entry chooses anything: an 8-bit operand beside a 16-bit
+    one or one of another 8-bit kind (no 8-bit wgmma takes the pair), or, in gmm, two of one
+    kind with weights [G, k, n] (8-bit wgmma reads those only after a K-major copy)."""
     if converted_dtype(problem.lhs_dtype, problem.rhs_dtype) is None:
         return False
     return operand_bytes(problem) != 1 or problem.kernel is Kernel.GMM
 
 
 def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
-    """Whether a gmm with 8-bit operands is faster converting its 8-bit tiles in shared memory
-    (16-bit wgmma, every operand read as stored) than copying first (an 8-bit pair of one kind
-    multiplied as stored at twice the rate after the weights' K-major copy; else the 8-bit
-    operand widened to bf16), by the roofline: max(FLOPs / peak, bytes / HBM) each way, plus
-    the copy's bytes (read and written) for the second. Memory-bound 8-bit pairs (fine-grained
-    MoE: 64 rows per expert) convert, compute-bound ones (Mixtral) copy; an 8-bit operand
-    beside a 16-bit one always converts (the same rate, fewer bytes) where one compute
-    warpgroup runs. The tuner times both."""
+    """Whether converting the 8-bit tiles in shared memory (16-bit wgmma, every operand read
+    as stored) beats copying first, where one compute warpgroup runs (the only one upcast is
+    written for). A pair no 8-bit wgmma takes is multiplied at the 16-bit rate either way, and
+    converting moves fewer bytes: always. Two 8-bit operands of one kind with weights
+    [G, k, n], by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs /
+    8-bit peak, bytes / HBM) + 2 * weight bytes / HBM (the K-major copy). Memory-bound calls
+    (fine-grained MoE: 64 rows per expert) convert, compute-bound ones (Mixtral) copy. The
+    tuner times both."""
     if not upcast_applies(problem):
         return False
     if compute_warpgroups != 1 or not problem.static:
         return False
+    if operand_bytes(problem) != 1:
+        return True
     m, k, n = problem.m, problem.k, problem.n
+    flops = 2.0 * m * k * n
     weights = float(problem.local_groups) * k * n
-    out = m * n * np.dtype(problem.out_dtype).itemsize
-    lhs_width, rhs_width = (np.dtype(d).itemsize for d in (problem.lhs_dtype, problem.rhs_dtype))
-    width = operand_bytes(problem)
+    moved = m * k + weights + m * n * np.dtype(problem.out_dtype).itemsize
     hbm = _ROOFLINE_PEAK.tbps * 1e12
-
-    def roofline(peak_width: int, moved: float) -> float:
-        rate = _ROOFLINE_PEAK.tflops["fp8" if peak_width == 1 else "bf16"] * 1e12
-        return max(2.0 * m * k * n / rate, moved / hbm)
-
-    converted = roofline(2, m * k * lhs_width + weights * rhs_width + out)
-    copies = (m * k * (lhs_width + width) if lhs_width != width else 0.0) + (
-        weights * (rhs_width + width) if rhs_width != width else 0.0)
-    if width == 1:  # the weights copied K-major
-        copies += 2 * weights
-    copied = roofline(width, (m * k + weights) * width + out) + copies / hbm
-    return converted < copied
+    memory = moved / hbm
+    upcast = max(flops / (_ROOFLINE_PEAK.tflops["bf16"] * 1e12), memory)
+    copied = max(flops / (_ROOFLINE_PEAK.tflops["fp8"] * 1e12), memory) + 2 * weights / hbm
+    return upcast < copied
 
 
 def compute_bound(problem: Problem) -> bool:
@@ -326,15 +316,13 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
     being converted while wgmma reads the other) stay beside the pipeline."""
     out_width = np.dtype(problem.out_dtype).itemsize
     if config.upcast:
-        lhs_elements, rhs_elements = _gmm_step_elements(config, weight_tiles)
-        stored = [(lhs_elements, np.dtype(problem.lhs_dtype).itemsize),
-                  (rhs_elements, np.dtype(problem.rhs_dtype).itemsize)]
+        widths = (np.dtype(problem.lhs_dtype).itemsize, np.dtype(problem.rhs_dtype).itemsize)
+        stored = list(zip(_operand_step_elements(config, problem, weight_tiles), widths))
         pipeline = max(config.stages, 2) * sum(count * width for count, width in stored)
-        converted = 2 * 2 * sum(count for count, width in stored if width == 1)
-        peak = max(pipeline + converted, config.block_m * config.block_n * out_width)
-        return peak + SHARED_MEMORY_SLACK
-    step = _step_elements(config, problem, weight_tiles)
-    pipeline = max(config.stages, 2) * step * operand_bytes(problem)
+        pipeline += 2 * 2 * sum(count for count, width in stored if width == 1)
+    else:
+        step = _step_elements(config, problem, weight_tiles)
+        pipeline = max(config.stages, 2) * step * operand_bytes(problem)
     if problem.kernel is Kernel.TGMM or config.compute_warpgroups > 1:
         peak = (pipeline + output_tile_rows(config, problem, weight_tiles) * config.block_n
                 * out_width)
@@ -345,16 +333,16 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
 
 def _step_elements(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
     """The elements of one pipeline step's tiles."""
+    return sum(_operand_step_elements(config, problem, weight_tiles))
+
+
+def _operand_step_elements(config: BlockConfig, problem: Problem, weight_tiles: int
+                           ) -> tuple[int, int]:
+    """The elements of one pipeline step's lhs tile and of its rhs tiles."""
     bm, bk, bn = config.block_m, config.block_k, config.block_n
     if problem.kernel is Kernel.TGMM:
-        return bk * bm + bm * bn
-    return sum(_gmm_step_elements(config, weight_tiles))
-
-
-def _gmm_step_elements(config: BlockConfig, weight_tiles: int) -> tuple[int, int]:
-    """The elements of one gmm step's lhs tile and of its weight tiles."""
-    bk = config.block_k
-    return config.block_m * bk, weight_tiles * bk * config.block_n
+        return bk * bm, bm * bn
+    return bm * bk, weight_tiles * bk * bn
 
 
 def accumulator_elements(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:

@@ -92,7 +92,8 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
 
     bk, bn = blocks.block_k, blocks.block_n
     shape = (bk, bn)
-    summed_in = jnp.dtype(config.accumulator_dtype(lhs_ref.dtype))
+    multiplied = lhs_ref.dtype if layout.converted is None else layout.converted
+    summed_in = jnp.dtype(config.accumulator_dtype(multiplied))
 
     # Span outermost: the programs running at once read the same span's rows.
     @plgpu.nd_loop((spans, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
@@ -104,7 +105,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
         def row_of(step):
             return table_ref[ROW, first_visit + step]
 
-        def accumulate(scratch=None):
+        def accumulate(scratch=None, **conversions):
             # The running sum in the accumulator's dtype: int8's stay exact across chunks.
             zeros = kernel_parts.wgmma_zeros(shape, interpret, summed_in)
 
@@ -112,10 +113,10 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
             def step(indices, lhs_smem, rhs_smem, running):
                 visit = first_visit + indices[0]
                 group = table_ref[GROUP, visit]
-                layout.zero_rows_outside(
+                tiles = layout.masked_tiles(
                     lhs_smem, rhs_smem, table_ref[ROW, visit], table_ref[FROM, visit],
-                    table_ref[END, visit], interpret)
-                left, right = layout.operands(lhs_smem, rhs_smem, scratch)
+                    table_ref[END, visit], indices[0], interpret, **conversions)
+                left, right = layout.operands(*tiles, scratch)
                 # All rows kept, or (a group's first chunk) none: zeros by a select.
                 first_kept = jnp.where(table_ref[FIRST, visit] == 1, bk, 0)
                 kept = kernel_parts.tile_iota(shape, 0, interpret) >= first_kept
@@ -126,7 +127,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                     return acc_ref[...]
 
                 total = before + pl.run_scoped(
-                    product, kernel_parts.accumulator(shape, lhs_ref.dtype))
+                    product, kernel_parts.accumulator(shape, multiplied))
 
                 @pl.when(table_ref[LAST, visit] == 1)
                 @jax.named_scope(profiling.STORE)
@@ -148,10 +149,12 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                     init_carry=zeros,
                 )(lhs_ref, rhs_ref)
 
-        scratch = layout.scratch(blocks, lhs_ref.dtype, interpret)
-        if scratch is not None:
-            # The interpreter's wgmma takes no transposed view (kernel_parts.transposed_operand).
-            pl.run_scoped(accumulate, scratch)
+        scratch = layout.scratch(blocks, multiplied, interpret)
+        # The interpreter's wgmma takes no transposed view (kernel_parts.transposed_operand).
+        shared = dict(layout.conversion_tiles(blocks, lhs_ref.dtype, rhs_ref.dtype),
+                      **({} if scratch is None else {"scratch": scratch}))
+        if shared:
+            pl.run_scoped(lambda **tiles: accumulate(**tiles), **shared)
         else:
             accumulate()
 

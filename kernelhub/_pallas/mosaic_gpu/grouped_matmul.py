@@ -27,7 +27,10 @@ from shared memory, so weights [G, k, n] of those types are transposed to [G, n,
 copy; store them that way, transpose_rhs=True, to avoid it). For 8-bit values the tiling's
 `upcast` avoids the copy instead (config.py): each step's two tiles are converted to float16
 in shared memory and multiplied on 16-bit wgmma, which reads B as stored, at half the 8-bit
-rate; the roofline picks it where the weights' bytes, not the FLOPs, bound the call.
+rate; the roofline picks it where the weights' bytes, not the FLOPs, bound the call. An 8-bit
+operand beside a 16-bit one (weight-only quantization) or of another 8-bit kind has no
+8-bit wgmma: with `upcast` its tiles alone are converted, to the other's type or float16,
+instead of the whole operand widened before the kernel.
 """
 
 from __future__ import annotations
@@ -271,11 +274,7 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
         # The previous step's wgmma, which read the other copy, is done (the wait below), and
         # this step's may read this one while the next step converts.
         target = copies.at[jax.lax.rem(index, 2)]
-        values = tile_smem[...]
-        if target.dtype == jnp.bfloat16 and jnp.issubdtype(values.dtype, jnp.floating):
-            # Hopper converts fp8 to float16 only; to bfloat16 through float32 (exact).
-            values = values.astype(jnp.float32)
-        target[...] = values.astype(target.dtype)
+        target[...] = kernel_parts.widened(tile_smem[...], target.dtype)
         return target
 
     @jax.named_scope(profiling.STEP)

@@ -157,6 +157,14 @@ def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, grou
         plgpu.copy_smem_to_gmem(tile_smem, out_ref.at[where])
 
 
+def widened(values: jax.Array, dtype) -> jax.Array:
+    """8-bit tile values as the 16-bit `dtype` (exact, config.converted_dtype): Hopper converts
+    fp8 to float16 only, so fp8 goes to bfloat16 through float32."""
+    if dtype == jnp.bfloat16 and jnp.issubdtype(values.dtype, jnp.floating):
+        values = values.astype(jnp.float32)
+    return values.astype(dtype)
+
+
 def accumulator(shape: tuple[int, int], multiplied):
     """A wgmma accumulator for tiles of the `multiplied` dtype (config.accumulator_dtype), for
     `pl.run_scoped`."""

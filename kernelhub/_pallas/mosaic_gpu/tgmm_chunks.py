@@ -11,6 +11,10 @@ tgmm sums lhs[:, rows] @ rhs[rows, :] over chunks of block_m rows: wgmma's A is 
   keep it.
 - rhs [m, n] is B as stored for 16-bit values; float32 and 8-bit wgmma read B K-major only, so
   such rhs is transposed to [n, m] first (a copy), `rhs_k_major`.
+- An 8-bit operand beside a 16-bit one, or of another 8-bit kind, with the tiling's upcast
+  (`converted`): the 16-bit layouts, every operand read as stored (its 8-bit tiles hold the
+  rows along their major axis too), and each 8-bit tile converted in shared memory per chunk,
+  in the same pass as the select of its rows (`masked_tiles`).
 
 Where a group's chunks start: with 16-bit values both tiles hold the rows along their major
 axis, which TMA cuts in groups of config.ROW_ALIGN rows, so the chunks start at the group's
@@ -29,6 +33,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernelhub._grouped_matmul import visits
 from kernelhub._pallas.mosaic_gpu import config, kernel_parts
@@ -37,13 +42,36 @@ from kernelhub._pallas.mosaic_gpu import config, kernel_parts
 @dataclasses.dataclass(frozen=True)
 class ChunkLayout:
     """The layouts of one kernel dtype: 16-bit (lhs read [m, k], rhs [m, n] as stored) or one
-    whose wgmma reads both operands K-major (lhs [k, m] as stored, rhs transposed to [n, m])."""
+    whose wgmma reads both operands K-major (lhs [k, m] as stored, rhs transposed to [n, m]).
+    `converted` (the tiling's upcast, config.converted_dtype): the 16-bit layout, each 8-bit
+    operand read as stored and its tiles converted to this 16-bit type in shared memory."""
 
     k_major_only: bool
+    converted: np.dtype | None = None
 
     @classmethod
     def for_dtype(cls, dtype) -> ChunkLayout:
         return cls(jnp.dtype(dtype).name in config.K_MAJOR_ONLY)
+
+    @classmethod
+    def converting(cls, lhs_dtype, rhs_dtype) -> ChunkLayout:
+        return cls(False, config.converted_dtype(lhs_dtype, rhs_dtype))
+
+    def conversion_tiles(self, blocks: config.BlockConfig, lhs_dtype, rhs_dtype) -> dict:
+        """Shared memory for `converted`: two copies of each 8-bit operand's tile (a step
+        converts into one while the previous step's wgmma reads the other), by the name
+        `masked_operands` takes them (none without `converted`)."""
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        if self.converted is None:
+            return {}
+        bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+        tiles = {}
+        if jnp.dtype(lhs_dtype) != self.converted:
+            tiles["lhs_converted"] = plgpu.SMEM((2, bm, bk), self.converted)
+        if jnp.dtype(rhs_dtype) != self.converted:
+            tiles["rhs_converted"] = plgpu.SMEM((2, bm, bn), self.converted)
+        return tiles
 
     @property
     def lhs_rows_major(self) -> bool:
@@ -117,31 +145,50 @@ class ChunkLayout:
                 plgpu.BlockSpec((bn, bm), lambda c: (n_tile, chunk(c)),
                                 delay_release=delay_release)]
 
-    def zero_rows_outside(self, lhs_smem, rhs_smem, first_row, start, end,
-                          interpret: bool) -> None:
-        """Sets the chunk's summed rows outside [start, end) to exact zeros in both tiles, by a
-        select in shared memory (a NaN in another group's row stays out), where there are
-        any."""
+    def masked_tiles(self, lhs_smem, rhs_smem, first_row, start, end, index,
+                     interpret: bool, lhs_converted=None, rhs_converted=None) -> tuple:
+        """The chunk's tiles as wgmma multiplies them, their summed rows outside [start, end)
+        exact zeros by a select (a NaN in another group's row stays out). A tile given copies
+        (`conversion_tiles`) is written, converted and selected, into its copy for step `index`
+        at every step (the previous step's wgmma read the other copy and is done); the others
+        are selected in place where there are such rows."""
         from jax.experimental import pallas as pl
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         lhs_axis = 0 if self.lhs_rows_major else 1
         rhs_axis = 1 if self.rhs_k_major else 0
         rows = lhs_smem.shape[lhs_axis]
+        tiles = ((lhs_smem, lhs_axis, lhs_converted), (rhs_smem, rhs_axis, rhs_converted))
 
-        @pl.when((first_row < start) | (first_row + rows > end))
-        def _mask():
-            for smem, axis in ((lhs_smem, lhs_axis), (rhs_smem, rhs_axis)):
-                indices = kernel_parts.tile_iota(smem.shape, axis, interpret) + first_row
-                owned = (indices >= start) & (indices < end)
-                values = smem[...]
-                if values.dtype.itemsize == 1:
-                    # Mosaic GPU selects no 8-bit values: the select runs on float16, which
-                    # holds every e4m3, e5m2 and int8 value exactly.
-                    values = values.astype(jnp.float16)
-                kept = jnp.where(owned, values, jnp.zeros((), values.dtype))
-                smem[...] = kept.astype(smem.dtype)
+        def selected(shape, axis, values):
+            indices = kernel_parts.tile_iota(shape, axis, interpret) + first_row
+            owned = (indices >= start) & (indices < end)
+            return jnp.where(owned, values, jnp.zeros((), values.dtype))
+
+        in_place = [(smem, axis) for smem, axis, copies in tiles if copies is None]
+        if in_place:
+            @pl.when((first_row < start) | (first_row + rows > end))
+            def _mask():
+                for smem, axis in in_place:
+                    values = smem[...]
+                    if values.dtype.itemsize == 1:
+                        # Mosaic GPU selects no 8-bit values: the select runs on float16,
+                        # which holds every e4m3, e5m2 and int8 value exactly.
+                        values = values.astype(jnp.float16)
+                    smem[...] = selected(smem.shape, axis, values).astype(smem.dtype)
+                plgpu.commit_smem()
+
+        masked = []
+        for smem, axis, copies in tiles:
+            if copies is not None:
+                target = copies.at[jax.lax.rem(index, 2)]
+                target[...] = selected(smem.shape, axis,
+                                       kernel_parts.widened(smem[...], target.dtype))
+                smem = target
+            masked.append(smem)
+        if lhs_converted is not None or rhs_converted is not None:
             plgpu.commit_smem()
+        return tuple(masked)
 
     def operands(self, lhs_smem, rhs_smem, scratch, columns: tuple | None = None):
         """wgmma's A [block_k, block_m] and B [block_m, block_n] from the chunk's tiles (one of

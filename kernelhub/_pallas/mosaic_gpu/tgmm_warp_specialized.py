@@ -100,10 +100,9 @@ def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups
             @jax.named_scope(profiling.STEP)
             def step(indices, lhs_smem, rhs_smem, acc):
                 first_row, summed_from = rows_of(indices[0])
-                layout.zero_rows_outside(lhs_smem, rhs_smem, first_row, summed_from, end,
-                                         interpret)
-                left, right = layout.operands(lhs_smem, rhs_smem, own_scratch,
-                                              columns=(wg * part, part))
+                tiles = layout.masked_tiles(lhs_smem, rhs_smem, first_row, summed_from, end,
+                                            indices[0], interpret)
+                left, right = layout.operands(*tiles, own_scratch, columns=(wg * part, part))
                 plgpu.wgmma(acc, left, right)
                 # The pipeline refills a chunk's buffers once both compute warpgroups are
                 # past it (delay_release=0): this chunk's products are done here.

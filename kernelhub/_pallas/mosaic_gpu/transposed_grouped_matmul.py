@@ -2,20 +2,22 @@
 kernelhub/ops/transposed_grouped_matmul.py).
 
 Work: (group, k-tile, n-tile) output tiles, group outermost, walked by a persistent grid of one
-program per SM (`plgpu.nd_loop`), so the programs running at once read the same group's rows.
-A program sums its group's rows in chunks of block_m (tgmm_chunks.py: with 16-bit values they
+program per SM (`plgpu.nd_loop`), so the programs running at once read the same group's rows. A
+program sums its group's rows in chunks of block_m (tgmm_chunks.py: with 16-bit values they
 start at the group's first row, rounded down to 8, and lhs is read [m, k], so the weight
 gradient's `x.T` costs no copy): `plgpu.emit_pipeline` brings the lhs and rhs tiles of each
 chunk into shared memory by TMA, `stages` chunks in flight, and wgmma adds them into a float32
-accumulator. Of a group's chunks only the first and the last can hold rows it does not sum
-(other groups', or those a last chunk moved back from the end shares with the chunk before);
-there a select sets those rows to exact zeros in shared memory, in both tiles (so a NaN in
-another group's row stays out of this sum). An empty group runs no chunk. The tile, plus
-existing_out's when given, is stored whole by one TMA copy: every output element is written
-once, by one program. Compiled, existing_out is the output's own buffer (aliased, as gmm's):
-each tile is read from it and written back, and an empty group's tiles are left as they are.
-The store runs while the program sums its next tile (one shared-memory tile per program holds
-the result in flight; only writing the next result waits for it).
+accumulator (int32 for int8 tiles: exact). Of a group's chunks only the first and the last can
+hold rows it does not sum (other groups', or those a last chunk moved back from the end shares
+with the chunk before); there a select sets those rows to exact zeros in shared memory, in both
+tiles (so a NaN in another group's row stays out of this sum); with the tiling's upcast, an
+8-bit tile beside a 16-bit one or one of another 8-bit kind is converted to 16 bits in that
+pass, at every chunk. An empty group runs no chunk. The tile, plus existing_out's when given, is
+stored whole by one TMA copy: every output element is written once, by one program. Compiled,
+existing_out is the output's own buffer (aliased, as gmm's): each tile is read from it and
+written back, and an empty group's tiles are left as they are. The store runs while the program
+sums its next tile (one shared-memory tile per program holds the result in flight; only writing
+the next result waits for it).
 """
 
 from __future__ import annotations
@@ -47,10 +49,15 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     m, k, n = problem.m, problem.k, problem.n
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
-    dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, m)
     m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n, bn)
-    layout = ChunkLayout.for_dtype(dtype)
-    lhs, rhs = layout.arranged(lhs.astype(dtype), rhs.astype(dtype))
+    if blocks.upcast:
+        # Both read as stored, the 8-bit tiles converted in shared memory.
+        layout = ChunkLayout.converting(lhs.dtype, rhs.dtype)
+    else:
+        dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, m)
+        layout = ChunkLayout.for_dtype(dtype)
+        lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
+    lhs, rhs = layout.arranged(lhs, rhs)
     lhs_sizes, rhs_sizes = layout.padding(m_p, k_p, n_p)
     lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
     existing = None if existing_out is None else padded(existing_out, {1: k_p, 2: n_p})
@@ -113,19 +120,20 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     shape = (bk, bn)
+    multiplied = lhs_ref.dtype if layout.converted is None else layout.converted
 
     @plgpu.nd_loop((groups, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
         group, k_tile, n_tile = info.index
         end, chunks, rows_of = layout.group_chunks(bounds_ref, group, bm, rows_padded)
 
-        def accumulate(acc, scratch=None):
+        def accumulate(acc, scratch=None, **conversions):
             @jax.named_scope(profiling.STEP)
             def step(indices, lhs_smem, rhs_smem):
                 first_row, summed_from = rows_of(indices[0])
-                layout.zero_rows_outside(lhs_smem, rhs_smem, first_row, summed_from, end,
-                                         interpret)
-                plgpu.wgmma(acc, *layout.operands(lhs_smem, rhs_smem, scratch))
+                tiles = layout.masked_tiles(lhs_smem, rhs_smem, first_row, summed_from, end,
+                                            indices[0], interpret, **conversions)
+                plgpu.wgmma(acc, *layout.operands(*tiles, scratch))
                 # The previous chunk's product is done before the pipeline refills its
                 # buffers (delay_release=1); this one's stays in flight.
                 plgpu.wgmma_wait(1)
@@ -141,14 +149,16 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
 
             return kernel_parts.sums(acc)
 
-        scratch = layout.scratch(blocks, lhs_ref.dtype, interpret)
-        accumulator = kernel_parts.accumulator(shape, lhs_ref.dtype)
+        scratch = layout.scratch(blocks, multiplied, interpret)
+        shared = dict(layout.conversion_tiles(blocks, lhs_ref.dtype, rhs_ref.dtype),
+                      **({} if scratch is None else {"scratch": scratch}))
+        accumulator = kernel_parts.accumulator(shape, multiplied)
         with jax.named_scope(profiling.SUMS):
-            if scratch is not None:
+            if shared:
                 # Registers and shared memory come from separate scopes (the interpreter's
                 # rule).
                 total = pl.run_scoped(lambda acc: pl.run_scoped(
-                    lambda tile: accumulate(acc, tile), scratch), accumulator)
+                    lambda **tiles: accumulate(acc, **tiles), **shared), accumulator)
             else:
                 total = pl.run_scoped(accumulate, accumulator)
 
