@@ -60,7 +60,7 @@ class ChunkLayout:
     def conversion_tiles(self, blocks: config.BlockConfig, lhs_dtype, rhs_dtype) -> dict:
         """Shared memory for `converted`: two copies of each 8-bit operand's tile (a step
         converts into one while the previous step's wgmma reads the other), by the name
-        `masked_operands` takes them (none without `converted`)."""
+        `masked_tiles` takes them (none without `converted`)."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         if self.converted is None:
