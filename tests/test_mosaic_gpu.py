@@ -353,8 +353,9 @@ def test_which_tiles_are_converted_per_tile():
     assert config.converted_dtype(bf16, bf16) is None
     assert config.converted_dtype(np.float32, int8) is None  # float32 wgmma: widened first
 
-    def problem(lhs, rhs, kernel=Kernel.GMM, m=16384):
-        return Problem(kernel, m, 7168, 2048, 256, 32, lhs.name, rhs.name, "bfloat16", True)
+    def problem(lhs, rhs, kernel=Kernel.GMM):  # DeepSeek-V3's shape, 32 local experts
+        return Problem(kernel, 16384, 7168, 2048, 256, 32, lhs.name, rhs.name, "bfloat16",
+                       True)
 
     # Beside a 16-bit operand, converting costs no FLOP rate and saves the widened copy: the
     # heuristic converts in both weight layouts (with one compute warpgroup) ...
