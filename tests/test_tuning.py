@@ -829,3 +829,19 @@ def test_tune_command_tunes_quantized_operands(tmp_path, capsys):
     assert by_pass["lhs_gradient"].rhs_dtype == stored
     with pytest.raises(SystemExit):
         cli_main(["tune", "--dtypes", "fp4", "--shape", "64x32x32"])
+
+
+def test_tune_command_tunes_weight_only_quantization(tmp_path, capsys):
+    """--weights-only: bf16 activations beside int8 weights quantized in the call, keyed by
+    both dtypes, and shown so; refused where there are no weights to quantize."""
+    output = tmp_path / "tiles.json"
+    assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "int8",
+                     "--weights-only", "--forward-only", "--platform", "xla", "--repeats", "1",
+                     "--draws", "1", "--output", str(output)]) == 0
+    (key,) = tuning.load(output).entries
+    assert (key.problem.lhs_dtype, key.problem.rhs_dtype) == ("bfloat16", "int8")
+    assert "bfloat16 x int8" in capsys.readouterr().out
+    for wrong in (["--dtypes", "bf16"], ["--dtypes", "int8", "--ops", "tgmm"]):
+        with pytest.raises(SystemExit):
+            cli_main(["tune", "--shape", "64x32x32", "--weights-only", *wrong])
+        assert "--weights-only quantizes grouped_matmul's" in capsys.readouterr().err

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "quantized: fp8 (e4m3), e5m2, int8 (both operands quantized in "
                              "the call from bf16, one scale per row and column, the result "
                              "bf16); default bfloat16")
+    parser.add_argument("--weights-only", action="store_true",
+                        help="with a quantized --dtypes, quantize gmm's weights only: bf16 "
+                             "activations beside 8-bit weights (weight-only quantization; "
+                             "its lhs gradient is a bf16 cotangent beside them)")
     parser.add_argument("--out-dtypes", "--out-dtype", type=dtype, nargs="+", metavar="DTYPE",
                         help="preferred_element_type of the calls tuned (part of a table's "
                              "key): default the operands' dtype, as MoE layers call them; "
@@ -82,10 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: Any,
                   forward_only: bool, platform: str | None, local_groups: int | None = None,
-                  out_dtype: Any = None):
+                  out_dtype: Any = None, weights_only: bool = False):
     """The function tuned, and example arguments: one grouped matmul and its gradients. With
     an 8-bit operand dtype the arguments are bf16 and the call quantizes both to it along
-    their contraction (one scale per row and column); its result is bf16 unless `out_dtype`."""
+    their contraction (one scale per row and column), or with `weights_only` gmm's rhs only;
+    its result is bf16 unless `out_dtype`."""
     sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
     call = kernelhub.get(op, platform=platform)
     local = groups if local_groups is None else local_groups
@@ -93,6 +98,9 @@ def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: A
         raise ValueError(f"--local-groups must be at most --groups ({groups}), got {local}")
     sharded = {} if local == groups else {"group_offset": 0}
     quantized = jnp.dtype(operand_dtype).itemsize == 1
+    if weights_only and not (quantized and op == "grouped_matmul"):
+        raise ValueError(f"--weights-only quantizes grouped_matmul's weights to an 8-bit "
+                         f"--dtypes; got {short_op(op)} with {jnp.dtype(operand_dtype).name}")
     stored = jnp.dtype(jnp.bfloat16) if quantized else operand_dtype
     if op == "grouped_matmul":
         arguments = (jax.ShapeDtypeStruct((m, k), stored),
@@ -108,8 +116,9 @@ def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: A
 
     def loss(lhs, rhs, group_sizes):
         if quantized:
-            lhs, rhs = (kernelhub.quantize(x, operand_dtype, axis=axis)
-                        for x, axis in zip((lhs, rhs), axes))
+            rhs = kernelhub.quantize(rhs, operand_dtype, axis=axes[1])
+            if not weights_only:
+                lhs = kernelhub.quantize(lhs, operand_dtype, axis=axes[0])
         out = call(lhs, rhs, group_sizes, preferred_element_type=result, **sharded)
         return jnp.sum(out.astype(jnp.float32))
 
@@ -123,10 +132,13 @@ _PASS_ORDER = {"forward": 0, "lhs_gradient": 1, "rhs_gradient": 2}
 
 
 def _dtypes(problem: Any) -> str:
-    """'bfloat16', or 'bfloat16 -> float32' when the result's dtype differs."""
+    """'bfloat16', 'bfloat16 x int8' where the operands' differ, and ' -> float32' after it
+    when the result's dtype differs."""
+    operands = (problem.lhs_dtype if problem.rhs_dtype == problem.lhs_dtype
+                else f"{problem.lhs_dtype} x {problem.rhs_dtype}")
     if problem.out_dtype == problem.lhs_dtype:
-        return problem.lhs_dtype
-    return f"{problem.lhs_dtype} -> {problem.out_dtype}"
+        return operands
+    return f"{operands} -> {problem.out_dtype}"
 
 
 def _ordered(tuning: Tuning) -> list:
@@ -188,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             fn, arguments = step_function(
                 name, m, k, n, groups, jnp.dtype(dtype_name), args.forward_only, args.platform,
-                args.local_groups, None if out_name is None else jnp.dtype(out_name))
+                args.local_groups, None if out_name is None else jnp.dtype(out_name),
+                getattr(args, "weights_only", False))
             one = autotune(fn, *arguments, skew=tuple(args.skew), draws=draws,
                            repeats=repeats, min_gain=args.min_gain, time_limit=left,
                            on_entry=save)
