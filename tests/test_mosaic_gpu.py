@@ -343,6 +343,35 @@ def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
         np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
+def test_gradients_of_an_int8_call():
+    """jax.grad through a gmm of int8 activations and weights quantized in the call: the forward
+    on int8 wgmma (weights copied K-major, upcast=0); the gradients, whose scales vary along
+    their contractions, take them folded into a float32 cotangent beside the int8 values
+    (widened to float32). Against the float64 gradients of the dequantized product, which reach
+    the bf16 operands unchanged (straight through); local groups 1..2 of 3 (group_offset), one
+    of them empty, rows past the sum (their gradient rows exactly 0)."""
+    rng = np.random.default_rng(25)
+    m, k, n = 72, 128, 64
+    sizes = np.array([20, 0, 40], np.int32)  # group 0 not local; rows 60.. past the sum
+    lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
+    d_out = _values(rng, (m, n), jnp.bfloat16)
+
+    def loss(lhs, rhs):
+        out = _mosaic(GMM)(quantize(lhs, jnp.int8, axis=1), quantize(rhs, jnp.int8, axis=1),
+                           jnp.asarray(sizes), group_offset=1,
+                           tiling={"forward": (64, 128, 64, 2, 1, 1, 0)},
+                           preferred_element_type=jnp.bfloat16)
+        return jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32))
+
+    d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+    q_lhs = quantize(lhs, jnp.int8, axis=1).dequantize()
+    q_rhs = quantize(rhs, jnp.int8, axis=1).dequantize()
+    want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out, group_offset=1)
+    assert_close(d_lhs, want_lhs, jnp.bfloat16, contraction=n)
+    assert_close(d_rhs, want_rhs, jnp.bfloat16, contraction=m)
+    assert np.all(np.asarray(d_lhs)[:20] == 0) and np.all(np.asarray(d_lhs)[60:] == 0)
+
+
 def test_which_tiles_are_converted_per_tile():
     bf16, f16, int8 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.int8)
     e4m3, e5m2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
@@ -486,8 +515,8 @@ def test_tgmm_fp8_masks_other_groups_rows(dtype):
     (jnp.float8_e4m3fn, jnp.float8_e5m2)])
 def test_tgmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(lhs_dtype,
                                                                                 rhs_dtype):
-    """A weight gradient of a quantized activation beside a bf16 cotangent (and the reverse,
-    and a mixed 8-bit pair): the 8-bit tiles converted per chunk in shared memory, their other
+    """tgmm of 8-bit activations beside a bf16 operand (and the reverse, and a mixed 8-bit
+    pair), as a caller computing a weight gradient from quantized activations: the 8-bit tiles converted per chunk in shared memory, their other
     groups' rows zeroed in the same select (the heuristic's choice), over spans of groups too,
     or the operand widened before the kernel (upcast=0); groups 1..2 of 4 crossing chunks,
     existing_out added, against float64. Row 70, in group 2's last chunk but of group 3 (not
@@ -1104,9 +1133,9 @@ def test_weight_only_8bit_forward_exports_reading_the_weights_as_stored(rhs_dtyp
         assert (widened in exported.mlir_module()) is copied
 
 
-def test_tgmm_of_an_8bit_activation_and_a_bf16_cotangent_exports_reading_it_as_stored():
-    """A weight gradient of int8 activations (one scale per row of x^T) beside a bf16
-    cotangent at DeepSeek-V3's shape, one program per SM: one Mosaic GPU kernel, and with
+def test_tgmm_of_8bit_activations_beside_bf16_exports_reading_them_as_stored():
+    """tgmm of int8 activations (one scale per row of x^T) beside a bf16 operand (the
+    cotangent of a weight gradient) at DeepSeek-V3's shape, one program per SM: one Mosaic GPU kernel, and with
     upcast no bf16 copy of the activations in the program (upcast=0 makes one)."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")

@@ -49,8 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bf16); default bfloat16")
     parser.add_argument("--weights-only", action="store_true",
                         help="with a quantized --dtypes, quantize gmm's weights only: bf16 "
-                             "activations beside 8-bit weights (weight-only quantization; "
-                             "its lhs gradient is a bf16 cotangent beside them)")
+                             "activations beside 8-bit weights (weight-only quantization)")
     parser.add_argument("--out-dtypes", "--out-dtype", type=dtype, nargs="+", metavar="DTYPE",
                         help="preferred_element_type of the calls tuned (part of a table's "
                              "key): default the operands' dtype, as MoE layers call them; "

@@ -92,7 +92,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
 
     bk, bn = blocks.block_k, blocks.block_n
     shape = (bk, bn)
-    multiplied = lhs_ref.dtype if layout.converted is None else layout.converted
+    multiplied = layout.multiplied(lhs_ref.dtype)
     summed_in = jnp.dtype(config.accumulator_dtype(multiplied))
 
     # Span outermost: the programs running at once read the same span's rows.
@@ -149,10 +149,8 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
                     init_carry=zeros,
                 )(lhs_ref, rhs_ref)
 
-        scratch = layout.scratch(blocks, multiplied, interpret)
-        # The interpreter's wgmma takes no transposed view (kernel_parts.transposed_operand).
-        shared = dict(layout.conversion_tiles(blocks, lhs_ref.dtype, rhs_ref.dtype),
-                      **({} if scratch is None else {"scratch": scratch}))
+        # (Interpreted, a transposing tile: the interpreter's wgmma takes no transposed view.)
+        shared = layout.step_scratch(blocks, lhs_ref.dtype, rhs_ref.dtype, interpret)
         if shared:
             pl.run_scoped(lambda **tiles: accumulate(**tiles), **shared)
         else:

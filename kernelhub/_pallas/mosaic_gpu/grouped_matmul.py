@@ -192,7 +192,8 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
                 totals = pl.run_scoped(
                     lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
                                             rhs_ref.at[group], column_tiles,
-                                            blocks, k_tiles, transpose_rhs, interpret),
+                                            blocks, k_tiles, transpose_rhs, multiplied,
+                                            interpret),
                     *[kernel_parts.accumulator(shape, multiplied) for _ in range(halves)])
             if plain:
                 (result,) = totals
@@ -234,28 +235,26 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
 
 def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
-              k_tiles: int, transpose_rhs: bool, interpret: bool):
+              k_tiles: int, transpose_rhs: bool, multiplied, interpret: bool):
     """The float32 sums of the row tile times each column tile of the group's weights, k step
-    by k step through a TMA pipeline into wgmma."""
+    by k step through a TMA pipeline into wgmma, which multiplies the `multiplied` dtype (an
+    operand of another is converted per step)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
                                  column_tiles, blocks, k_tiles, transpose_rhs)
-    wide = (config.converted_dtype(rows_lhs_ref.dtype, group_rhs_ref.dtype) if blocks.upcast
-            else group_rhs_ref.dtype)
     scoped = {}
-    if blocks.upcast:
-        # Two 16-bit copies of each 8-bit tile of a step: wgmma reads one while the next step
-        # converts into the other.
-        if rows_lhs_ref.dtype != wide:
-            scoped["lhs_converted"] = plgpu.SMEM((2, bm, bk), wide)
-        if group_rhs_ref.dtype != wide:
-            tile = (bn, bk) if transpose_rhs else (bk, bn)
-            scoped["rhs_converted"] = plgpu.SMEM((len(accs), 2, *tile), wide)
+    # Two 16-bit copies of each 8-bit tile of a step (upcast): wgmma reads one while the next
+    # step converts into the other.
+    if rows_lhs_ref.dtype != multiplied:
+        scoped["lhs_converted"] = plgpu.SMEM((2, bm, bk), multiplied)
+    if group_rhs_ref.dtype != multiplied:
+        tile = (bn, bk) if transpose_rhs else (bk, bn)
+        scoped["rhs_converted"] = plgpu.SMEM((len(accs), 2, *tile), multiplied)
     if transpose_rhs and interpret:
-        scoped["scratch"] = plgpu.SMEM((bk, bn), wide)
+        scoped["scratch"] = plgpu.SMEM((bk, bn), multiplied)
     return pl.run_scoped(lambda **refs: multiply(**refs), **scoped) if scoped else multiply()
 
 

@@ -57,21 +57,26 @@ class ChunkLayout:
     def converting(cls, lhs_dtype, rhs_dtype) -> ChunkLayout:
         return cls(False, config.converted_dtype(lhs_dtype, rhs_dtype))
 
-    def conversion_tiles(self, blocks: config.BlockConfig, lhs_dtype, rhs_dtype) -> dict:
-        """Shared memory for `converted`: two copies of each 8-bit operand's tile (a step
-        converts into one while the previous step's wgmma reads the other), by the name
-        `masked_tiles` takes them (none without `converted`)."""
+    def multiplied(self, stored) -> np.dtype:
+        """The dtype wgmma multiplies: `converted`, else the operands' own (`stored`)."""
+        return jnp.dtype(stored) if self.converted is None else self.converted
+
+    def step_scratch(self, blocks: config.BlockConfig, lhs_dtype, rhs_dtype,
+                     interpret: bool) -> dict:
+        """A one-warpgroup step's shared memory beside the pipeline, by the names
+        `masked_tiles` and `operands` take it: with `converted`, two copies of each 8-bit
+        operand's tile (a step converts into one while the previous step's wgmma reads the
+        other); interpreted, the transposing tile (`scratch`)."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
-        if self.converted is None:
-            return {}
         bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
         tiles = {}
-        if jnp.dtype(lhs_dtype) != self.converted:
+        if self.converted is not None and jnp.dtype(lhs_dtype) != self.converted:
             tiles["lhs_converted"] = plgpu.SMEM((2, bm, bk), self.converted)
-        if jnp.dtype(rhs_dtype) != self.converted:
+        if self.converted is not None and jnp.dtype(rhs_dtype) != self.converted:
             tiles["rhs_converted"] = plgpu.SMEM((2, bm, bn), self.converted)
-        return tiles
+        scratch = self.scratch(blocks, self.multiplied(lhs_dtype), interpret)
+        return tiles if scratch is None else {**tiles, "scratch": scratch}
 
     @property
     def lhs_rows_major(self) -> bool:
@@ -149,7 +154,7 @@ class ChunkLayout:
                      interpret: bool, lhs_converted=None, rhs_converted=None) -> tuple:
         """The chunk's tiles as wgmma multiplies them, their summed rows outside [start, end)
         exact zeros by a select (a NaN in another group's row stays out). A tile given copies
-        (`conversion_tiles`) is written, converted and selected, into its copy for step `index`
+        (`step_scratch`) is written, converted and selected, into its copy for step `index`
         at every step (the previous step's wgmma read the other copy and is done); the others
         are selected in place where there are such rows."""
         from jax.experimental import pallas as pl

@@ -120,7 +120,7 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     shape = (bk, bn)
-    multiplied = lhs_ref.dtype if layout.converted is None else layout.converted
+    multiplied = layout.multiplied(lhs_ref.dtype)
 
     @plgpu.nd_loop((groups, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
@@ -149,9 +149,7 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
 
             return kernel_parts.sums(acc)
 
-        scratch = layout.scratch(blocks, multiplied, interpret)
-        shared = dict(layout.conversion_tiles(blocks, lhs_ref.dtype, rhs_ref.dtype),
-                      **({} if scratch is None else {"scratch": scratch}))
+        shared = layout.step_scratch(blocks, lhs_ref.dtype, rhs_ref.dtype, interpret)
         accumulator = kernel_parts.accumulator(shape, multiplied)
         with jax.named_scope(profiling.SUMS):
             if shared:
