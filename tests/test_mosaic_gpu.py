@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -311,29 +312,40 @@ def test_int8_tgmm_sums_are_exact_in_int32():
         np.testing.assert_array_equal(np.asarray(out), exact.astype(np.float32))
 
 
+def _quantized_unless_wide(values, dtype, axis):
+    """`values` as `dtype` where it is 16 or 32 bits wide, else quantized to it along `axis`."""
+    if jnp.dtype(dtype).itemsize >= 2:
+        return values.astype(dtype)
+    return quantize(values, dtype, axis=axis)
+
+
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs", [
     (jnp.bfloat16, jnp.int8, False),
     (jnp.bfloat16, jnp.float8_e4m3fn, True),
     (jnp.float8_e4m3fn, jnp.float8_e5m2, False),
+    (jnp.float32, jnp.int8, True),
+    (jnp.int8, jnp.float32, False),
 ])
 def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
         lhs_dtype, rhs_dtype, transpose_rhs):
     """Weight-only quantization (bf16 activations, int8 or e4m3 weights with one scale per
-    column) and a mixed 8-bit pair, both ways (the tiling's upcast): the 8-bit tiles converted
-    per step in shared memory (to bf16 beside bf16, float16 beside 8-bit; e4m3 to bf16 through
-    float32), or the operand widened to bf16 before the kernel; with group_offset,
+    column), a mixed 8-bit pair, and 8-bit values beside float32 (a quantized call's lhs
+    gradient: the float32 cotangent times the weights [G, k, n] read transposed; and 8-bit
+    activations beside float32 weights [G, k, n], which float32 wgmma reads after a
+    transpose), both ways (the tiling's upcast): the 8-bit tiles converted per step in shared
+    memory (to bf16 beside bf16, float16 beside 8-bit, float32 beside float32; e4m3 to bf16
+    through float32), or the operand widened before the kernel; with group_offset,
     existing_out's rows kept elsewhere, and k = 200 ending in a partial step."""
     rng = np.random.default_rng(23)
     m, k, n = 72, 200, 64
     sizes = np.array([10, 30, 0, 25], np.int32)  # local groups 1 and 2 (empty); sum 65 < 72
-    lhs = _values(rng, (m, k), jnp.float32)
-    lhs = (lhs.astype(lhs_dtype) if jnp.dtype(lhs_dtype).itemsize == 2
-           else quantize(lhs, lhs_dtype, axis=1))
-    rhs = quantize(_values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32),
-                   rhs_dtype, axis=2 if transpose_rhs else 1)
+    lhs = _quantized_unless_wide(_values(rng, (m, k), jnp.float32), lhs_dtype, 1)
+    rhs = _quantized_unless_wide(
+        _values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32), rhs_dtype,
+        2 if transpose_rhs else 1)
     existing = _values(rng, (m, n), jnp.float32)
     as_float = lambda x: x.dequantize() if hasattr(x, "dequantize") else x  # noqa: E731
-    expected = reference.gmm(as_float(lhs), rhs.dequantize(), sizes, group_offset=1,
+    expected = reference.gmm(as_float(lhs), as_float(rhs), sizes, group_offset=1,
                              existing_out=existing, transpose_rhs=transpose_rhs)
     for upcast in (1, 0):
         out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
@@ -346,10 +358,12 @@ def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
 def test_gradients_of_an_int8_call():
     """jax.grad through a gmm of int8 activations and weights quantized in the call: the forward
     on int8 wgmma (weights copied K-major, upcast=0); the gradients, whose scales vary along
-    their contractions, take them folded into a float32 cotangent beside the int8 values
-    (widened to float32). Against the float64 gradients of the dequantized product, which reach
-    the bf16 operands unchanged (straight through); local groups 1..2 of 3 (group_offset), one
-    of them empty, rows past the sum (their gradient rows exactly 0)."""
+    their contractions, take them folded into a float32 cotangent beside the int8 values, whose
+    tiles the heuristic converts to float32 in shared memory (the lhs gradient reads the
+    weights [G, k, n] K-major as stored; the weight gradient the activations transposed at one
+    byte). Against the float64 gradients of the dequantized product, which reach the bf16
+    operands unchanged (straight through); local groups 1..2 of 3 (group_offset), one of them
+    empty, rows past the sum (their gradient rows exactly 0)."""
     rng = np.random.default_rng(25)
     m, k, n = 72, 128, 64
     sizes = np.array([20, 0, 40], np.int32)  # group 0 not local; rows 60.. past the sum
@@ -380,7 +394,8 @@ def test_which_tiles_are_converted_per_tile():
     assert config.converted_dtype(e4m3, e5m2) == f16
     assert config.converted_dtype(e4m3, e4m3) == f16
     assert config.converted_dtype(bf16, bf16) is None
-    assert config.converted_dtype(np.float32, int8) is None  # float32 wgmma: widened first
+    assert config.converted_dtype(np.float32, int8) == np.float32
+    assert config.converted_dtype(np.float32, np.float32) is None
 
     def problem(lhs, rhs, kernel=Kernel.GMM):  # DeepSeek-V3's shape, 32 local experts
         return Problem(kernel, 16384, 7168, 2048, 256, 32, lhs.name, rhs.name, "bfloat16",
@@ -406,6 +421,16 @@ def test_which_tiles_are_converted_per_tile():
     mixtral = Problem(Kernel.GMM, 8192, 4096, 14336, 8, 8, "bfloat16", "int8", "bfloat16", True)
     blocks = config.from_tiling(None, mixtral)
     assert (blocks.compute_warpgroups, blocks.upcast) == (2, False)
+    # Beside float32 (a quantized call's gradients: the folded float32 cotangent), float32
+    # wgmma reads both tiles K-major: the lhs gradient's weights [G, k, n] (read transposed)
+    # and the weight gradient's activations are converted where they lie; 8-bit weights
+    # [G, k, n] in a forward would need a transpose as well, and are widened first.
+    f32 = np.dtype(np.float32)
+    for gradient in (problem(f32, int8, Kernel.GMM_TRANSPOSED_RHS),
+                     problem(int8, f32, Kernel.TGMM), problem(int8, f32, Kernel.GMM)):
+        assert config.upcast_applies(gradient)
+        assert config.from_tiling(None, gradient).upcast is True
+    assert not config.upcast_applies(problem(f32, int8, Kernel.GMM))
 
 
 def test_int8_multiplies_as_stored_while_int32_sums_cannot_wrap():
@@ -512,23 +537,28 @@ def test_tgmm_fp8_masks_other_groups_rows(dtype):
 
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype", [
     (jnp.int8, jnp.bfloat16), (jnp.bfloat16, jnp.float8_e4m3fn),
-    (jnp.float8_e4m3fn, jnp.float8_e5m2)])
+    (jnp.float8_e4m3fn, jnp.float8_e5m2), (jnp.int8, jnp.float32)])
 def test_tgmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(lhs_dtype,
                                                                                 rhs_dtype):
     """tgmm of 8-bit activations beside a bf16 operand (and the reverse, and a mixed 8-bit
-    pair), as a caller computing a weight gradient from quantized activations: the 8-bit tiles converted per chunk in shared memory, their other
-    groups' rows zeroed in the same select (the heuristic's choice), over spans of groups too,
-    or the operand widened before the kernel (upcast=0); groups 1..2 of 4 crossing chunks,
-    existing_out added, against float64. Row 70, in group 2's last chunk but of group 3 (not
-    local), holds a NaN (16-bit operand) or 8s (8-bit), which the select keeps out."""
+    pair), as a caller computing a weight gradient from quantized activations, and beside a
+    float32 one (a quantized call's weight gradient: the float32 layouts, both operands read
+    K-major): the 8-bit tiles converted per chunk in shared memory, their other groups' rows
+    zeroed in the same select (the heuristic's choice), over spans of groups too, or the
+    operand widened before the kernel (upcast=0); groups 1..2 of 4 crossing chunks,
+    existing_out added, against float64. Rows 70 (of group 3) and 5 (of group 0), neither
+    local, hold a NaN (16- or 32-bit operand) or 8s (8-bit), which the select keeps out: row
+    70 lies in group 2's last chunk in the 16-bit layouts (chunks from a group's first row
+    rounded down to 8), row 5 in its first in the K-major ones (chunks of aligned rows)."""
     rng = np.random.default_rng(24)
     k, m, n = 64, 150, 64
     sizes = np.array([13, 0, 51, 70], np.int32)  # local groups 1, 2: rows 13..64
 
     def operand(shape, dtype, axis):
         values = np.asarray(_values(rng, shape, jnp.float32)).copy()
-        wide = jnp.dtype(dtype).itemsize == 2
-        values[(slice(None), 70) if axis == 1 else 70] = np.nan if wide else 8.0
+        wide = jnp.dtype(dtype).itemsize >= 2
+        for row in (5, 70):
+            values[(slice(None), row) if axis == 1 else row] = np.nan if wide else 8.0
         values = jnp.asarray(values)
         return values.astype(dtype) if wide else quantize(values, dtype, axis=axis)
 
@@ -981,9 +1011,11 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
     ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "two 8-bit operands of one kind"),
     ((64, 128, 256, 4, 2, 1, 1), "float8_e4m3fn", Kernel.GMM, "one compute warpgroup"),
     ((64, 128, 128, 4, 1, 1, 2), "float8_e4m3fn", Kernel.GMM, "must be 0 or 1"),
+    ((64, 32, 128, 4, 1, 1, 1), ("float32", "int8"), Kernel.GMM, "only after a transpose"),
 ])
 def test_invalid_upcast_names_the_rule(tiling, dtype, kernel, rule):
-    problem = Problem(kernel, 512, 256, 384, 4, 4, dtype, dtype, "bfloat16", False)
+    lhs_dtype, rhs_dtype = dtype if isinstance(dtype, tuple) else (dtype, dtype)
+    problem = Problem(kernel, 512, 256, 384, 4, 4, lhs_dtype, rhs_dtype, "bfloat16", False)
     with pytest.raises(ValueError, match=rule):
         config.from_tiling(tiling, problem)
 
@@ -1155,6 +1187,46 @@ def test_tgmm_of_8bit_activations_beside_bf16_exports_reading_them_as_stored():
         text = exported.mlir_module()
         copied = f"tensor<{k}x{m}xbf16>" in text or f"tensor<{m}x{k}xbf16>" in text
         assert copied is (upcast == 0)
+
+
+def _kernel_operand_types(exported) -> list[list[str]]:
+    """The operand types of each Mosaic GPU kernel in the program, in order."""
+    calls = [line for line in exported.mlir_module().splitlines()
+             if "custom_call @mosaic_gpu_v2(" in line]
+    return [re.findall(r"tensor<[^>]*>", call.rsplit(" : ", 1)[-1].split("->")[0])
+            for call in calls]
+
+
+def test_gradients_of_an_int8_call_export_reading_the_int8_values_as_stored():
+    """The gradients of an int8 call at DeepSeek-V3's shape: the lhs gradient's kernel reads
+    the int8 weights [G, k, n] themselves and the weight gradient's the int8 activations
+    (transposed at one byte), each beside the float32 cotangent the kit folds the scales into,
+    their tiles converted to float32 in shared memory; with upcast=0 (the control) both read
+    float32 copies, four times the bytes."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+
+    def gradients(tiling, lhs, rhs, d_out, sizes, offset):
+        def loss(lhs, rhs):
+            out = gmm(quantize(lhs, jnp.int8, axis=1), quantize(rhs, jnp.int8, axis=1), sizes,
+                      group_offset=offset, tiling=tiling, preferred_element_type=jnp.bfloat16)
+            return jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32))
+
+        return jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+    widened = {"lhs_gradient": (64, 32, 128, 4, 1, 1, 0),
+               "rhs_gradient": (64, 128, 128, 2, 1, 1, 0)}
+    for tiling, values in ((None, "i8"), (widened, "f32")):
+        exported = _exported(functools.partial(gradients, tiling), *args)
+        _check_mosaic_only(exported, 2, unpadded=True)
+        lhs_gradient, rhs_gradient = _kernel_operand_types(exported)
+        assert f"tensor<{local}x{k}x{n}x{values}>" in lhs_gradient
+        assert f"tensor<{m}x{n}xf32>" in lhs_gradient
+        assert f"tensor<{k}x{m}x{values}>" in rhs_gradient
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int8])

@@ -1,25 +1,26 @@
 """Tiles of the Mosaic GPU grouped matmuls: the heuristic and the `tiling` override.
 
 A `tiling` is `(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[, upcast[,
-programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops: gmm's output
-rows, tgmm's summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic.
-`stages` is how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2`
-warp-specializes the program: a memory warpgroup loads for two compute warpgroups, each of
-block_n / 2 columns (gmm_warp_specialized.py, tgmm_warp_specialized.py). `group_span` (tgmm
-only) is how many consecutive groups one work item sums through one pipeline, storing a tile at
-each group's end (group_spans.py); 1 runs a pipeline per group. `upcast` (an 8-bit operand,
-`upcast_applies`; one compute warpgroup): 1 converts each step's 8-bit tiles in shared memory to
-a 16-bit type (`converted_dtype`) and multiplies on 16-bit wgmma, which reads every operand as
-stored; 0 copies first: two 8-bit operands of one kind are multiplied as stored on 8-bit wgmma,
-which reads B only K-major, so gmm's weights [G, k, n] are transposed to [G, n, k] (a copy of
-all of them), and an 8-bit operand beside a 16-bit one, or of another 8-bit kind, is widened
-whole to bf16 (a copy of it). Left out, the roofline decides (`upcast_pays`); where it does not
-apply, 0 is the same as leaving it out. `programs_per_sm` (1 to 4; above 1, one compute
-warpgroup only) is how many programs of the persistent grid share an SM: each has its share of
-the SM's shared memory, and one program's loads are in flight while another waits, where a work
-item is too short for its own pipeline to overlap anything (tgmm at 64 rows per expert: one
-chunk per item; on the H100 of 2026-11-27 two per SM ran those tgmms 1.14x to 1.62x faster).
-Programs whose registers do not fit the SM together run one after another: correct, only slower.
+programs_per_sm]]]]])` (megablox's order; `m` is the grouped axis for both ops: gmm's output rows,
+tgmm's summed rows), a callable `(m, k, n) -> tuple | None`, or None for the heuristic. `stages` is
+how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` warp-specializes the
+program: a memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
+(gmm_warp_specialized.py, tgmm_warp_specialized.py). `group_span` (tgmm only) is how many
+consecutive groups one work item sums through one pipeline, storing a tile at each group's end
+(group_spans.py); 1 runs a pipeline per group. `upcast` (an 8-bit operand, `upcast_applies`; one
+compute warpgroup): 1 converts each step's 8-bit tiles in shared memory to a 16-bit type
+(`converted_dtype`) and multiplies on 16-bit wgmma, which reads every operand as stored (beside a
+float32 operand: to float32, for float32 wgmma, which reads both K-major); 0 copies first: two 8-bit
+operands of one kind are multiplied as stored on 8-bit wgmma, which reads B only K-major, so gmm's
+weights [G, k, n] are transposed to [G, n, k] (a copy of all of them), and an 8-bit operand beside a
+16-bit one, or of another 8-bit kind, is widened whole to bf16 (float32 beside float32; a copy of
+it). Left out, the roofline decides (`upcast_pays`); where it does not apply, 0 is the same as
+leaving it out. `programs_per_sm` (1 to 4; above 1, one compute warpgroup only) is how many programs
+of the persistent grid share an SM: each has its share of the SM's shared memory, and one program's
+loads are in flight while another waits, where a work item is too short for its own pipeline to
+overlap anything (tgmm at 64 rows per expert: one chunk per item; on the H100 of 2026-11-27 two per
+SM ran those tgmms 1.14x to 1.62x faster). Programs whose registers do not fit the SM together run
+one after another: correct, only slower.
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -230,44 +231,52 @@ def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
     if not upcast_applies(problem):
         raise ValueError(
             f"tiling {source!r}: upcast={int(config.upcast)} is for an 8-bit operand beside a "
-            f"16-bit one or one of another 8-bit kind, and for two 8-bit operands of one kind "
-            f"(fp8, or int8 whose sums fit int32) in gmm with weights [G, k, n] only (8-bit "
-            f"wgmma reads those only after a copy); this is a {problem.kernel} of "
-            f"{problem.lhs_dtype} x {problem.rhs_dtype}: leave it out, or 0")
+            f"16-bit or float32 one (not 8-bit weights [G, k, n] beside float32, which float32 "
+            f"wgmma reads only after a transpose) or one of another 8-bit kind, and for two "
+            f"8-bit operands of one kind (fp8, or int8 whose sums fit int32) in gmm with "
+            f"weights [G, k, n] only (8-bit wgmma reads those only after a copy); this is a "
+            f"{problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: leave it out, or "
+            f"0")
     if config.upcast and config.compute_warpgroups != 1:
         raise ValueError(f"tiling {source!r}: upcast=1 is written for one compute warpgroup; "
                          f"compute_warpgroups={config.compute_warpgroups} takes upcast=0")
 
 
 def converted_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype | None:
-    """What `upcast` converts a gmm's 8-bit tiles to: float16 beside another 8-bit operand,
-    else the other operand's 16-bit type (float16 and bfloat16 hold every int8, e4m3 and e5m2
-    value exactly); None without an 8-bit operand or beside a float32 one."""
+    """What `upcast` converts a call's 8-bit tiles to: float16 beside another 8-bit operand,
+    else the other operand's type (float16, bfloat16 and float32 hold every int8, e4m3 and
+    e5m2 value exactly); None without an 8-bit operand."""
     lhs, rhs = np.dtype(lhs_dtype), np.dtype(rhs_dtype)
     widths = {lhs.itemsize, rhs.itemsize}
-    if 1 not in widths or 4 in widths:
+    if 1 not in widths:
         return None
-    return UPCAST_DTYPE if widths == {1} else (lhs if lhs.itemsize == 2 else rhs)
+    return UPCAST_DTYPE if widths == {1} else (lhs if lhs.itemsize != 1 else rhs)
 
 
 def upcast_applies(problem: Problem) -> bool:
     """Whether the tiling's `upcast` entry chooses anything: an 8-bit operand beside a 16-bit
     one or one of another 8-bit kind (no 8-bit wgmma takes the pair), or, in gmm, two of one
-    kind with weights [G, k, n] (8-bit wgmma reads those only after a K-major copy)."""
-    if converted_dtype(problem.lhs_dtype, problem.rhs_dtype) is None:
+    kind with weights [G, k, n] (8-bit wgmma reads those only after a K-major copy). Beside a
+    float32 operand (a quantized call's gradients meet the float32 cotangent the kit folds the
+    scales into) the converted tiles go to float32 wgmma, which reads both K-major: every such
+    tile lies so but 8-bit weights [G, k, n], which would need a transpose as well."""
+    converted = converted_dtype(problem.lhs_dtype, problem.rhs_dtype)
+    if converted is None:
         return False
+    if converted.name in K_MAJOR_ONLY:
+        return not (problem.kernel is Kernel.GMM and np.dtype(problem.rhs_dtype).itemsize == 1)
     return operand_bytes(problem) != 1 or problem.kernel is Kernel.GMM
 
 
 def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
     """Whether converting the 8-bit tiles in shared memory (16-bit wgmma, every operand read
     as stored) beats copying first, where one compute warpgroup runs (the only one upcast is
-    written for). A pair no 8-bit wgmma takes is multiplied at the 16-bit rate either way, and
-    converting moves fewer bytes: always. Two 8-bit operands of one kind with weights
-    [G, k, n], by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs /
-    8-bit peak, bytes / HBM) + 2 * weight bytes / HBM (the K-major copy). Memory-bound calls
-    (fine-grained MoE: 64 rows per expert) convert, compute-bound ones (Mixtral) copy. The
-    tuner times both."""
+    written for). A pair no 8-bit wgmma takes is multiplied at the 16-bit rate (float32's beside
+    float32) either way, and converting moves fewer bytes: always. Two 8-bit operands of one kind
+    with weights [G, k, n], by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs
+    / 8-bit peak, bytes / HBM) + 2 * weight bytes / HBM (the K-major copy). Memory-bound calls
+    (fine-grained MoE: 64 rows per expert) convert, compute-bound ones (Mixtral) copy. The tuner
+    times both."""
     if not upcast_applies(problem):
         return False
     if compute_warpgroups != 1 or not problem.static:
@@ -312,14 +321,15 @@ def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int
     tile. tgmm keeps its output tile beside the pipeline (its store stays in flight); gmm's
     takes the pipeline's place once the sums are done, but for warp specialization, where the
     compute warpgroups' tiles stay beside it (`output_tile_rows` of their rows). With upcast,
-    the stages hold the tiles as stored, and two 16-bit copies of each step's 8-bit tiles (one
+    the stages hold the tiles as stored, and two converted copies of each step's 8-bit tiles (one
     being converted while wgmma reads the other) stay beside the pipeline."""
     out_width = np.dtype(problem.out_dtype).itemsize
     if config.upcast:
         widths = (np.dtype(problem.lhs_dtype).itemsize, np.dtype(problem.rhs_dtype).itemsize)
         stored = list(zip(_operand_step_elements(config, problem, weight_tiles), widths))
         pipeline = max(config.stages, 2) * sum(count * width for count, width in stored)
-        pipeline += 2 * 2 * sum(count for count, width in stored if width == 1)
+        converted = converted_dtype(problem.lhs_dtype, problem.rhs_dtype).itemsize
+        pipeline += 2 * converted * sum(count for count, width in stored if width == 1)
     else:
         step = _step_elements(config, problem, weight_tiles)
         pipeline = max(config.stages, 2) * step * operand_bytes(problem)

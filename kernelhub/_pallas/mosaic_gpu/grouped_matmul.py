@@ -30,7 +30,9 @@ in shared memory and multiplied on 16-bit wgmma, which reads B as stored, at hal
 rate; the roofline picks it where the weights' bytes, not the FLOPs, bound the call. An 8-bit
 operand beside a 16-bit one (weight-only quantization) or of another 8-bit kind has no
 8-bit wgmma: with `upcast` its tiles alone are converted, to the other's type or float16,
-instead of the whole operand widened before the kernel.
+instead of the whole operand widened before the kernel; beside float32 (a quantized call's lhs
+gradient, whose cotangent holds the folded scales) to float32, for float32 wgmma, which reads
+the weights K-major as the lhs gradient holds them ([G, k, n] read transposed).
 """
 
 from __future__ import annotations
@@ -88,12 +90,16 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     halves = 2 if spec.glu is not None else 1
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
-    if not blocks.upcast:
-        # Else both are read as stored and the 8-bit tiles converted in shared memory.
+    if blocks.upcast:
+        # Both are read as stored and the 8-bit tiles converted in shared memory (beside float32
+        # weights [G, k, n] to float32 tiles, which wgmma reads K-major: those weights are
+        # transposed below, as without upcast).
+        dtype = config.converted_dtype(lhs.dtype, rhs.dtype)
+    else:
         dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, k)
         lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
-        if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs:
-            rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
+    if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs:
+        rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
     if spec.interleaved:

@@ -14,7 +14,10 @@ tgmm sums lhs[:, rows] @ rhs[rows, :] over chunks of block_m rows: wgmma's A is 
 - An 8-bit operand beside a 16-bit one, or of another 8-bit kind, with the tiling's upcast
   (`converted`): the 16-bit layouts, every operand read as stored (its 8-bit tiles hold the
   rows along their major axis too), and each 8-bit tile converted in shared memory per chunk,
-  in the same pass as the select of its rows (`masked_tiles`).
+  in the same pass as the select of its rows (`masked_tiles`). Beside a float32 operand (a
+  quantized call's weight gradient: 8-bit activations and the float32 cotangent the kit folds
+  their scales into) the float32 layouts, the 8-bit tiles converted to float32 the same way:
+  an 8-bit rhs is transposed at its own width, not widened first.
 
 Where a group's chunks start: with 16-bit values both tiles hold the rows along their major
 axis, which TMA cuts in groups of config.ROW_ALIGN rows, so the chunks start at the group's
@@ -43,8 +46,9 @@ from kernelhub._pallas.mosaic_gpu import config, kernel_parts
 class ChunkLayout:
     """The layouts of one kernel dtype: 16-bit (lhs read [m, k], rhs [m, n] as stored) or one
     whose wgmma reads both operands K-major (lhs [k, m] as stored, rhs transposed to [n, m]).
-    `converted` (the tiling's upcast, config.converted_dtype): the 16-bit layout, each 8-bit
-    operand read as stored and its tiles converted to this 16-bit type in shared memory."""
+    `converted` (the tiling's upcast, config.converted_dtype): the layout of that type, each
+    8-bit operand's tiles converted to it in shared memory (16-bit: every operand read as
+    stored; float32: an 8-bit rhs is transposed as stored, at its own width)."""
 
     k_major_only: bool
     converted: np.dtype | None = None
@@ -55,7 +59,8 @@ class ChunkLayout:
 
     @classmethod
     def converting(cls, lhs_dtype, rhs_dtype) -> ChunkLayout:
-        return cls(False, config.converted_dtype(lhs_dtype, rhs_dtype))
+        converted = config.converted_dtype(lhs_dtype, rhs_dtype)
+        return cls(converted.name in config.K_MAJOR_ONLY, converted)
 
     def multiplied(self, stored) -> np.dtype:
         """The dtype wgmma multiplies: `converted`, else the operands' own (`stored`)."""
@@ -70,11 +75,13 @@ class ChunkLayout:
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+        lhs_tile = (bm, bk) if self.lhs_rows_major else (bk, bm)
+        rhs_tile = (bn, bm) if self.rhs_k_major else (bm, bn)
         tiles = {}
         if self.converted is not None and jnp.dtype(lhs_dtype) != self.converted:
-            tiles["lhs_converted"] = plgpu.SMEM((2, bm, bk), self.converted)
+            tiles["lhs_converted"] = plgpu.SMEM((2, *lhs_tile), self.converted)
         if self.converted is not None and jnp.dtype(rhs_dtype) != self.converted:
-            tiles["rhs_converted"] = plgpu.SMEM((2, bm, bn), self.converted)
+            tiles["rhs_converted"] = plgpu.SMEM((2, *rhs_tile), self.converted)
         scratch = self.scratch(blocks, self.multiplied(lhs_dtype), interpret)
         return tiles if scratch is None else {**tiles, "scratch": scratch}
 

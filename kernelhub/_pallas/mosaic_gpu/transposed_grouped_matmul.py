@@ -7,17 +7,17 @@ program sums its group's rows in chunks of block_m (tgmm_chunks.py: with 16-bit 
 start at the group's first row, rounded down to 8, and lhs is read [m, k], so the weight
 gradient's `x.T` costs no copy): `plgpu.emit_pipeline` brings the lhs and rhs tiles of each
 chunk into shared memory by TMA, `stages` chunks in flight, and wgmma adds them into a float32
-accumulator (int32 for int8 tiles: exact). Of a group's chunks only the first and the last can
-hold rows it does not sum (other groups', or those a last chunk moved back from the end shares
-with the chunk before); there a select sets those rows to exact zeros in shared memory, in both
-tiles (so a NaN in another group's row stays out of this sum); with the tiling's upcast, an
-8-bit tile beside a 16-bit one or one of another 8-bit kind is converted to 16 bits in that
-pass, at every chunk. An empty group runs no chunk. The tile, plus existing_out's when given, is
+accumulator (int32 for int8 tiles: exact). Of a group's chunks only the first and the last can hold
+rows it does not sum (other groups', or those a last chunk moved back from the end shares with the
+chunk before); there a select sets those rows to exact zeros in shared memory, in both tiles (so a
+NaN in another group's row stays out of this sum); with the tiling's upcast, an 8-bit tile beside a
+16-bit one or one of another 8-bit kind is converted to 16 bits in that pass, at every chunk (beside
+float32, to float32). An empty group runs no chunk. The tile, plus existing_out's when given, is
 stored whole by one TMA copy: every output element is written once, by one program. Compiled,
-existing_out is the output's own buffer (aliased, as gmm's): each tile is read from it and
-written back, and an empty group's tiles are left as they are. The store runs while the program
-sums its next tile (one shared-memory tile per program holds the result in flight; only writing
-the next result waits for it).
+existing_out is the output's own buffer (aliased, as gmm's): each tile is read from it and written
+back, and an empty group's tiles are left as they are. The store runs while the program sums its
+next tile (one shared-memory tile per program holds the result in flight; only writing the next
+result waits for it).
 """
 
 from __future__ import annotations

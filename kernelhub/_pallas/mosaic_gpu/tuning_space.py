@@ -5,7 +5,7 @@ to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages 
 warp-specialized tilings (two compute warpgroups: gmm_warp_specialized.py,
 tgmm_warp_specialized.py), for tgmm two that sum spans of 8 groups in one pipeline
 (group_spans.py), for every kernel four to six with two to four programs per SM (each with its
-share of the shared memory), for gmm with an 8-bit operand (config.upcast_applies) each
+share of the shared memory), for a call with an 8-bit operand (config.upcast_applies) each
 single-warpgroup tiling with and without upcast (config.py); each fitted to the problem as the
 heuristic's own is, and kept only where it is legal.
 """
@@ -80,10 +80,9 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
                 for c in (_SHARED_SM_TGMM if tgmm else _SHARED_SM_GMM)]
     fitted = [config.fitted(tiling, problem) for tiling in tilings]
     if config.upcast_applies(problem):
-        # gmm with an 8-bit operand: each single-warpgroup tiling both ways, 16-bit
-        # conversions of the tiles as stored and a copy first (the weights K-major for 8-bit
-        # wgmma, or the 8-bit operand widened); the roofline's choice, config.upcast_pays, is
-        # only an estimate.
+        # An 8-bit operand: each single-warpgroup tiling both ways, conversions of the tiles
+        # as stored and a copy first (the weights K-major for 8-bit wgmma, or the 8-bit
+        # operand widened); the roofline's choice, config.upcast_pays, is only an estimate.
         fitted = [config.fitted(dataclasses.replace(tiling, upcast=upcast), problem)
                   for tiling in fitted
                   for upcast in ((False, True) if tiling.compute_warpgroups == 1 else (False,))]
