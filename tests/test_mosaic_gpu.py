@@ -488,6 +488,34 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     assert np.all(np.asarray(out)[150:] == 0)
 
 
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs", [
+    (jnp.bfloat16, jnp.int8, False), (jnp.float32, jnp.int8, True)])
+def test_warp_specialized_gmm_converts_8bit_tiles_per_compute_warpgroup(lhs_dtype, rhs_dtype,
+                                                                        transpose_rhs):
+    """compute_warpgroups=2 with upcast: each compute warpgroup converts its columns of the
+    step's 8-bit weight tile into a copy of its own (to bf16 beside bf16 weights [G, k, n], as
+    weight-only quantization of a compute-bound call has them; to float32 beside the float32
+    cotangent of a quantized call's lhs gradient, weights [G, n, k]), against float64 with
+    group_offset, existing_out's rows kept bitwise and unaligned groups across work items."""
+    rng = np.random.default_rng(26)
+    m, k, n = 80, 64, 128
+    sizes = np.array([10, 60, 0, 5], np.int32)  # local groups 1, 2 (empty): rows 10..70
+    lhs = _quantized_unless_wide(_values(rng, (m, k), jnp.float32), lhs_dtype, 1)
+    rhs = _quantized_unless_wide(
+        _values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32), rhs_dtype,
+        2 if transpose_rhs else 1)
+    existing = _values(rng, (m, n), jnp.float32)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 32, 128, 2, 2, 1, 1),
+                       group_offset=jnp.int32(1), existing_out=existing,
+                       transpose_rhs=transpose_rhs)
+    as_float = lambda x: x.dequantize() if hasattr(x, "dequantize") else x  # noqa: E731
+    expected = reference.gmm(as_float(lhs), as_float(rhs), sizes, group_offset=1,
+                             existing_out=existing, transpose_rhs=transpose_rhs)
+    assert_close(out, expected, jnp.float32, contraction=k)
+    kept = np.r_[0:10, 70:m]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+
 # ---------------------------------------------------------------- transposed_grouped_matmul
 
 
@@ -1009,7 +1037,7 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
     ((64, 64, 128, 4, 1, 1, 1), "bfloat16", Kernel.GMM, "two 8-bit operands of one kind"),
     ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.GMM_TRANSPOSED_RHS, "leave it out"),
     ((64, 128, 128, 4, 1, 1, 1), "float8_e4m3fn", Kernel.TGMM, "two 8-bit operands of one kind"),
-    ((64, 128, 256, 4, 2, 1, 1), "float8_e4m3fn", Kernel.GMM, "one compute warpgroup"),
+    ((64, 128, 256, 4, 2, 1, 1), ("bfloat16", "int8"), Kernel.TGMM, "one compute warpgroup"),
     ((64, 128, 128, 4, 1, 1, 2), "float8_e4m3fn", Kernel.GMM, "must be 0 or 1"),
     ((64, 32, 128, 4, 1, 1, 1), ("float32", "int8"), Kernel.GMM, "only after a transpose"),
 ])

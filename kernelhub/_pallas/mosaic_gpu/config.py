@@ -7,8 +7,8 @@ how many TMA loads the pipeline keeps in flight. `compute_warpgroups=2` warp-spe
 program: a memory warpgroup loads for two compute warpgroups, each of block_n / 2 columns
 (gmm_warp_specialized.py, tgmm_warp_specialized.py). `group_span` (tgmm only) is how many
 consecutive groups one work item sums through one pipeline, storing a tile at each group's end
-(group_spans.py); 1 runs a pipeline per group. `upcast` (an 8-bit operand, `upcast_applies`; one
-compute warpgroup): 1 converts each step's 8-bit tiles in shared memory to a 16-bit type
+(group_spans.py); 1 runs a pipeline per group. `upcast` (an 8-bit operand, `upcast_applies`; in tgmm
+one compute warpgroup): 1 converts each step's 8-bit tiles in shared memory to a 16-bit type
 (`converted_dtype`) and multiplies on 16-bit wgmma, which reads every operand as stored (beside a
 float32 operand: to float32, for float32 wgmma, which reads both K-major); 0 copies first: two 8-bit
 operands of one kind are multiplied as stored on 8-bit wgmma, which reads B only K-major, so gmm's
@@ -237,9 +237,10 @@ def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
             f"weights [G, k, n] only (8-bit wgmma reads those only after a copy); this is a "
             f"{problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: leave it out, or "
             f"0")
-    if config.upcast and config.compute_warpgroups != 1:
-        raise ValueError(f"tiling {source!r}: upcast=1 is written for one compute warpgroup; "
-                         f"compute_warpgroups={config.compute_warpgroups} takes upcast=0")
+    if config.upcast and config.compute_warpgroups != 1 and problem.kernel is Kernel.TGMM:
+        raise ValueError(f"tiling {source!r}: upcast=1 in tgmm is written for one compute "
+                         f"warpgroup; compute_warpgroups={config.compute_warpgroups} takes "
+                         f"upcast=0")
 
 
 def converted_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype | None:
@@ -269,12 +270,14 @@ def upcast_applies(problem: Problem) -> bool:
 
 
 def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
-    """Whether converting the 8-bit tiles in shared memory (16-bit wgmma, every operand read
-    as stored) beats copying first, where one compute warpgroup runs (the only one upcast is
-    written for). A pair no 8-bit wgmma takes is multiplied at the 16-bit rate (float32's beside
-    float32) either way, and converting moves fewer bytes: always. Two 8-bit operands of one kind
-    with weights [G, k, n], by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs
-    / 8-bit peak, bytes / HBM) + 2 * weight bytes / HBM (the K-major copy). Memory-bound calls
+    """Whether converting the 8-bit tiles in shared memory (16-bit wgmma, every operand read as
+    stored) beats copying first, where one compute warpgroup runs. Warp-specialized (gmm only), the
+    compute warpgroups would convert on the time they multiply in, in the compute-bound calls the
+    heuristic warp-specializes: unmeasured, so the heuristic copies first there and the tuner times
+    both. A pair no 8-bit wgmma takes is multiplied at the 16-bit rate (float32's beside float32)
+    either way, and converting moves fewer bytes: always. Two 8-bit operands of one kind with
+    weights [G, k, n], by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs /
+    8-bit peak, bytes / HBM) + 2 * weight bytes / HBM (the K-major copy). Memory-bound calls
     (fine-grained MoE: 64 rows per expert) convert, compute-bound ones (Mixtral) copy. The tuner
     times both."""
     if not upcast_applies(problem):
@@ -317,28 +320,36 @@ def compute_bound(problem: Problem) -> bool:
 
 def shared_memory_bytes(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> int:
     """What a kernel with these blocks allocates at its peak, SHARED_MEMORY_SLACK included:
-    `stages` tiles of each operand (`weight_tiles` weight tiles per gmm step), and the output
-    tile. tgmm keeps its output tile beside the pipeline (its store stays in flight); gmm's
-    takes the pipeline's place once the sums are done, but for warp specialization, where the
-    compute warpgroups' tiles stay beside it (`output_tile_rows` of their rows). With upcast,
-    the stages hold the tiles as stored, and two converted copies of each step's 8-bit tiles (one
-    being converted while wgmma reads the other) stay beside the pipeline."""
+    the pipeline (`_pipeline_bytes`) and the output tile. tgmm keeps its output tile beside
+    the pipeline (its store stays in flight); gmm's takes the pipeline's place once the sums
+    are done, but for warp specialization, where the compute warpgroups' tiles stay beside it
+    (`output_tile_rows` of their rows)."""
     out_width = np.dtype(problem.out_dtype).itemsize
-    if config.upcast:
-        widths = (np.dtype(problem.lhs_dtype).itemsize, np.dtype(problem.rhs_dtype).itemsize)
-        stored = list(zip(_operand_step_elements(config, problem, weight_tiles), widths))
-        pipeline = max(config.stages, 2) * sum(count * width for count, width in stored)
-        converted = converted_dtype(problem.lhs_dtype, problem.rhs_dtype).itemsize
-        pipeline += 2 * converted * sum(count for count, width in stored if width == 1)
-    else:
-        step = _step_elements(config, problem, weight_tiles)
-        pipeline = max(config.stages, 2) * step * operand_bytes(problem)
+    pipeline = _pipeline_bytes(config, problem, weight_tiles)
     if problem.kernel is Kernel.TGMM or config.compute_warpgroups > 1:
         peak = (pipeline + output_tile_rows(config, problem, weight_tiles) * config.block_n
                 * out_width)
     else:
         peak = max(pipeline, config.block_m * config.block_n * out_width)
     return peak + SHARED_MEMORY_SLACK
+
+
+def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
+    """`stages` tiles of each operand (`weight_tiles` weight tiles per gmm step). With upcast,
+    the stages hold the tiles as stored, and the converted copies of a step's 8-bit tiles stay
+    beside them: two of each (one being converted while wgmma reads the other) with one
+    compute warpgroup; warp-specialized, each compute warpgroup's own copy of the lhs tile and
+    of its columns of the weight tiles (it waits for its products at every step)."""
+    if not config.upcast:
+        return (max(config.stages, 2) * _step_elements(config, problem, weight_tiles)
+                * operand_bytes(problem))
+    widths = (np.dtype(problem.lhs_dtype).itemsize, np.dtype(problem.rhs_dtype).itemsize)
+    counts = _operand_step_elements(config, problem, weight_tiles)
+    pipeline = max(config.stages, 2) * sum(c * w for c, w in zip(counts, widths))
+    converted = converted_dtype(problem.lhs_dtype, problem.rhs_dtype).itemsize
+    copies = (2, 2) if config.compute_warpgroups == 1 else (config.compute_warpgroups, 1)
+    return pipeline + converted * sum(
+        c * n for c, w, n in zip(counts, widths, copies) if w == 1)
 
 
 def _step_elements(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
@@ -372,8 +383,7 @@ def output_tile_rows(config: BlockConfig, problem: Problem, weight_tiles: int = 
     if config.compute_warpgroups == 1 or rows <= LAYOUT_ROWS:
         return rows
     whole = rows * config.block_n * np.dtype(problem.out_dtype).itemsize
-    pipeline = (max(config.stages, 2) * _step_elements(config, problem, weight_tiles)
-                * operand_bytes(problem))
+    pipeline = _pipeline_bytes(config, problem, weight_tiles)
     fits = pipeline + whole + SHARED_MEMORY_SLACK <= shared_memory_limit(config)
     return rows if fits else LAYOUT_ROWS
 

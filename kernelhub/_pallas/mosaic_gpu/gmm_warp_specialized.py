@@ -7,7 +7,9 @@ split between three warpgroups of each program:
   step's tiles (the end of each pipeline waits for that);
 - each of the two compute warpgroups multiplies the row tile by its half of the block_n
   columns into its own float32 accumulator (two for a gated unit), runs the epilogue on it,
-  and stores the visit's rows of its half from its own shared-memory tile.
+  and stores the visit's rows of its half from its own shared-memory tile. With the tiling's
+  upcast it first converts the step's 8-bit tiles it multiplies (the lhs tile, its columns of
+  the weight tiles) into copies of its own in shared memory (config.converted_dtype).
 
 So the next work item's first loads are in flight while a work item's epilogue and stores
 run. Shared memory that the warpgroups use is allocated once
@@ -47,6 +49,14 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bm, part)
     pieces = bm // tile_rows
+    multiplied = (config.converted_dtype(lhs_ref.dtype, rhs_ref.dtype) if blocks.upcast
+                  else lhs_ref.dtype)
+    # With upcast, each compute warpgroup converts the 8-bit tiles it multiplies into copies
+    # of its own: the whole lhs tile, and its columns of each weight tile. It waits for its
+    # products at every step, so one copy of each serves.
+    converts_lhs = lhs_ref.dtype != multiplied
+    converts_rhs = rhs_ref.dtype != multiplied
+    weight_part = (part, bk) if transpose_rhs else (bk, part)
 
     # Each work item hands the pipeline views already cut to its row tile and column tiles.
     rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, i)) if transpose_rhs else
@@ -70,17 +80,26 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
         columns_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, 2 * halves, part), jnp.float32),
         # Interpreted, weights [G, n, k] reach wgmma through a transposing tile per compute
         # warpgroup (kernel_parts.transposed_operand), allocated here with the program's.
-        scratches=plgpu.SMEM((COMPUTE_WARPGROUPS, bk, part), rhs_ref.dtype)
+        scratches=plgpu.SMEM((COMPUTE_WARPGROUPS, bk, part), multiplied)
         if transpose_rhs and interpret else None,
+        lhs_copies=plgpu.SMEM((COMPUTE_WARPGROUPS, bm, bk), multiplied) if converts_lhs
+        else None,
+        rhs_copies=plgpu.SMEM((COMPUTE_WARPGROUPS, halves, *weight_part), multiplied)
+        if converts_rhs else None,
     )
 
     @functools.partial(pl.run_scoped, **scoped, collective_axes=WG_AXIS)
-    def _program(allocations, tiles, barriers, rows_smem, columns_smem, scratches):
+    def _program(allocations, tiles, barriers, rows_smem, columns_smem, scratches, lhs_copies,
+                 rhs_copies):
         wg = jax.lax.axis_index(WG_AXIS)
         computing = wg < COMPUTE_WARPGROUPS
         tile_smem = tiles.at[wg]
         barrier = barriers.at[wg]
         scratch = None if scratches is None else scratches.at[wg]
+
+        def converted(tile_smem, copy):
+            copy[...] = kernel_parts.widened(tile_smem[...], copy.dtype)
+            return copy
 
         def load(src, smem):
             return kernel_parts.load_vector_through(src, smem, barrier)
@@ -141,21 +160,29 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                     store(result.astype(out_ref.dtype))
 
                 pl.run_scoped(with_accumulators,
-                              *[kernel_parts.accumulator(shape, lhs_ref.dtype)
+                              *[kernel_parts.accumulator(shape, multiplied)
                                 for _ in range(halves)])
 
             @jax.named_scope(profiling.STEP)
             def step(_, lhs_smem, *rest):
                 rhs_smems, accs = rest[:-1], rest[-1]
-                for acc, rhs_smem in zip(accs, rhs_smems):
+                # The previous step's products are done (the wait below): its copies are free.
+                left = converted(lhs_smem, lhs_copies.at[wg]) if converts_lhs else lhs_smem
+                rights = []
+                for half, rhs_smem in enumerate(rhs_smems):
+                    right = (rhs_smem.at[pl.ds(wg * part, part), :] if transpose_rhs
+                             else rhs_smem.at[:, pl.ds(wg * part, part)])
+                    if converts_rhs:
+                        right = converted(right, rhs_copies.at[wg, half])
+                    rights.append(right)
+                if converts_lhs or converts_rhs:
+                    plgpu.commit_smem()
+                for acc, right in zip(accs, rights):
                     if transpose_rhs:
                         # (The interpreter's transposes share the warpgroup's scratch
                         # tile: each is used at once.)
-                        right = kernel_parts.transposed_operand(
-                            rhs_smem.at[pl.ds(wg * part, part), :], scratch)
-                    else:
-                        right = rhs_smem.at[:, pl.ds(wg * part, part)]
-                    plgpu.wgmma(acc, lhs_smem, right)
+                        right = kernel_parts.transposed_operand(right, scratch)
+                    plgpu.wgmma(acc, left, right)
                 plgpu.wgmma_wait(0)
                 return accs
 

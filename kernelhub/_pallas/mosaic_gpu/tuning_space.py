@@ -6,7 +6,7 @@ warp-specialized tilings (two compute warpgroups: gmm_warp_specialized.py,
 tgmm_warp_specialized.py), for tgmm two that sum spans of 8 groups in one pipeline
 (group_spans.py), for every kernel four to six with two to four programs per SM (each with its
 share of the shared memory), for a call with an 8-bit operand (config.upcast_applies) each
-single-warpgroup tiling with and without upcast (config.py); each fitted to the problem as the
+tiling with and without upcast (config.py; tgmm's warp-specialized ones without); each fitted to the problem as the
 heuristic's own is, and kept only where it is legal.
 """
 
@@ -80,12 +80,15 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
                 for c in (_SHARED_SM_TGMM if tgmm else _SHARED_SM_GMM)]
     fitted = [config.fitted(tiling, problem) for tiling in tilings]
     if config.upcast_applies(problem):
-        # An 8-bit operand: each single-warpgroup tiling both ways, conversions of the tiles
-        # as stored and a copy first (the weights K-major for 8-bit wgmma, or the 8-bit
-        # operand widened); the roofline's choice, config.upcast_pays, is only an estimate.
+        # An 8-bit operand: each tiling both ways (tgmm's warp-specialized ones copy first),
+        # conversions of the tiles as stored and a copy first (the weights K-major for 8-bit
+        # wgmma, or the 8-bit operand widened); the roofline's choice, config.upcast_pays, is
+        # only an estimate.
+        both = lambda tiling: (  # noqa: E731
+            tiling.compute_warpgroups == 1 or problem.kernel is not Kernel.TGMM)
         fitted = [config.fitted(dataclasses.replace(tiling, upcast=upcast), problem)
                   for tiling in fitted
-                  for upcast in ((False, True) if tiling.compute_warpgroups == 1 else (False,))]
+                  for upcast in ((False, True) if both(tiling) else (False,))]
     tilings = [tiling.as_tiling() for tiling in fitted]
     return [t for t in dict.fromkeys(tilings) if _accepts(t, problem)]
 
