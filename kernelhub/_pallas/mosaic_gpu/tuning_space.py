@@ -1,12 +1,12 @@
 """The Mosaic GPU kernels' candidate tiles for kernelhub.tuning.
 
-Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles, 64
-to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight, four
+Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles, 64 to
+256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight, four
 warp-specialized tilings (two compute warpgroups: gmm_warp_specialized.py,
-tgmm_warp_specialized.py), for tgmm two that sum spans of 8 groups in one pipeline
-(group_spans.py), for every kernel four to six with two to four programs per SM (each with its
-share of the shared memory), for a call with an 8-bit operand (config.upcast_applies) each
-tiling with and without upcast (config.py; tgmm's warp-specialized ones without); each fitted to the problem as the
+tgmm_warp_specialized.py), for tgmm two that sum spans of 8 groups in one pipeline (group_spans.py),
+for every kernel four to six with two to four programs per SM (each with its share of the shared
+memory), for a call with an 8-bit operand (config.upcast_applies) each tiling with and without
+upcast (config.py; tgmm's warp-specialized ones without); each fitted to the problem as the
 heuristic's own is, and kept only where it is legal.
 """
 
