@@ -272,12 +272,12 @@ def upcast_applies(problem: Problem) -> bool:
 def upcast_pays(problem: Problem, compute_warpgroups: int = 1) -> bool:
     """Whether converting the 8-bit tiles in shared memory (16-bit wgmma, every operand read as
     stored) beats copying first, where one compute warpgroup runs. Warp-specialized (gmm only), the
-    compute warpgroups would convert on the time they multiply in, in the compute-bound calls the
-    heuristic warp-specializes: unmeasured, so the heuristic copies first there and the tuner times
-    both. A pair no 8-bit wgmma takes is multiplied at the 16-bit rate (float32's beside float32)
-    either way, and converting moves fewer bytes: always. Two 8-bit operands of one kind with
-    weights [G, k, n], by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs /
-    8-bit peak, bytes / HBM) + 2 * weight bytes / HBM (the K-major copy). Memory-bound calls
+    compute warpgroups would spend on conversions time they multiply in, in the compute-bound calls
+    the heuristic warp-specializes: unmeasured, so the heuristic copies first there and the tuner
+    times both. A pair no 8-bit wgmma takes is multiplied at the 16-bit rate (float32's beside
+    float32) either way, and converting moves fewer bytes: always. Two 8-bit operands of one kind
+    with weights [G, k, n], by the roofline: max(FLOPs / 16-bit peak, bytes / HBM) against max(FLOPs
+    / 8-bit peak, bytes / HBM) + 2 * weight bytes / HBM (the K-major copy). Memory-bound calls
     (fine-grained MoE: 64 rows per expert) convert, compute-bound ones (Mixtral) copy. The tuner
     times both."""
     if not upcast_applies(problem):
