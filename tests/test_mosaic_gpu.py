@@ -323,16 +323,14 @@ def _quantized_unless_wide(values, dtype, axis):
     (jnp.bfloat16, jnp.int8, False),
     (jnp.bfloat16, jnp.float8_e4m3fn, True),
     (jnp.float8_e4m3fn, jnp.float8_e5m2, False),
-    (jnp.float32, jnp.int8, True),
     (jnp.int8, jnp.float32, False),
 ])
 def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
         lhs_dtype, rhs_dtype, transpose_rhs):
     """Weight-only quantization (bf16 activations, int8 or e4m3 weights with one scale per
-    column), a mixed 8-bit pair, and 8-bit values beside float32 (a quantized call's lhs
-    gradient: the float32 cotangent times the weights [G, k, n] read transposed; and 8-bit
-    activations beside float32 weights [G, k, n], which float32 wgmma reads after a
-    transpose), both ways (the tiling's upcast): the 8-bit tiles converted per step in shared
+    column), a mixed 8-bit pair, and 8-bit activations beside float32 weights [G, k, n]
+    (which float32 wgmma reads after a transpose; the float32 x int8 lhs gradient is
+    test_gradients_of_an_int8_call's), both ways (the tiling's upcast): the 8-bit tiles converted per step in shared
     memory (to bf16 beside bf16, float16 beside 8-bit, float32 beside float32; e4m3 to bf16
     through float32), or the operand widened before the kernel; with group_offset,
     existing_out's rows kept elsewhere, and k = 200 ending in a partial step."""
@@ -460,10 +458,11 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     heuristic's compute-bound tiling with the contract's float32 output, stored from 64-row
     pieces of each 128-row tile (config.output_tile_rows): group 1's 90 rows, in the tile
     from row 16, cross from the first piece into the second. Then a gated unit with a bias
-    and the weights [G, n, k] (transpose_rhs), whose two accumulators per warpgroup read two
-    weight tiles a step, each transposed for wgmma (interpreted, through a tile per compute
-    warpgroup allocated with the program's; compiled, a transposed view, which export
-    checks), and rows past the sum exactly 0."""
+    and int8 weights [G, n, k] (transpose_rhs) beside float32 activations, whose two
+    accumulators per warpgroup read two weight tiles a step, each warpgroup converting its
+    columns of both to float32 (upcast) and transposing them for wgmma (interpreted, through a
+    tile per compute warpgroup allocated with the program's; compiled, a transposed view,
+    which export checks), and rows past the sum exactly 0."""
     rng = np.random.default_rng(9)
     m, k, n = 170, 80, 96
     sizes = np.array([20, 90, 0, 40], np.int32)  # groups 1, 2 local: rows 20..110; sum 150
@@ -479,24 +478,27 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     kept = np.r_[0:20, 110:m]
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
-    gate_up = _values(rng, (4, 2 * n, k), jnp.bfloat16)
+    # int8 weights, converted per compute warpgroup (upcast): float32 tiles beside the float32
+    # activations, as a quantized call's lhs gradient has them.
+    gate_up = quantize(_values(rng, (4, 2 * n, k), jnp.float32), jnp.int8, axis=2)
     bias = _values(rng, (4, 2 * n), jnp.float32)
-    out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), tiling=(64, 64, 128, 3, 2), bias=bias,
-                       glu="silu", transpose_rhs=True, preferred_element_type=jnp.bfloat16)
-    expected = reference.gmm(lhs, gate_up, sizes, bias=bias, glu="silu", transpose_rhs=True)
+    wide = lhs.astype(jnp.float32)
+    out = _mosaic(GMM)(wide, gate_up, jnp.asarray(sizes), tiling=(64, 32, 128, 2, 2, 1, 1),
+                       bias=bias, glu="silu", transpose_rhs=True,
+                       preferred_element_type=jnp.bfloat16)
+    expected = reference.gmm(wide, gate_up.dequantize(), sizes, bias=bias, glu="silu",
+                             transpose_rhs=True)
     assert_close(out, expected, jnp.bfloat16, contraction=k)
     assert np.all(np.asarray(out)[150:] == 0)
 
 
-@pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs", [
-    (jnp.bfloat16, jnp.int8, False), (jnp.float32, jnp.int8, True)])
-def test_warp_specialized_gmm_converts_8bit_tiles_per_compute_warpgroup(lhs_dtype, rhs_dtype,
-                                                                        transpose_rhs):
+def test_warp_specialized_gmm_converts_8bit_tiles_per_compute_warpgroup():
     """compute_warpgroups=2 with upcast: each compute warpgroup converts its columns of the
-    step's 8-bit weight tile into a copy of its own (to bf16 beside bf16 weights [G, k, n], as
-    weight-only quantization of a compute-bound call has them; to float32 beside the float32
-    cotangent of a quantized call's lhs gradient, weights [G, n, k]), against float64 with
-    group_offset, existing_out's rows kept bitwise and unaligned groups across work items."""
+    step's int8 weight tile [G, k, n] into a bf16 copy of its own (weight-only quantization of
+    a compute-bound call), against float64 with group_offset, existing_out's rows kept bitwise
+    and unaligned groups across work items. (float32 x int8 weights [G, n, k], the lhs
+    gradient's layout, runs in the gated call of the test above.)"""
+    lhs_dtype, rhs_dtype, transpose_rhs = jnp.bfloat16, jnp.int8, False
     rng = np.random.default_rng(26)
     m, k, n = 80, 64, 128
     sizes = np.array([10, 60, 0, 5], np.int32)  # local groups 1, 2 (empty): rows 10..70
