@@ -21,4 +21,4 @@ trap 'rm -rf "$cache"' EXIT
 JAX_COMPILATION_CACHE_DIR=$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 JAX_PLATFORMS=cpu \
   PYTHONPYCACHEPREFIX=$cache/python PYTHONDONTWRITEBYTECODE= \
-  .venv-test/bin/python -m pytest -n 2 --dist worksteal "$@"
+  .venv-test/bin/python -m pytest -n 2 --dist loadgroup "$@"
