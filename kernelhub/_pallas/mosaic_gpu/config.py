@@ -254,6 +254,13 @@ def converted_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype | None:
     return UPCAST_DTYPE if widths == {1} else (lhs if lhs.itemsize != 1 else rhs)
 
 
+def multiplied_dtype(config: BlockConfig, lhs_dtype: Any, rhs_dtype: Any) -> np.dtype:
+    """What a gmm body's wgmma multiplies, its refs holding `lhs_dtype` and `rhs_dtype`: with
+    upcast `converted_dtype`, else theirs (the caller cast both to kernel_dtype)."""
+    return (converted_dtype(lhs_dtype, rhs_dtype) if config.upcast
+            else np.dtype(lhs_dtype))
+
+
 def upcast_applies(problem: Problem) -> bool:
     """Whether the tiling's `upcast` entry chooses anything: an 8-bit operand beside a 16-bit
     one or one of another 8-bit kind (no 8-bit wgmma takes the pair), or, in gmm, two of one

@@ -49,8 +49,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bm, part)
     pieces = bm // tile_rows
-    multiplied = (config.converted_dtype(lhs_ref.dtype, rhs_ref.dtype) if blocks.upcast
-                  else lhs_ref.dtype)
+    multiplied = config.multiplied_dtype(blocks, lhs_ref.dtype, rhs_ref.dtype)
     # With upcast, each compute warpgroup converts the 8-bit tiles it multiplies into copies
     # of its own: the whole lhs tile, and its columns of each weight tile. It waits for its
     # products at every step, so one copy of each serves.
@@ -96,10 +95,6 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
         tile_smem = tiles.at[wg]
         barrier = barriers.at[wg]
         scratch = None if scratches is None else scratches.at[wg]
-
-        def converted(tile_smem, copy):
-            copy[...] = kernel_parts.widened(tile_smem[...], copy.dtype)
-            return copy
 
         def load(src, smem):
             return kernel_parts.load_vector_through(src, smem, barrier)
@@ -167,13 +162,14 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
             def step(_, lhs_smem, *rest):
                 rhs_smems, accs = rest[:-1], rest[-1]
                 # The previous step's products are done (the wait below): its copies are free.
-                left = converted(lhs_smem, lhs_copies.at[wg]) if converts_lhs else lhs_smem
+                left = (kernel_parts.converted(lhs_smem, lhs_copies.at[wg]) if converts_lhs
+                        else lhs_smem)
                 rights = []
                 for half, rhs_smem in enumerate(rhs_smems):
                     right = (rhs_smem.at[pl.ds(wg * part, part), :] if transpose_rhs
                              else rhs_smem.at[:, pl.ds(wg * part, part)])
                     if converts_rhs:
-                        right = converted(right, rhs_copies.at[wg, half])
+                        right = kernel_parts.converted(right, rhs_copies.at[wg, half])
                     rights.append(right)
                 if converts_lhs or converts_rhs:
                     plgpu.commit_smem()

@@ -168,8 +168,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
                                       has_existing))
     bm, bn = blocks.block_m, blocks.block_n
     shape = (bm, bn)
-    multiplied = (config.converted_dtype(lhs_ref.dtype, rhs_ref.dtype) if blocks.upcast
-                  else lhs_ref.dtype)
+    multiplied = config.multiplied_dtype(blocks, lhs_ref.dtype, rhs_ref.dtype)
 
     @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
@@ -278,9 +277,7 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     def converted(tile_smem, copies, index):
         # The previous step's wgmma, which read the other copy, is done (the wait below), and
         # this step's may read this one while the next step converts.
-        target = copies.at[jax.lax.rem(index, 2)]
-        target[...] = kernel_parts.widened(tile_smem[...], target.dtype)
-        return target
+        return kernel_parts.converted(tile_smem, copies.at[jax.lax.rem(index, 2)])
 
     @jax.named_scope(profiling.STEP)
     def step(indices, lhs_smem, *rhs_smems):

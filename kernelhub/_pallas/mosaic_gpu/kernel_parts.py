@@ -158,11 +158,19 @@ def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, grou
 
 
 def widened(values: jax.Array, dtype) -> jax.Array:
-    """8-bit tile values as the 16-bit `dtype` (exact, config.converted_dtype): Hopper converts
-    fp8 to float16 only, so fp8 goes to bfloat16 through float32."""
+    """8-bit tile values as `dtype`, float16, bfloat16 or float32 (exact,
+    config.converted_dtype): Hopper converts fp8 to float16 or float32 only, so fp8 goes to
+    bfloat16 through float32."""
     if dtype == jnp.bfloat16 and jnp.issubdtype(values.dtype, jnp.floating):
         values = values.astype(jnp.float32)
     return values.astype(dtype)
+
+
+def converted(tile_smem, copy):
+    """`copy` (shared memory, the multiplied dtype) holding the 8-bit tile `tile_smem`
+    widened, for the caller to commit and hand to wgmma (the tiling's upcast)."""
+    copy[...] = widened(tile_smem[...], copy.dtype)
+    return copy
 
 
 def accumulator(shape: tuple[int, int], multiplied):
