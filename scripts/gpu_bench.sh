@@ -3,7 +3,8 @@
 # network needed; kernelhub is used from this checkout through PYTHONPATH):
 #
 #   scripts/gpu_bench.sh                 # tests, then the roofline scoreboard (under 9 minutes)
-#   scripts/gpu_bench.sh tune            # or any of: tests roofline epilogue bench sweep tune
+#   scripts/gpu_bench.sh tune            # or any of: tests roofline epilogue quantized bench
+#                                        # sweep tune profile counters
 #
 # tests:    tests/test_contract.py, tests/test_triton_gpu.py (and tests/test_mosaic_gpu.py when
 #           present) with the real kernels, the GPU as jax's default backend (extra pytest
@@ -15,6 +16,9 @@
 #           kernelhub:mosaic in a second process merged into the same files; the formats in
 #           $KERNELHUB_GPU_DTYPES (default "bf16 fp8")
 # epilogue: fused epilogues against the same math unfused, forward and forward + grad
+# quantized: the quantized gmm forward per format (8-bit with one scale per row and column, scale
+#           blocks, MXFP8, 4-bit weights): the Triton kernel beside the Mosaic GPU kernel (8-bit
+#           formats), dense bf16 and dense 8-bit; at $KERNELHUB_GPU_SHAPES where set
 # bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
 # sweep:    a few block configs per shape (gpu_sweep.md)
 # profile:  Mosaic GPU's on-device profiler over one call of each pass at the fine-grained
@@ -240,6 +244,11 @@ for stage in "${stages[@]}"; do
       run_stage epilogue "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench --gpu-tables epilogue \
         ${epilogue_shapes[@]+--gpu-shapes "${epilogue_shapes[@]}"} "${smoke[@]}"
       ;;
+    quantized)
+      read -r -a quantized_shapes <<<"${KERNELHUB_GPU_SHAPES:-}"
+      run_stage quantized "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench --gpu-tables quantized \
+        ${quantized_shapes[@]+--gpu-shapes "${quantized_shapes[@]}"} "${smoke[@]}"
+      ;;
     bench)
       run_stage bench "$(($(left) - 15))" "$PYTHON" -m kernelhub._cli.bench.gpu --gpu-out "$RESULTS" --gpu-parts bench "${smoke[@]}"
       ;;
@@ -373,7 +382,7 @@ for stage in "${stages[@]}"; do
       fi
       ;;
     *)
-      note "unknown stage $stage (expected tests, tests-others, tests-mosaic, roofline, epilogue, bench, sweep, tune, profile or counters)"
+      note "unknown stage $stage (expected tests, tests-others, tests-mosaic, roofline, epilogue, quantized, bench, sweep, tune, profile or counters)"
       failed=1
       ;;
   esac

@@ -243,6 +243,30 @@ def test_an_epilogue_the_tables_never_timed_keeps_the_registered_choice():
                                        atol=1e-4)
 
 
+def test_scale_blocks_the_tables_never_timed_keep_the_registered_choice():
+    """A table's key names dtypes, not scale blocks, and the tuner times one scale per row and
+    column: int8 weights with one scale per column lower the table's faster twin, the same
+    weights in blocks of 16 along k keep the registered choice. Both against float64."""
+    from kernelhub.quantization import quantize
+
+    x, w = _operands()
+    features = (names.QUANTIZED, names.QUANTIZED_BLOCKS)
+    with _registered_twin(TuningSpace(TWIN, XLA_SPACE.candidates, XLA_SPACE.default,
+                                      XLA_SPACE.accepts), features=features) as lowered:
+        for block_size, twin_lowers in ((None, True), (16, False)):
+            def quantized(x, w, block_size=block_size):
+                return kernelhub.grouped_matmul(
+                    x, quantize(w, jnp.int8, axis=1, block_size=block_size), jnp.asarray(SIZES))
+
+            lowered.clear()
+            with _table({(TWIN, "forward"): 1.0, ("xla", "forward"): 2.0}, quantized, x, w):
+                out = jax.jit(quantized)(x, w)
+            assert (lowered == ["gmm"]) == twin_lowers, block_size
+            weights = np.asarray(quantize(w, jnp.int8, axis=1, block_size=block_size)
+                                 .dequantize())
+            np.testing.assert_allclose(out, _reference(x, weights), rtol=1e-4, atol=1e-3)
+
+
 def test_each_half_of_the_gradient_takes_its_faster_kernels(twin):
     x, w = _operands()
     # The twin is faster forward, xla in the gradients: the forward half lowers the twin's

@@ -330,10 +330,11 @@ def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
     """Weight-only quantization (bf16 activations, int8 or e4m3 weights with one scale per
     column), a mixed 8-bit pair, and 8-bit activations beside float32 weights [G, k, n]
     (which float32 wgmma reads after a transpose; the float32 x int8 lhs gradient is
-    test_gradients_of_an_int8_call's), both ways (the tiling's upcast): the 8-bit tiles converted per step in shared
-    memory (to bf16 beside bf16, float16 beside 8-bit, float32 beside float32; e4m3 to bf16
-    through float32), or the operand widened before the kernel; with group_offset,
-    existing_out's rows kept elsewhere, and k = 200 ending in a partial step."""
+    test_gradients_of_a_quantized_call's), both ways (the tiling's upcast): the 8-bit tiles
+    converted per step in shared memory (to bf16 beside bf16, float16 beside 8-bit, float32
+    beside float32; e4m3 to bf16 through float32), or the operand widened before the kernel;
+    with group_offset, existing_out's rows kept elsewhere, and k = 200 ending in a partial
+    step."""
     rng = np.random.default_rng(23)
     m, k, n = 72, 200, 64
     sizes = np.array([10, 30, 0, 25], np.int32)  # local groups 1 and 2 (empty); sum 65 < 72
@@ -353,35 +354,102 @@ def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
         np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
-def test_gradients_of_an_int8_call():
-    """jax.grad through a gmm of int8 activations and weights quantized in the call: the forward
-    on int8 wgmma (weights copied K-major, upcast=0); the gradients, whose scales vary along
-    their contractions, take them folded into a float32 cotangent beside the int8 values, whose
-    tiles the heuristic converts to float32 in shared memory (the lhs gradient reads the
-    weights [G, k, n] K-major as stored; the weight gradient the activations transposed at one
-    byte). Against the float64 gradients of the dequantized product, which reach the bf16
-    operands unchanged (straight through); local groups 1..2 of 3 (group_offset), one of them
-    empty, rows past the sum (their gradient rows exactly 0)."""
+@pytest.mark.parametrize("dtype, block_size, k, tiling", [
+    (jnp.int8, None, 128, {"forward": (64, 128, 64, 2, 1, 1, 0)}),
+    (jnp.float8_e4m3fn, 128, 192, None),
+], ids=["int8 per row and column", "e4m3 in 128-blocks"])
+def test_gradients_of_a_quantized_call(dtype, block_size, k, tiling):
+    """jax.value_and_grad through a gmm of activations and weights quantized in the call.
+    int8 with one scale per row and column: the forward on int8 wgmma (weights copied K-major,
+    upcast=0); the gradients, whose scales vary along their contractions, take them folded into
+    a float32 cotangent beside the int8 values, whose tiles the heuristic converts to float32 in
+    shared memory (the lhs gradient reads the weights [G, k, n] K-major as stored; the weight
+    gradient the activations transposed at one byte). e4m3 in 1x128 activation and 128 x 1
+    weight blocks (a partial last block): the forward scales each k step's sums
+    (scale_blocks.py); in the gradients the blocks run along an output axis, and each step's
+    float32 cotangent tile (the lhs gradient) or each chunk's converted activation tile (the
+    weight gradient) is scaled by its output tile's block. Against float64 of the dequantized
+    product, whose gradients reach the bf16 operands unchanged (straight through); local
+    groups 1..2 of 3 (group_offset), one of them empty, rows past the sum (their gradient rows
+    exactly 0)."""
     rng = np.random.default_rng(25)
-    m, k, n = 72, 128, 64
+    m, n = 72, 64
     sizes = np.array([20, 0, 40], np.int32)  # group 0 not local; rows 60.. past the sum
     lhs, rhs = _values(rng, (m, k), jnp.bfloat16), _values(rng, (2, k, n), jnp.bfloat16)
     d_out = _values(rng, (m, n), jnp.bfloat16)
 
+    def quantized(lhs, rhs):
+        return (quantize(lhs, dtype, axis=1, block_size=block_size),
+                quantize(rhs, dtype, axis=1, block_size=block_size))
+
     def loss(lhs, rhs):
-        out = _mosaic(GMM)(quantize(lhs, jnp.int8, axis=1), quantize(rhs, jnp.int8, axis=1),
-                           jnp.asarray(sizes), group_offset=1,
-                           tiling={"forward": (64, 128, 64, 2, 1, 1, 0)},
-                           preferred_element_type=jnp.bfloat16)
+        out = _mosaic(GMM)(*quantized(lhs, rhs), jnp.asarray(sizes), group_offset=1,
+                           tiling=tiling, preferred_element_type=jnp.bfloat16)
         return jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32))
 
-    d_lhs, d_rhs = jax.grad(loss, argnums=(0, 1))(lhs, rhs)
-    q_lhs = quantize(lhs, jnp.int8, axis=1).dequantize()
-    q_rhs = quantize(rhs, jnp.int8, axis=1).dequantize()
+    value, (d_lhs, d_rhs) = jax.value_and_grad(loss, argnums=(0, 1))(lhs, rhs)
+    q_lhs, q_rhs = (q.dequantize() for q in quantized(lhs, rhs))
+    out = reference.gmm(q_lhs, q_rhs, sizes, group_offset=1)
+    want = float(np.sum(out * np.asarray(d_out, np.float64)))
+    np.testing.assert_allclose(float(value), want, rtol=1e-2, atol=1.0)
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out, group_offset=1)
     assert_close(d_lhs, want_lhs, jnp.bfloat16, contraction=n)
     assert_close(d_rhs, want_rhs, jnp.bfloat16, contraction=m)
     assert np.all(np.asarray(d_lhs)[:20] == 0) and np.all(np.asarray(d_lhs)[60:] == 0)
+
+
+def test_gmm_scale_blocks_along_k_scaled_step_by_step():
+    """Scale blocks along k: each k step lies inside one block of both operands, its sums on
+    int8 wgmma scaled by the step's row and column scales into a float32 total
+    (config.within_scale_block). int8 activations in blocks of 64 beside int8 weights
+    [G, n, k] in blocks of 128 (steps of 64, k = 320: a partial last block), a gated unit with
+    a bias (both halves' column scales), local groups 1..2 of 4 (one empty) with existing_out's
+    other rows kept bitwise, against float64 of the dequantized operands. (e4m3 in 128-blocks,
+    forward and gradients: test_gradients_of_a_quantized_call.)"""
+    rng = np.random.default_rng(31)
+    m, k, n = 100, 320, 64
+    sizes = np.array([12, 50, 0, 30], np.int32)  # local rows 12..62
+    problem = Problem(Kernel.GMM_TRANSPOSED_RHS, m, k, 2 * n, 4, 2, "int8", "int8", "float32",
+                      True)
+    blocks = config.from_tiling(None, problem, 2, interpret=True, scale_block=64)
+    assert blocks.scaled_steps and blocks.block_k == 64
+    lhs = quantize(_values(rng, (m, k), jnp.float32), jnp.int8, axis=1, block_size=64)
+    gate_up = quantize(_values(rng, (2, 2 * n, k), jnp.float32), jnp.int8, axis=2,
+                       block_size=128)
+    bias = _values(rng, (2, 2 * n), jnp.float32)
+    existing = _values(rng, (m, n), jnp.float32)
+    out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), bias=bias, glu="silu",
+                       transpose_rhs=True, group_offset=jnp.int32(1), existing_out=existing)
+    expected = reference.gmm(lhs.dequantize(), gate_up.dequantize(), sizes, bias=bias,
+                             glu="silu", transpose_rhs=True, group_offset=1,
+                             existing_out=existing)
+    assert_close(out, expected, jnp.float32, contraction=k)
+    kept = np.r_[0:12, 62:m]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+
+def test_scale_blocks_cut_the_tiling():
+    """Steps inside one block of every scaled operand, one compute warpgroup (a table's
+    warp-specialized tiling included), a step's sums and the total within the registers of
+    one 128 x 128 tile, stages that fit; blocks shorter than a wgmma step of the values are
+    widened before the kernel instead. Blocks along the output: each tile inside one."""
+    problem = Problem(Kernel.GMM, 8192, 4096, 14336, 8, 8, "float8_e4m3fn", "float8_e4m3fn",
+                      "bfloat16", False)
+    blocks = config.from_tiling((128, 128, 256, 3, 2), problem, scale_block=64)
+    assert (blocks.block_m, blocks.block_k, blocks.block_n) == (128, 64, 64)
+    assert blocks.compute_warpgroups == 1 and blocks.scaled_steps
+    assert config.shared_memory_bytes(blocks, problem) <= config.SHARED_MEMORY_BYTES
+    gated = config.from_tiling(None, problem, 2, scale_block=128)
+    assert 2 * 2 * gated.block_m * gated.block_n <= config.ACCUMULATOR_ELEMENTS
+    assert config.scale_steps_fit(problem, 32) and not config.scale_steps_fit(problem, 16)
+    assert not config.from_tiling(None, problem).scaled_steps
+    # The weight gradient's activations in blocks of 64 along k, its output rows: a span of
+    # groups cut to one, the output rows to the block, the 8-bit tiles converted.
+    tgmm = Problem(Kernel.TGMM, 16384, 7168, 2048, 256, 32, "float8_e4m3fn", "float32",
+                   "bfloat16", False)
+    cut = config.from_tiling((64, 128, 128, 4, 1, 8), tgmm, output_block=64)
+    assert (cut.block_k, cut.group_span, cut.upcast, cut.scaled_lhs_tiles) == (64, 1, True, True)
+    assert config.output_block_fits(tgmm, 64) and not config.output_block_fits(tgmm, 32)
 
 
 def test_which_tiles_are_converted_per_tile():
@@ -744,7 +812,7 @@ def test_equivalence_harness_runs_the_interpreted_kernels():
 
 
 @pytest.mark.parametrize("form, feature", [
-    (dict(dtype=jnp.float8_e4m3fn, block_size=32), "quantized_blocks"),
+    (dict(dtype=jnp.float8_e4m3fn, block_size=4), "quantized_odd_blocks"),
     (dict(dtype=jnp.int4), "quantized_4bit"),
 ])
 def test_forced_on_a_feature_it_lacks_names_the_feature(form, feature):
@@ -1257,6 +1325,51 @@ def test_gradients_of_an_int8_call_export_reading_the_int8_values_as_stored():
         assert f"tensor<{local}x{k}x{n}x{values}>" in lhs_gradient
         assert f"tensor<{m}x{n}xf32>" in lhs_gradient
         assert f"tensor<{k}x{m}x{values}>" in rhs_gradient
+
+
+def test_scale_blocks_export_with_the_values_as_stored():
+    """DeepSeek-V3's forward with e4m3 1x128 activation and 128 x 1 weight blocks lowers for
+    cuda to one Mosaic GPU kernel that reads both e4m3 arrays as stored, beside one float32
+    scale vector per k step ([k / 128, m] and [G, k / 128, n]): the heuristic's per-tile
+    conversion of the weights [G, k, n], and e4m3 wgmma on weights copied K-major (upcast=0).
+    Its gradients' kernels read the e4m3 values as stored too."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+
+    def forward(tiling, lhs, rhs, sizes, offset):
+        return gmm(quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=128),
+                   quantize(rhs, jnp.float8_e4m3fn, axis=1, block_size=128), sizes,
+                   group_offset=offset, tiling=tiling, preferred_element_type=jnp.bfloat16)
+
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+    for tiling, weights in ((None, f"{local}x{k}x{n}"), ((64, 128, 128, 3, 1, 1, 0),
+                                                         f"{local}x{n}x{k}")):
+        exported = _exported(functools.partial(forward, tiling), *args)
+        _check_mosaic_only(exported, 1)
+        (operands,) = _kernel_operand_types(exported)
+        assert operands[1:] == [f"tensor<{m}x{k}xf8E4M3FN>", f"tensor<{weights}xf8E4M3FN>",
+                                f"tensor<{k // 128}x{m}xf32>",
+                                f"tensor<{local}x{k // 128}x{n}xf32>"]
+
+    # The gradients read the e4m3 values as stored too, each beside the float32 cotangent and
+    # the blocked operand's scales for its output tiles.
+    def gradients(lhs, rhs, d_out, sizes, offset):
+        def loss(lhs, rhs):
+            return jnp.sum(forward(None, lhs, rhs, sizes, offset).astype(jnp.float32)
+                           * d_out.astype(jnp.float32))
+
+        return jax.grad(loss, argnums=(0, 1))(lhs, rhs)
+
+    exported = _exported(gradients, args[0], args[1],
+                         jax.ShapeDtypeStruct((m, n), jnp.bfloat16), *args[2:])
+    _check_mosaic_only(exported, 2)
+    lhs_gradient, rhs_gradient = _kernel_operand_types(exported)
+    assert lhs_gradient[1:] == [f"tensor<{m}x{n}xf32>", f"tensor<{local}x{k}x{n}xf8E4M3FN>",
+                                f"tensor<{local}x{k // 128}x{n}xf32>"]
+    assert rhs_gradient[1:] == [f"tensor<{k}x{m}xf8E4M3FN>", f"tensor<{n}x{m}xf32>",
+                                f"tensor<{k // 128}x{m}xf32>"]
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int8])

@@ -27,6 +27,9 @@ import math
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
+
+from kernelhub.quantization import expand_scale
 
 # The smallest contraction step of any kernel: Triton's dot needs 16.
 _SMALLEST_STEP = 16
@@ -93,6 +96,34 @@ class OutputBlockScales(NamedTuple):
 
 
 NO_OUTPUT_BLOCKS = OutputBlockScales(None, 0, None, 0)
+
+
+def blocked_axes(blocks: ContractionScales | OutputBlockScales, tgmm: bool,
+                 transpose_rhs: bool = False) -> tuple[int, int]:
+    """The axis of lhs and of rhs along which `blocks`' scale blocks run, in the layouts the
+    classes' docstrings give (the scale arrays have the values' rank, that axis counting
+    blocks)."""
+    if isinstance(blocks, ContractionScales):
+        return (1, 0) if tgmm else (1, 2 if transpose_rhs else 1)
+    return (0, 1) if tgmm else (0, 1 if transpose_rhs else 2)
+
+
+def dequantized(lhs: jax.Array, rhs: jax.Array, blocks: ContractionScales | OutputBlockScales,
+                tgmm: bool, transpose_rhs: bool = False) -> tuple[jax.Array, jax.Array]:
+    """lhs and rhs in float32 with `blocks`' scales multiplied in, each repeated over its
+    block (an operand without scale blocks unchanged): for a kernel that takes some kinds of
+    blocks itself and has others widened first. Along an output axis this is what a tile
+    dequantized in the kernel holds; along the contraction each product is scaled before the
+    sum rather than each block's sum after it, as the xla loops do."""
+    axes = blocked_axes(blocks, tgmm, transpose_rhs)
+    operands = []
+    for values, scale, block, axis in zip((lhs, rhs), (blocks.lhs, blocks.rhs),
+                                          (blocks.lhs_block, blocks.rhs_block), axes):
+        if scale is not None:
+            values = values.astype(jnp.float32) * expand_scale(
+                scale.astype(jnp.float32), axis, block, values.shape[axis])
+        operands.append(values)
+    return operands[0], operands[1]
 
 
 def take_scale_refs(refs: Any, *blocks: int | None) -> tuple[Any, ...]:

@@ -13,8 +13,9 @@ only, so their tiles are transposed through registers) and [G, n, k] with transp
 DeepSeek-style scale blocks of 128 along k, scaled inside the kernel; its dense 8-bit floor is
 the per-channel one (cuBLAS has no block-scaled matmul here). Then MXFP8 x MXFP8 (e8m0 scales
 per 32 along k) beside the same per-channel fp8 floor, and 4-bit weights under bf16 activations
-(w4a16: int4 in blocks of 128, and MXFP4) beside dense bf16 only. Quantization itself is not
-timed.
+(w4a16: int4 in blocks of 128, and MXFP4) beside dense bf16 only. On a Hopper GPU the Mosaic GPU
+gmm (forced) runs the 8-bit formats as a peer too: which of the two kernels a table should name
+for such calls. Quantization itself is not timed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Format:
     quantized_lhs: bool = True  # False: bf16 activations against quantized weights (w4a16)
     # The dense 8-bit floor's values, one scale per row and column (None: no such floor).
     floor_dtype: Any = "same"
+    on_mosaic: bool = True  # the Mosaic GPU kernels take it (not 4-bit values)
 
     @property
     def dense_8bit_dtype(self) -> Any:
@@ -61,9 +63,9 @@ FORMATS = (
     Format("mxfp8 x mxfp8, K-major weights", "mxfp8", True, floor_dtype=jnp.float8_e4m3fn),
     # 4-bit weights for serving (w4a16): against the bf16 gmm's floor only.
     Format("bf16 x int4 (blocks of 128), K-major weights", jnp.int4, True, 128,
-           quantized_lhs=False, floor_dtype=None),
+           quantized_lhs=False, floor_dtype=None, on_mosaic=False),
     Format("bf16 x mxfp4, K-major weights", "mxfp4", True, quantized_lhs=False,
-           floor_dtype=None),
+           floor_dtype=None, on_mosaic=False),
 )
 
 
@@ -71,7 +73,7 @@ class QuantizedMeasurement(Measurement):
     """A main-table measurement whose pass is gmm forward on one 8-bit format (`format`, kept
     in `pass_name`); max_relative_error is against the xla implementation of the same call."""
 
-    PEERS = {"dense bf16": 2, "dense 8-bit": 2}
+    PEERS = {"mosaic": 2, "dense bf16": 2, "dense 8-bit": 2}
 
     @property
     def format(self) -> str:
@@ -99,6 +101,9 @@ def measure_quantized(shape: Shape, reps: int, warmup: int,
         ours = _gmm(kernelhub.get("grouped_matmul", platform="triton"), shape, form)
         fns = {"kernelhub": lambda f=ours, x8=x8, w8=w8: f(x8, w8, sizes),
                "dense bf16": lambda: dense_bf16(x_rows, w_first)}
+        if form.on_mosaic and _on_hopper():
+            mosaic = _gmm(kernelhub.get("grouped_matmul", platform="mosaic"), shape, form)
+            fns["mosaic"] = lambda f=mosaic, x8=x8, w8=w8: f(x8, w8, sizes)
         if form.dense_8bit_dtype is not None:
             # The dense 8-bit product's operands (per channel): the computed rows, the first
             # expert.
@@ -116,6 +121,12 @@ def measure_quantized(shape: Shape, reps: int, warmup: int,
         flops = 2.0 * (rows.stop - rows.start) * shape.k * shape.n
         results.append(QuantizedMeasurement(shape, PATTERN, form.name, flops, seconds, error))
     return results
+
+
+def _on_hopper() -> bool:
+    """Whether the Mosaic GPU kernels run compiled here (elsewhere they are not timed)."""
+    return any(spec.platform.value == "mosaic" and spec.backend.value == "gpu" and spec.available
+               for spec in kernelhub.implementations("grouped_matmul"))
 
 
 def _gmm(gmm, shape: Shape, form: Format):
@@ -137,14 +148,15 @@ def one_line(m: QuantizedMeasurement) -> str:
 
 
 def markdown_lines(measurements: list[QuantizedMeasurement]) -> list[str]:
-    lines = ["## Quantized gmm forward (one scale per row and column)", "",
-             f"{PATTERN} group sizes, bf16 output. dense bf16: jnp.dot on the same rows and one "
+    lines = ["## Quantized gmm forward", "",
+             f"{PATTERN} group sizes, bf16 output. kernelhub: the Triton gmm; mosaic: the Mosaic "
+             "GPU gmm, forced (Hopper only); dense bf16: jnp.dot on the same rows and one "
              "expert's weights (cuBLAS); dense 8-bit: the same 8-bit values as one matmul (fp8: "
              "cuBLASLt fp8 on Hopper; int8: int32 sums), scaled and cast to bf16. Error: "
              "kernelhub's against the xla implementation of the same call.", "",
-             "| shape | format | kernelhub | dense bf16 | dense 8-bit | vs dense bf16 "
-             "| vs dense 8-bit | max rel. error vs xla |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| shape | format | kernelhub | mosaic | dense bf16 | dense 8-bit | vs mosaic "
+             "| vs dense bf16 | vs dense 8-bit | max rel. error vs xla |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     return lines + [m.markdown_row(m.format) for m in measurements] + [""]
 
 

@@ -5,9 +5,10 @@ Triton kernels) at a priority below the Triton kernels': a call takes it where t
 kind's shipped table measured it faster for that call (docs/dispatch.md, "Per call"), and as
 (mosaic, cpu), run only when forced (`platform="mosaic"` or
 KERNELHUB_PLATFORM=mosaic) to test the kernels without a GPU. Quantized operands with one
-scale per row and column run here (fp8 on fp8 wgmma, int8 on int8 wgmma); scale blocks and
-4-bit values are not features of these kernels, so the registry sends such calls to the Triton
-kernels, and forcing this platform on one is a NoImplementationError naming the feature.
+scale per row and column run here (fp8 on fp8 wgmma, int8 on int8 wgmma), and so do scale
+blocks (scale_blocks.py); 4-bit values are not a feature of these kernels, so the registry
+sends such calls to the Triton kernels, and forcing this platform on one is a
+NoImplementationError naming the feature.
 Pallas itself is imported when a kernel is first traced, not here. Design: docs/gpu.md.
 """
 
@@ -19,7 +20,8 @@ import jax
 
 from kernelhub import ops  # noqa: F401  (declares the ops registered here)
 from kernelhub._core.registry import needs_device
-from kernelhub._grouped_matmul.names import ACTIVATION, BIAS, GLU, QUANTIZED
+from kernelhub._grouped_matmul.names import (ACTIVATION, BIAS, GLU, QUANTIZED,
+                                            QUANTIZED_BLOCKS)
 from kernelhub._grouped_matmul.registration import register_grouped_matmuls
 from kernelhub._pallas.mosaic_gpu import tuning_space
 
@@ -58,13 +60,13 @@ def needs_hopper() -> str | None:
 def _register(backend: str, interpret: bool, **how):
     # Quantized operands: int8 and fp8 values reach the kernels with their one scale per row
     # or column folded around them (fold_scales): fp8 x fp8 and int8 x int8 multiply as
-    # stored, other pairs widened exactly (config.kernel_dtype). Epilogues run on the float32
-    # sums.
+    # stored, other pairs converted per tile or widened exactly (config.py); scale blocks come
+    # as `scales=`/`output_blocks=` (scale_blocks.py). Epilogues run on the float32 sums.
     return register_grouped_matmuls(
         "mosaic", backend, functools.partial(_raw_gmm, interpret=interpret),
         functools.partial(_raw_tgmm, interpret=interpret),
         tuning_space.space("mosaic-interpret" if interpret else "mosaic"),
-        features=(QUANTIZED, BIAS, ACTIVATION, GLU), fold_scales=True, **how)
+        features=(QUANTIZED, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU), fold_scales=True, **how)
 
 
 compiled = _register("gpu", interpret=False, priority=PRIORITY, requirement=needs_hopper)

@@ -20,7 +20,8 @@ of the persistent grid share an SM: each has its share of the SM's shared memory
 loads are in flight while another waits, where a work item is too short for its own pipeline to
 overlap anything (tgmm at 64 rows per expert: one chunk per item; on the H100 of 2026-11-27 two per
 SM ran those tgmms 1.14x to 1.62x faster). Programs whose registers do not fit the SM together run
-one after another: correct, only slower.
+one after another: correct, only slower. A call with scale blocks (scale_blocks.py) cuts whatever
+tiling it gets to fit them (`within_scale_block`, `within_output_block`).
 
 What Hopper fixes (each rule below found by lowering or running on an H100):
 - a warpgroup's wgmma writes 64 rows at a time, so the output tile's rows (gmm's block_m,
@@ -116,6 +117,10 @@ class BlockConfig:
     group_span: int = 1
     upcast: bool | None = None  # None: not an 8-bit gmm of weights [G, k, n], or not decided
     programs_per_sm: int = 1
+    # Not part of the tiling: set for a gmm with scale blocks along k (`within_scale_block`),
+    # or a call whose output tiles lie inside one scale block (`within_output_block`).
+    scaled_steps: bool = False
+    scaled_lhs_tiles: bool = False
 
     def as_tiling(self) -> tuple[int, ...]:
         tiling = (self.block_m, self.block_k, self.block_n, self.stages)
@@ -346,16 +351,28 @@ def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) ->
     the stages hold the tiles as stored, and the converted copies of a step's 8-bit tiles stay
     beside them: two of each (one being converted while wgmma reads the other) with one
     compute warpgroup; warp-specialized, each compute warpgroup's own copy of the lhs tile and
-    of its columns of the weight tiles (it waits for its products at every step)."""
+    of its columns of the weight tiles (it waits for its products at every step). With scale
+    blocks (`within_scale_block`, `within_output_block`) each step's scale vectors too."""
+    scales = 0
+    stages = max(config.stages, 2)
+    if config.scaled_steps:
+        # Each step's float32 row and column scales, conservatively for both operands.
+        scales = stages * (config.block_m + weight_tiles * config.block_n) * 4
+    if config.scaled_lhs_tiles and problem.kernel is Kernel.TGMM:
+        # Each chunk's float32 scales (the lhs copies are upcast's).
+        scales = stages * config.block_m * 4
+    elif config.scaled_lhs_tiles:
+        # Each step's float32 scales along k, and two float32 copies of the lhs tile.
+        scales = (stages + 2 * config.block_m) * config.block_k * 4
     if not config.upcast:
-        return (max(config.stages, 2) * _step_elements(config, problem, weight_tiles)
-                * operand_bytes(problem))
+        return scales + (stages * _step_elements(config, problem, weight_tiles)
+                         * operand_bytes(problem))
     widths = (np.dtype(problem.lhs_dtype).itemsize, np.dtype(problem.rhs_dtype).itemsize)
     counts = _operand_step_elements(config, problem, weight_tiles)
-    pipeline = max(config.stages, 2) * sum(c * w for c, w in zip(counts, widths))
+    pipeline = stages * sum(c * w for c, w in zip(counts, widths))
     converted = converted_dtype(problem.lhs_dtype, problem.rhs_dtype).itemsize
     copies = (2, 2) if config.compute_warpgroups == 1 else (config.compute_warpgroups, 1)
-    return pipeline + converted * sum(
+    return scales + pipeline + converted * sum(
         c * n for c, w, n in zip(counts, widths, copies) if w == 1)
 
 
@@ -411,18 +428,26 @@ def check_static(problem: Problem) -> None:
 
 
 def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
-                interpret: bool = False) -> BlockConfig:
+                interpret: bool = False, scale_block: int | None = None,
+                output_block: int | None = None) -> BlockConfig:
     """The config a call uses: `tiling` when it names one, else the heuristic's (interpreted,
     with one compute warpgroup: `heuristic`). `weight_tiles`: 2 for a gated unit's gmm (two
-    accumulators, two weight tiles a step)."""
+    accumulators, two weight tiles a step). `scale_block`: the length every scale block along
+    gmm's k is made of (ContractionScales.common_block), for which the config is cut
+    (`within_scale_block`); `output_block`: the block along the output tile (gmm's weights'
+    columns, tgmm's lhs rows), where each step's lhs tile is scaled
+    (`within_output_block`)."""
     check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
-        return _upcast_decided(_stages_that_fit(
-            heuristic(problem, weight_tiles, warp_specialize=not interpret), problem,
-            weight_tiles), problem, weight_tiles)
+        config = heuristic(problem, weight_tiles, warp_specialize=not interpret and (
+            scale_block is None and output_block is None))
+        config = _within_blocks(config, problem, weight_tiles, scale_block, output_block)
+        return _upcast_decided(_stages_that_fit(config, problem, weight_tiles), problem,
+                               weight_tiles)
     if isinstance(chosen, BlockConfig):
-        config = validate(chosen, problem, chosen, weight_tiles)
+        config = _within_blocks(chosen, problem, weight_tiles, scale_block, output_block)
+        config = validate(config, problem, chosen, weight_tiles)
         if interpret:
             check_interpretable(config, chosen)
         return _upcast_decided(config, problem, weight_tiles)
@@ -449,11 +474,78 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
             BlockConfig(*values[:3], guide.stages if guide.compute_warpgroups == warpgroups
                         else BlockConfig.stages, warpgroups, upcast=upcast),
             problem, weight_tiles).stages
-    config = validate(BlockConfig(*values[:3], stages, warpgroups, span, upcast, programs),
-                      problem, chosen, weight_tiles)
+    config = _within_blocks(BlockConfig(*values[:3], stages, warpgroups, span, upcast, programs),
+                            problem, weight_tiles, scale_block, output_block)
+    config = validate(config, problem, chosen, weight_tiles)
     if interpret:
         check_interpretable(config, chosen)
     return _upcast_decided(config, problem, weight_tiles)
+
+
+def scale_steps_fit(problem: Problem, scale_block: int) -> bool:
+    """Whether gmm's contraction steps can each lie inside one scale block of `scale_block`
+    elements: a power of two dividing it is a legal block_k (MIN_STEP_BYTES)."""
+    return scale_block & -scale_block >= min_contraction(problem)
+
+
+def within_scale_block(config: BlockConfig, scale_block: int, problem: Problem,
+                       weight_tiles: int = 1) -> BlockConfig:
+    """`config` for a gmm whose steps are scaled (scale blocks along k, `scale_steps_fit`):
+    block_k cut to a power of two dividing `scale_block`, so that each step lies inside one
+    block of every scaled operand; one compute warpgroup (the warp-specialized body sums no
+    scaled steps), a warp-specialized tiling keeping a warpgroup's columns; and block_n, then
+    block_m, cut until a step's sums and the scaled total together fit the heuristic's
+    registers (2 x ACCUMULATOR_ELEMENTS: a 128 x 128 float32 total beside the step's sums
+    would spill); and stages, not below 2, until the step's scale vectors fit beside them.
+    Cut whatever the tiling's source (a table tuned without scale blocks may name it), as the
+    Triton kernels' blocks are."""
+    step = min(config.block_k, scale_block & -scale_block)
+    block_m, block_n = config.block_m, config.warpgroup_columns
+    least = min_columns(problem)
+    while 2 * weight_tiles * block_m * block_n > ACCUMULATOR_ELEMENTS and block_n > least:
+        block_n //= 2
+    if 2 * weight_tiles * block_m * block_n > ACCUMULATOR_ELEMENTS:
+        block_m = min(OUTPUT_ROWS)
+    return _stages_that_fit(
+        dataclasses.replace(config, block_m=block_m, block_k=step, block_n=block_n,
+                            compute_warpgroups=1, scaled_steps=True), problem, weight_tiles)
+
+
+def output_block_fits(problem: Problem, output_block: int) -> bool:
+    """Whether the output tiles can each lie inside one scale block of `output_block` output
+    columns (gmm's weights) or rows (tgmm's lhs): a power of two dividing it is a legal
+    block_n, or tgmm's block_k."""
+    least = min(OUTPUT_ROWS) if problem.kernel is Kernel.TGMM else min_columns(problem)
+    return output_block & -output_block >= least
+
+
+def within_output_block(config: BlockConfig, output_block: int, problem: Problem
+                        ) -> BlockConfig:
+    """`config` for a call whose scale blocks run along the output tile (`output_block_fits`):
+    gmm's block_n, or tgmm's block_k, cut to a power of two dividing the block, so that an
+    output tile's columns (rows) share their scales along the contraction; one compute
+    warpgroup, a warp-specialized tiling keeping a warpgroup's columns (the warp-specialized
+    bodies scale no tiles); tgmm one group a work item (group_span 1) and its 8-bit lhs
+    converted per chunk (upcast), where the scales are applied; stages cut, not below 2, until
+    the scaled float32 copies of the lhs tiles fit. Cut whatever the tiling's source, as
+    `within_scale_block`."""
+    block = output_block & -output_block
+    cut = dict(compute_warpgroups=1, scaled_lhs_tiles=True)
+    if problem.kernel is Kernel.TGMM:
+        cut.update(block_k=min(config.block_k, block), block_n=config.warpgroup_columns,
+                   group_span=1, upcast=True)
+    else:
+        cut.update(block_n=min(config.warpgroup_columns, block))
+    return _stages_that_fit(dataclasses.replace(config, **cut), problem)
+
+
+def _within_blocks(config: BlockConfig, problem: Problem, weight_tiles: int,
+                   scale_block: int | None, output_block: int | None) -> BlockConfig:
+    if scale_block is not None:
+        config = within_scale_block(config, scale_block, problem, weight_tiles)
+    if output_block is not None:
+        config = within_output_block(config, output_block, problem)
+    return config
 
 
 def check_interpretable(config: BlockConfig, tiling: Any) -> None:

@@ -33,6 +33,9 @@ operand beside a 16-bit one (weight-only quantization) or of another 8-bit kind 
 instead of the whole operand widened before the kernel; beside float32 (a quantized call's lhs
 gradient, whose cotangent holds the folded scales) to float32, for float32 wgmma, which reads
 the weights K-major as the lhs gradient holds them ([G, k, n] read transposed).
+
+Scale blocks of quantized operands (a step's sums scaled into totals, or lhs tiles scaled as
+they are copied) are scale_blocks.py's.
 """
 
 from __future__ import annotations
@@ -41,13 +44,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import gmm_problem
 from kernelhub._grouped_matmul import polynomial_erf, visits
+from kernelhub._grouped_matmul.contraction_scales import take_scale_refs
 from kernelhub._pallas.mosaic_gpu import (config, gmm_warp_specialized, kernel_parts,
-                                          profiling)
+                                          profiling, scale_blocks)
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
 # n-tiles per band of the schedule (the weights' tiles read at once), where a group's rows span
@@ -75,21 +78,21 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     """The forward kernel: arguments as the contract hands them on, no axis empty
     (kernelhub/_grouped_matmul/prologue.py). With a glu epilogue the output (and existing_out)
     has half of rhs's columns."""
-    if scales is not None or output_blocks is not None:
-        # Not registered for these kernels (no quantized_blocks feature): the registry sends
-        # such calls elsewhere, and a forced one is refused before it gets here.
-        raise NotImplementedError("the Mosaic GPU kernels take no scale blocks")
     out_dtype = jnp.dtype(preferred_element_type)
-    problem = gmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None,
-                          transpose_rhs)
+    lhs, rhs, problem, plan = scale_blocks.planned(
+        lhs, rhs, scales, output_blocks, transpose_rhs,
+        lambda lhs, rhs: gmm_problem(lhs, rhs, group_sizes, out_dtype,
+                                     existing_out is not None, transpose_rhs))
     spec = epilogue.spec
     blocks = config.from_tiling(tiling, problem, weight_tiles=2 if spec.glu is not None else 1,
-                                interpret=interpret)
+                                interpret=interpret, scale_block=plan.scale_block,
+                                output_block=plan.tile_block)
     m, k, local_groups = problem.m, problem.k, problem.local_groups
     n_out = spec.output_columns(problem.n)
     halves = 2 if spec.glu is not None else 1
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
+    scale_arrays = functools.partial(scale_blocks.kernel_arrays, plan, transpose_rhs)
     if blocks.upcast:
         # Both are read as stored and the 8-bit tiles converted in shared memory (beside float32
         # weights [G, k, n] to float32 tiles, which wgmma reads K-major: those weights are
@@ -103,13 +106,14 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
     if spec.interleaved:
-        rhs = _concatenated(rhs, columns_axis)
-        vectors = [_concatenated(v, 1) for v in vectors]
+        rhs = kernel_parts.concatenated(rhs, columns_axis)
+        vectors = [kernel_parts.concatenated(v, 1) for v in vectors]
 
     m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n_out, bn)
     lhs = padded(lhs, {0: m_p, 1: k_p})
-    rhs = _halves_padded(padded(rhs, {k_axis: k_p}), columns_axis, halves, n_p)
-    vectors = [_halves_padded(v, 1, halves, n_p) for v in vectors]
+    rhs = kernel_parts.halves_padded(padded(rhs, {k_axis: k_p}), columns_axis, halves, n_p)
+    vectors = [kernel_parts.halves_padded(v, 1, halves, n_p) for v in vectors]
+    scale_arrays = scale_arrays(k_p // bk, bk, m_p, k_p, halves, n_p, spec.interleaved)
     row_scale = () if epilogue.row_scale is None else (
         padded(epilogue.row_scale.astype(jnp.float32), {0: m_p}),)
     existing = None if existing_out is None else padded(existing_out, {0: m_p, 1: n_p})
@@ -127,14 +131,17 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret, band=band)
-    if blocks.compute_warpgroups == 1:
+    if plan is not scale_blocks.NOTHING:
+        body = functools.partial(_body, **shared, plan=plan)
+    elif blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)
     else:
         body = functools.partial(
             gmm_warp_specialized.body, **shared, epilogue_fn=_epilogue,
             tile_rows=config.output_tile_rows(blocks, problem, 1 if spec.glu is None else 2))
     copied = () if existing is None or aliased else (existing,)
-    out = kernel_parts.launch(body, (table, lhs, rhs, *row_scale, *vectors, *copied),
+    out = kernel_parts.launch(body, (table, lhs, rhs, *scale_arrays, *row_scale, *vectors,
+                                     *copied),
                               (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
                               starting_as=existing if aliased else None,
                               warp_specialized=blocks.compute_warpgroups > 1,
@@ -142,27 +149,18 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     return out if (m_p, n_p) == (m, n_out) else out[:m, :n_out]
 
 
-def _concatenated(array: jax.Array, axis: int) -> jax.Array:
-    """Interleaved (gate, up) pairs along `axis` as gate columns then up columns."""
-    size = array.shape[axis]
-    order = np.concatenate([np.arange(0, size, 2), np.arange(1, size, 2)])
-    return jnp.take(array, order, axis=axis)
-
-
-def _halves_padded(array: jax.Array, axis: int, halves: int, size: int) -> jax.Array:
-    """`array` with each of its `halves` parts along `axis` zero-padded to `size`."""
-    parts = jnp.split(array, halves, axis=axis) if halves > 1 else [array]
-    parts = [padded(part, {axis: size}) for part in parts]
-    return parts[0] if halves == 1 else jnp.concatenate(parts, axis=axis)
-
-
 def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
           n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
           spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
-          has_bias: bool, has_existing: bool, interpret: bool, band: int) -> None:
+          has_bias: bool, has_existing: bool, interpret: bool, band: int,
+          plan: scale_blocks.Plan = scale_blocks.NOTHING) -> None:
+    """The kernel body with one compute warpgroup. With scale blocks (`plan`) their arrays
+    come first in `refs` (scale_blocks.kernel_arrays)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    lhs_steps_ref, rhs_steps_ref, tile_scales_ref, refs = take_scale_refs(
+        refs, *plan.scales.operand_blocks, plan.tile_block)
     row_scale_ref, column_scale_ref, bias_ref, existing_ref, out_ref = (
         kernel_parts.gmm_operand_refs(refs, has_row_scale, has_column_scale, has_bias,
                                       has_existing))
@@ -194,12 +192,26 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             # the up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
             with jax.named_scope(profiling.SUMS):
-                totals = pl.run_scoped(
-                    lambda *accs: _multiply(accs, lhs_ref.at[pl.ds(first_row, bm), :],
-                                            rhs_ref.at[group], column_tiles,
-                                            blocks, k_tiles, transpose_rhs, multiplied,
-                                            interpret),
-                    *[kernel_parts.accumulator(shape, multiplied) for _ in range(halves)])
+                multiply = functools.partial(
+                    _multiply, rows_lhs_ref=lhs_ref.at[pl.ds(first_row, bm), :],
+                    group_rhs_ref=rhs_ref.at[group], column_tiles=column_tiles,
+                    blocks=blocks, k_tiles=k_tiles, transpose_rhs=transpose_rhs,
+                    multiplied=multiplied, interpret=interpret,
+                    tile_scales=None if tile_scales_ref is None else tile_scales_ref.at[
+                        group, jax.lax.div(first_col, jnp.int32(plan.tile_block))])
+                if blocks.scaled_steps:
+                    # Each step's sums are scaled into totals carried in registers.
+                    totals = multiply(
+                        (None,) * halves,
+                        step_scales=(
+                            None if lhs_steps_ref is None else
+                            lhs_steps_ref.at[:, pl.ds(first_row, bm)],
+                            None if rhs_steps_ref is None else rhs_steps_ref.at[group]))
+                else:
+                    totals = pl.run_scoped(
+                        lambda *accs: multiply(accs),
+                        *[kernel_parts.accumulator(shape, multiplied)
+                          for _ in range(halves)])
             if plain:
                 (result,) = totals
             else:
@@ -240,20 +252,28 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
 
 def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
-              k_tiles: int, transpose_rhs: bool, multiplied, interpret: bool):
+              k_tiles: int, transpose_rhs: bool, multiplied, interpret: bool,
+              step_scales=(None, None), tile_scales=None):
     """The float32 sums of the row tile times each column tile of the group's weights, k step
     by k step through a TMA pipeline into wgmma, which multiplies the `multiplied` dtype (an
-    operand of another is converted per step)."""
+    operand of another is converted per step). With scaled steps (blocks.scaled_steps) `accs`
+    are None: each step's sums go to accumulators of its own, scaled by the step's vectors
+    (`step_scales`: views [k steps, block_m] of lhs's and [k steps, n] of the group's rhs's,
+    each None when that operand has no scale blocks) and added to float32 totals. With
+    `tile_scales` (a view [k] of the weights' scales for the output tile's column block) each
+    step's lhs tile is multiplied by its scales as it is copied to shared memory."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
     multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
-                                 column_tiles, blocks, k_tiles, transpose_rhs)
+                                 column_tiles, blocks, k_tiles, transpose_rhs, multiplied,
+                                 interpret, step_scales, tile_scales)
     scoped = {}
-    # Two 16-bit copies of each 8-bit tile of a step (upcast): wgmma reads one while the next
-    # step converts into the other.
-    if rows_lhs_ref.dtype != multiplied:
+    # Two copies of each tile a step converts (an 8-bit one under upcast, an lhs tile scaled
+    # by its output tile's block): wgmma reads one while the next step converts into the
+    # other.
+    if rows_lhs_ref.dtype != multiplied or tile_scales is not None:
         scoped["lhs_converted"] = plgpu.SMEM((2, bm, bk), multiplied)
     if group_rhs_ref.dtype != multiplied:
         tile = (bn, bk) if transpose_rhs else (bk, bn)
@@ -264,43 +284,82 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
 
 
 def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
-                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool,
-                   scratch=None, lhs_converted=None, rhs_converted=None):
+                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, multiplied,
+                   interpret: bool, step_scales, tile_scales, scratch=None,
+                   lhs_converted=None, rhs_converted=None):
     """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it; with
     upcast, `lhs_converted` [2, bm, bk] and `rhs_converted` [accumulators, 2, <weight tile>]
     receive the 8-bit tiles of a step converted (None: that operand is multiplied as
-    stored)."""
+    stored), `lhs_converted` also the lhs tile scaled by `tile_scales`."""
+    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
+    shape = (bm, bn)
+    halves = len(column_tiles)
+    lhs_steps, rhs_steps = step_scales
 
-    def converted(tile_smem, copies, index):
+    def converted(tile_smem, copies, index, scale=None):
         # The previous step's wgmma, which read the other copy, is done (the wait below), and
         # this step's may read this one while the next step converts.
-        return kernel_parts.converted(tile_smem, copies.at[jax.lax.rem(index, 2)])
+        return kernel_parts.converted(tile_smem, copies.at[jax.lax.rem(index, 2)], scale)
 
-    @jax.named_scope(profiling.STEP)
-    def step(indices, lhs_smem, *rhs_smems):
+    def operands(indices, lhs_smem, rhs_smems, tile_scale_smem=None):
         left = (lhs_smem if lhs_converted is None else
-                converted(lhs_smem, lhs_converted, indices[0]))
+                converted(lhs_smem, lhs_converted, indices[0],
+                          None if tile_scale_smem is None else tile_scale_smem[...]))
         rights = (rhs_smems if rhs_converted is None else
                   [converted(rhs_smem, rhs_converted.at[half], indices[0])
                    for half, rhs_smem in enumerate(rhs_smems)])
         if lhs_converted is not None or rhs_converted is not None:
             plgpu.commit_smem()
-        for acc, right in zip(accs, rights):
+        return left, rights
+
+    def products(accumulators, left, rights):
+        for acc, right in zip(accumulators, rights):
             # (The interpreter's transposes share one scratch tile: each is used at once.)
             if transpose_rhs:
                 right = kernel_parts.transposed_operand(right, scratch)
             plgpu.wgmma(acc, left, right)
+
+    @jax.named_scope(profiling.STEP)
+    def step(indices, lhs_smem, *smems):
+        left, rights = operands(indices, lhs_smem, smems[:halves], *smems[halves:])
+        products(accs, left, rights)
         # This step's products stay in flight; the previous step's are done, so the pipeline
         # may refill their buffers (delay_release=1) after this step.
         plgpu.wgmma_wait(len(accs))
 
+    @jax.named_scope(profiling.STEP)
+    def scaled_step(indices, lhs_smem, *refs_and_totals):
+        *smems, totals = refs_and_totals
+        rhs_smems, scale_smems = smems[:halves], list(smems[halves:])
+        left, rights = operands(indices, lhs_smem, rhs_smems)
+
+        def step_sums(*step_accs):
+            products(step_accs, left, rights)
+            # Reading the sums waits for the products: this step's tiles are free after it.
+            return tuple(kernel_parts.sums(acc) for acc in step_accs)
+
+        sums = pl.run_scoped(step_sums, *[kernel_parts.accumulator(shape, multiplied)
+                                          for _ in range(halves)])
+        rows = (None if lhs_steps is None else
+                kernel_parts.broadcast_rows(scale_smems.pop(0)[...], shape))
+        updated = []
+        for total, part in zip(totals, sums):
+            if rows is not None:
+                part = part * rows
+            if rhs_steps is not None:
+                part = part * kernel_parts.broadcast_columns(scale_smems.pop(0)[...], shape)
+            updated.append(total + part)
+        return tuple(updated)
+
     # wgmma reads a step's tiles until the next step's wait: the pipeline refills them one step
-    # later. Converted tiles are read once, before the step ends, and free at once.
-    lhs_delay = 1 if lhs_converted is None else 0
-    rhs_delay = 1 if rhs_converted is None else 0
+    # later. Converted tiles are read once, before the step ends, and free at once, as are
+    # scaled steps' (their sums are read in the step).
+    scaled = blocks.scaled_steps
+    lhs_delay = 1 if lhs_converted is None and not scaled else 0
+    rhs_delay = 1 if rhs_converted is None and not scaled else 0
 
     def rhs_spec(column_tile):
         if transpose_rhs:
@@ -308,14 +367,27 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
                                    delay_release=rhs_delay)
         return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=rhs_delay)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(k_tiles,),
-        in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=lhs_delay),
-                  *[rhs_spec(c) for c in column_tiles]],
-        max_concurrent_steps=max(blocks.stages, 2),
-    )(rows_lhs_ref, *[group_rhs_ref] * len(column_tiles))
-    return tuple(kernel_parts.sums(acc) for acc in accs)
+    in_specs = [plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=lhs_delay),
+                *[rhs_spec(c) for c in column_tiles]]
+    operand_refs = [rows_lhs_ref, *[group_rhs_ref] * halves]
+    if tile_scales is not None:
+        in_specs.append(plgpu.BlockSpec((bk,), lambda i: (i,)))
+        operand_refs.append(tile_scales)
+    if not scaled:
+        plgpu.emit_pipeline(step, grid=(k_tiles,), in_specs=in_specs,
+                            max_concurrent_steps=max(blocks.stages, 2))(*operand_refs)
+        return tuple(kernel_parts.sums(acc) for acc in accs)
+    # A step's scale vectors: lhs's for the row tile, rhs's for each column tile.
+    if lhs_steps is not None:
+        in_specs.append(plgpu.BlockSpec((None, bm), lambda i: (i, 0)))
+        operand_refs.append(lhs_steps)
+    if rhs_steps is not None:
+        in_specs += [plgpu.BlockSpec((None, bn), lambda i, c=c: (i, c)) for c in column_tiles]
+        operand_refs += [rhs_steps] * halves
+    zeros = tuple(kernel_parts.wgmma_zeros(shape, interpret) for _ in range(halves))
+    return plgpu.emit_pipeline(scaled_step, grid=(k_tiles,), in_specs=in_specs,
+                               max_concurrent_steps=max(blocks.stages, 2),
+                               init_carry=zeros)(*operand_refs)
 
 
 def _epilogue(spec: Epilogue, totals, shape, row_scale, column_scale, bias) -> jax.Array:

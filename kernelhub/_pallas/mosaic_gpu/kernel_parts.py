@@ -166,10 +166,14 @@ def widened(values: jax.Array, dtype) -> jax.Array:
     return values.astype(dtype)
 
 
-def converted(tile_smem, copy):
+def converted(tile_smem, copy, column_scales: jax.Array | None = None):
     """`copy` (shared memory, the multiplied dtype) holding the 8-bit tile `tile_smem`
-    widened, for the caller to commit and hand to wgmma (the tiling's upcast)."""
-    copy[...] = widened(tile_smem[...], copy.dtype)
+    widened, for the caller to commit and hand to wgmma (the tiling's upcast); with
+    `column_scales` (float32, one per column) the float32 tile multiplied by them."""
+    values = widened(tile_smem[...], copy.dtype)
+    if column_scales is not None:
+        values = values * broadcast_columns(column_scales, values.shape)
+    copy[...] = values
     return copy
 
 
@@ -237,6 +241,20 @@ def padded(array: jax.Array, sizes: dict[int, int]) -> jax.Array:
     if not any(high for _, high in widths):
         return array
     return jnp.pad(array, widths)
+
+
+def concatenated(array: jax.Array, axis: int) -> jax.Array:
+    """Interleaved (gate, up) pairs along `axis` as gate columns then up columns."""
+    size = array.shape[axis]
+    order = np.concatenate([np.arange(0, size, 2), np.arange(1, size, 2)])
+    return jnp.take(array, order, axis=axis)
+
+
+def halves_padded(array: jax.Array, axis: int, halves: int, size: int) -> jax.Array:
+    """`array` with each of its `halves` parts along `axis` zero-padded to `size`."""
+    parts = jnp.split(array, halves, axis=axis) if halves > 1 else [array]
+    parts = [padded(part, {axis: size}) for part in parts]
+    return parts[0] if halves == 1 else jnp.concatenate(parts, axis=axis)
 
 
 def load_vector(src, smem_shape: tuple[int], dtype):

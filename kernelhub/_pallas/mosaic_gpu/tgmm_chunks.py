@@ -158,12 +158,14 @@ class ChunkLayout:
                                 delay_release=delay_release)]
 
     def masked_tiles(self, lhs_smem, rhs_smem, first_row, start, end, index,
-                     interpret: bool, lhs_converted=None, rhs_converted=None) -> tuple:
+                     interpret: bool, lhs_converted=None, rhs_converted=None,
+                     lhs_scales: jax.Array | None = None) -> tuple:
         """The chunk's tiles as wgmma multiplies them, their summed rows outside [start, end)
         exact zeros by a select (a NaN in another group's row stays out). A tile given copies
         (`step_scratch`) is written, converted and selected, into its copy for step `index`
         at every step (the previous step's wgmma read the other copy and is done); the others
-        are selected in place where there are such rows."""
+        are selected in place where there are such rows. `lhs_scales` (float32, one per summed
+        row; lhs converted, K-major) multiply the converted lhs tile (scale_blocks.py)."""
         from jax.experimental import pallas as pl
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -191,11 +193,14 @@ class ChunkLayout:
                 plgpu.commit_smem()
 
         masked = []
-        for smem, axis, copies in tiles:
+        for which, (smem, axis, copies) in enumerate(tiles):
             if copies is not None:
                 target = copies.at[jax.lax.rem(index, 2)]
-                target[...] = selected(smem.shape, axis,
-                                       kernel_parts.widened(smem[...], target.dtype))
+                values = kernel_parts.widened(smem[...], target.dtype)
+                if which == 0 and lhs_scales is not None:
+                    values = values * jax.lax.broadcast_in_dim(lhs_scales, values.shape,
+                                                               (axis,))
+                target[...] = selected(smem.shape, axis, values)
                 smem = target
             masked.append(smem)
         if lhs_converted is not None or rhs_converted is not None:

@@ -17,7 +17,7 @@ stored whole by one TMA copy: every output element is written once, by one progr
 existing_out is the output's own buffer (aliased, as gmm's): each tile is read from it and written
 back, and an empty group's tiles are left as they are. The store runs while the program sums its
 next tile (one shared-memory tile per program holds the result in flight; only writing the next
-result waits for it).
+result waits for it). Scale blocks of quantized operands are scale_blocks.py's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul.groups import local_bounds
 from kernelhub._grouped_matmul.problem import tgmm_problem
 from kernelhub._pallas.mosaic_gpu import (config, group_spans, kernel_parts, profiling,
-                                          tgmm_warp_specialized)
+                                          scale_blocks, tgmm_warp_specialized)
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
 
@@ -40,12 +40,14 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
                                   output_blocks=None, *, interpret: bool = False) -> jax.Array:
     """The forward kernel: arguments as the contract hands them on, no axis empty
     (kernelhub/_grouped_matmul/prologue.py)."""
-    if scales is not None or output_blocks is not None:
-        raise NotImplementedError("the Mosaic GPU kernels take no scale blocks")
     out_dtype = jnp.dtype(preferred_element_type)
     groups = num_actual_groups
-    problem = tgmm_problem(lhs, rhs, group_sizes, out_dtype, existing_out is not None, groups)
-    blocks = config.from_tiling(tiling, problem, interpret=interpret)
+    lhs, rhs, problem, plan = scale_blocks.planned_tgmm(
+        lhs, rhs, scales, output_blocks,
+        lambda lhs, rhs: tgmm_problem(lhs, rhs, group_sizes, out_dtype,
+                                      existing_out is not None, groups))
+    blocks = config.from_tiling(tiling, problem, interpret=interpret,
+                                output_block=plan.tile_block)
     m, k, n = problem.m, problem.k, problem.n
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
@@ -78,13 +80,16 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         tables = (table, spans)
     else:
         if blocks.compute_warpgroups == 1:
-            body = functools.partial(_body, groups=groups, rows_padded=m_p, **tiles)
+            body = functools.partial(_body, groups=groups, rows_padded=m_p, **tiles,
+                                     row_block=plan.tile_block)
         else:
             body = functools.partial(tgmm_warp_specialized.body, groups=groups,
                                      rows_padded=m_p, **tiles,
                                      tile_rows=config.output_tile_rows(blocks, problem))
         tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
-    out = kernel_parts.launch(body, (*tables, lhs, rhs, *copied), (groups, k_p, n_p),
+    tile_scales = () if plan.tile_scales is None else (padded(plan.tile_scales, {1: m_p}),)
+    out = kernel_parts.launch(body, (*tables, lhs, rhs, *tile_scales, *copied),
+                              (groups, k_p, n_p),
                               out_dtype, interpret, "kernelhub_transposed_grouped_matmul",
                               starting_as=existing if in_place else None,
                               warp_specialized=blocks.compute_warpgroups > 1,
@@ -94,12 +99,17 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
 
 def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
           rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
-          existing: kernel_parts.Existing, interpret: bool) -> None:
+          existing: kernel_parts.Existing, interpret: bool, row_block: int | None = None
+          ) -> None:
+    """The kernel body with one compute warpgroup. With `row_block` (lhs's scale blocks
+    along k, scale_blocks.py) the scales [k blocks, m] come first in `refs`."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    scales_ref, refs = (refs[0], refs[1:]) if row_block is not None else (None, refs)
     existing_ref, out_ref = kernel_parts.tgmm_output_refs(refs, existing)
     pl.run_scoped(functools.partial(_loop, bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref,
+                                    scales_ref=scales_ref, row_block=row_block,
                                     blocks=blocks, groups=groups, rows_padded=rows_padded,
                                     k_tiles=k_tiles, n_tiles=n_tiles, layout=layout,
                                     skip_empty=existing is kernel_parts.Existing.IN_PLACE,
@@ -109,12 +119,15 @@ def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, group
 
 def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
           blocks: config.BlockConfig, groups: int, rows_padded: int, k_tiles: int,
-          n_tiles: int, layout: ChunkLayout, skip_empty: bool, interpret: bool) -> None:
+          n_tiles: int, layout: ChunkLayout, skip_empty: bool, interpret: bool,
+          scales_ref=None, row_block: int | None = None) -> None:
     """The program's share of the output tiles. One shared-memory tile holds each result
     while TMA stores it; the next tile's sums run while that store is in flight (a group of a
     fine-grained MoE sums few rows into each tile: its store costs as much as its loads), and
     only the write of the next result waits for it. `skip_empty`: an empty group's tiles
-    already hold what they should (existing_out's, in place) and are not stored."""
+    already hold what they should (existing_out's, in place) and are not stored. With
+    `scales_ref` ([k blocks, m]) each chunk's lhs tile is scaled by its block's scales for the
+    chunk's rows."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -129,10 +142,12 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
 
         def accumulate(acc, scratch=None, **conversions):
             @jax.named_scope(profiling.STEP)
-            def step(indices, lhs_smem, rhs_smem):
+            def step(indices, lhs_smem, rhs_smem, scales_smem=None):
                 first_row, summed_from = rows_of(indices[0])
-                tiles = layout.masked_tiles(lhs_smem, rhs_smem, first_row, summed_from, end,
-                                            indices[0], interpret, **conversions)
+                tiles = layout.masked_tiles(
+                    lhs_smem, rhs_smem, first_row, summed_from, end, indices[0], interpret,
+                    **conversions,
+                    lhs_scales=None if scales_smem is None else scales_smem[...])
                 plgpu.wgmma(acc, *layout.operands(*tiles, scratch))
                 # The previous chunk's product is done before the pipeline refills its
                 # buffers (delay_release=1); this one's stays in flight.
@@ -140,12 +155,20 @@ def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrie
 
             @pl.when(chunks > 0)
             def _sum():
+                specs = layout.specs(blocks, k_tile, n_tile, lambda c: rows_of(c)[0])
+                operands = [lhs_ref, rhs_ref]
+                if scales_ref is not None:
+                    # The chunks are aligned rows (a K-major layout: scale_blocks.py).
+                    specs.append(plgpu.BlockSpec(
+                        (bm,), lambda c: (jax.lax.div(rows_of(c)[0], jnp.int32(bm)),)))
+                    operands.append(scales_ref.at[
+                        jax.lax.div(k_tile * bk, jnp.int32(row_block))])
                 plgpu.emit_pipeline(
                     step,
                     grid=(chunks,),
-                    in_specs=layout.specs(blocks, k_tile, n_tile, lambda c: rows_of(c)[0]),
+                    in_specs=specs,
                     max_concurrent_steps=max(blocks.stages, 2),
-                )(lhs_ref, rhs_ref)
+                )(*operands)
 
             return kernel_parts.sums(acc)
 

@@ -1,0 +1,156 @@
+"""Scale blocks in the Mosaic GPU gmm (what they mean: kernelhub/_grouped_matmul/
+contraction_scales.py).
+
+Two kinds run in the kernel, with one compute warpgroup:
+- Blocks along k (ContractionScales: the forward of a call with scale blocks). Each step lies
+  inside one block of every scaled operand; its sums, in accumulators of their own, are
+  multiplied by the step's row scales (lhs) and column scales (the group's rhs) and added to
+  float32 totals carried in registers (config.within_scale_block).
+- Blocks of the weights along gmm's output columns (OutputBlockScales' rhs: the lhs gradient of
+  such a call, whose weights meet the cotangent along their other axis). An output tile lies
+  inside one block (config.within_output_block), so the weights' scales for it vary along k
+  only: each step's lhs tile, in float32, is multiplied by the block's scales for the step as it
+  is copied to shared memory, and the 8-bit weights are multiplied as stored (converted per
+  tile to float32 where the tiling's `upcast` applies).
+- In tgmm, blocks of lhs along k, its output rows (OutputBlockScales' lhs: the weight gradient
+  of such a call, the activations transposed [k, m] meeting the cotangent). An output tile's
+  rows lie inside one block (config.within_output_block), so its activations' scales vary along
+  the summed rows only: each chunk's 8-bit lhs tile, converted to float32 (the tiling's
+  upcast), is multiplied by its block's scales for the chunk's rows in the pass that selects
+  them, beside the cotangent in float32.
+Every other case is widened to float32 before the kernel (contraction_scales.dequantized):
+blocks along gmm lhs's rows, tgmm's blocks along the summed rows or of rhs, blocks of both kinds
+in one call, and blocks shorter than a wgmma step or than an output tile's least rows or
+columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernelhub._grouped_matmul import contraction_scales
+from kernelhub._grouped_matmul.contraction_scales import (NO_SCALES, ContractionScales,
+                                                          OutputBlockScales)
+from kernelhub._grouped_matmul.problem import Problem
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu.kernel_parts import padded
+
+
+class Plan(NamedTuple):
+    """Which scale blocks a gmm call takes into its kernel.
+
+    scales: those along gmm's k (NO_SCALES for none).
+    tile_block: the block along the output columns (gmm's weights) or rows (tgmm's lhs) when
+      lhs tiles are scaled, or None.
+    tile_scales: then the scales as [G, column blocks, k] (gmm) or [row blocks, m] (tgmm),
+      float32.
+    """
+
+    scales: ContractionScales
+    tile_block: int | None = None
+    tile_scales: jax.Array | None = None
+
+    @property
+    def scale_block(self) -> int | None:
+        """For config.from_tiling: the length every block along k is made of."""
+        return self.scales.common_block if self.scales.arrays else None
+
+
+NOTHING = Plan(NO_SCALES)
+
+
+def planned(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | None,
+            output_blocks: OutputBlockScales | None, transpose_rhs: bool,
+            problem_of: Callable[[jax.Array, jax.Array], Problem]
+            ) -> tuple[jax.Array, jax.Array, Problem, Plan]:
+    """(lhs, rhs, their problem, the plan): operands whose blocks the kernel does not take
+    widened first, and lhs in float32 where its tiles are scaled."""
+    along_k = scales is not None and bool(scales.arrays)
+    across = output_blocks is not None and bool(output_blocks.arrays)
+    if across:
+        plan, lhs = _output_columns(lhs, rhs, output_blocks, transpose_rhs, problem_of,
+                                    along_k)
+        if plan is None:
+            lhs, rhs = contraction_scales.dequantized(lhs, rhs, output_blocks, tgmm=False,
+                                                      transpose_rhs=transpose_rhs)
+        else:
+            return lhs, rhs, problem_of(lhs, rhs), plan
+    problem = problem_of(lhs, rhs)
+    if not along_k:
+        return lhs, rhs, problem, NOTHING
+    if config.scale_steps_fit(problem, scales.common_block):
+        return lhs, rhs, problem, Plan(scales)
+    lhs, rhs = contraction_scales.dequantized(lhs, rhs, scales, tgmm=False,
+                                              transpose_rhs=transpose_rhs)
+    return lhs, rhs, problem_of(lhs, rhs), NOTHING
+
+
+def _output_columns(lhs, rhs, output_blocks: OutputBlockScales, transpose_rhs: bool,
+                    problem_of, along_k: bool) -> tuple[Plan | None, jax.Array]:
+    """The plan for blocks of the weights along the output columns with lhs in float32 (and
+    that lhs), or None where the kernel does not take them (module docstring)."""
+    if along_k or output_blocks.lhs is not None or not jnp.issubdtype(lhs.dtype, jnp.floating):
+        return None, lhs
+    if jnp.dtype(lhs.dtype).itemsize == 1:
+        return None, lhs
+    wide = lhs.astype(jnp.float32)
+    if not config.output_block_fits(problem_of(wide, rhs), output_blocks.rhs_block):
+        return None, lhs
+    # [G, column blocks, k], whichever way the weights lie.
+    tile_scales = output_blocks.rhs.astype(jnp.float32)
+    if not transpose_rhs:
+        tile_scales = jnp.swapaxes(tile_scales, 1, 2)
+    return Plan(NO_SCALES, output_blocks.rhs_block, tile_scales), wide
+
+
+def planned_tgmm(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | None,
+                 output_blocks: OutputBlockScales | None,
+                 problem_of: Callable[[jax.Array, jax.Array], Problem]
+                 ) -> tuple[jax.Array, jax.Array, Problem, Plan]:
+    """`planned` for tgmm: lhs [k, m] with blocks along k taken into the kernel (rhs in
+    float32), every other kind widened first."""
+    if scales is not None and scales.arrays:
+        lhs, rhs = contraction_scales.dequantized(lhs, rhs, scales, tgmm=True)
+    if output_blocks is None or not output_blocks.arrays:
+        return lhs, rhs, problem_of(lhs, rhs), NOTHING
+    if (output_blocks.rhs is None and jnp.dtype(lhs.dtype).itemsize == 1
+            and jnp.issubdtype(rhs.dtype, jnp.floating) and jnp.dtype(rhs.dtype).itemsize > 1):
+        wide = rhs.astype(jnp.float32)
+        problem = problem_of(lhs, wide)
+        if config.output_block_fits(problem, output_blocks.lhs_block):
+            return lhs, wide, problem, Plan(NO_SCALES, output_blocks.lhs_block,
+                                            output_blocks.lhs.astype(jnp.float32))
+    lhs, rhs = contraction_scales.dequantized(lhs, rhs, output_blocks, tgmm=True)
+    return lhs, rhs, problem_of(lhs, rhs), NOTHING
+
+
+def kernel_arrays(plan: Plan, transpose_rhs: bool, k_tiles: int, bk: int, m_p: int, k_p: int,
+                  halves: int, n_p: int, interleaved: bool) -> list[jax.Array]:
+    """The plan's scale arrays as the kernel reads them, in this order: lhs's step scales
+    [k steps, m_p], rhs's [G, k steps, columns laid out as the kernel's weights], the weights'
+    tile scales [G, column blocks, k_p]. `transpose_rhs` is the call's (the scales' layout)."""
+    arrays = []
+    scales = plan.scales
+    if scales.lhs is not None:
+        arrays.append(padded(_per_step(scales.lhs, 1, scales.lhs_block, k_tiles, bk).T,
+                             {1: m_p}))
+    if scales.rhs is not None:
+        rhs = jnp.swapaxes(scales.rhs, 1, 2) if transpose_rhs else scales.rhs  # [G, k, n]
+        per_step = _per_step(rhs, 1, scales.rhs_block, k_tiles, bk)
+        if interleaved:
+            per_step = kernel_parts.concatenated(per_step, 2)
+        arrays.append(kernel_parts.halves_padded(per_step, 2, halves, n_p))
+    if plan.tile_scales is not None:
+        arrays.append(padded(plan.tile_scales, {2: k_p}))
+    return arrays
+
+
+def _per_step(scale: jax.Array, axis: int, block: int, k_tiles: int, bk: int) -> jax.Array:
+    """A scale array with blocks along `axis`, as one float32 vector per contraction step
+    (each step lies inside one block: config.within_scale_block)."""
+    return jnp.take(scale.astype(jnp.float32), np.arange(k_tiles) * bk // block, axis=axis)
