@@ -545,6 +545,25 @@ def _within_blocks(config: BlockConfig, problem: Problem, weight_tiles: int,
         config = within_scale_block(config, scale_block, problem, weight_tiles)
     if output_block is not None:
         config = within_output_block(config, output_block, problem)
+    if scale_block is None and output_block is None:
+        return config
+    return _fitting(config, problem, weight_tiles)
+
+
+def _fitting(config: BlockConfig, problem: Problem, weight_tiles: int) -> BlockConfig:
+    """`config` with its contraction block halved (a power of two dividing the scale block
+    still), then its programs per SM cut, until shared memory holds it: a call with scale
+    blocks multiplies wider tiles than its key's types (float32 copies of 8-bit tiles, a float32
+    cotangent), which a table's tiling for that key did not count."""
+    name = contraction_block(problem.kernel)
+    while shared_memory_bytes(config, problem, weight_tiles) > shared_memory_limit(config):
+        if getattr(config, name) // 2 >= min_contraction(problem):
+            config = dataclasses.replace(config, **{name: getattr(config, name) // 2})
+        elif config.programs_per_sm > 1:
+            config = dataclasses.replace(config, programs_per_sm=config.programs_per_sm - 1)
+        else:
+            return config
+        config = _stages_that_fit(config, problem, weight_tiles)
     return config
 
 
