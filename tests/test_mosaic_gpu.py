@@ -450,6 +450,13 @@ def test_scale_blocks_cut_the_tiling():
     cut = config.from_tiling((64, 128, 128, 4, 1, 8), tgmm, output_block=64)
     assert (cut.block_k, cut.group_span, cut.upcast, cut.scaled_lhs_tiles) == (64, 1, True, True)
     assert config.output_block_fits(tgmm, 64) and not config.output_block_fits(tgmm, 32)
+    # A tiling sized for the key's bf16 cotangent (a table's) still fits the call's float32 one.
+    lhs_gradient = Problem(Kernel.GMM_TRANSPOSED_RHS, 16384, 2048, 7168, 256, 32, "float32",
+                           "float8_e4m3fn", "bfloat16", False)
+    for tiling in ((128, 128, 128, 3, 1, 1, 0), (64, 64, 128, 3, 1, 1, 1, 2)):
+        fitted = config.from_tiling(tiling, lhs_gradient, output_block=128)
+        assert (config.shared_memory_bytes(fitted, lhs_gradient)
+                <= config.shared_memory_limit(fitted)), tiling
 
 
 def test_which_tiles_are_converted_per_tile():
