@@ -454,7 +454,8 @@ def test_scale_blocks_cut_the_tiling():
     lhs_gradient = Problem(Kernel.GMM_TRANSPOSED_RHS, 16384, 2048, 7168, 256, 32, "float32",
                            "float8_e4m3fn", "bfloat16", False)
     for tiling in ((128, 128, 128, 3, 1, 1, 0), (64, 64, 128, 3, 1, 1, 1, 2)):
-        fitted = config.from_tiling(tiling, lhs_gradient, output_block=128)
+        fitted = config.from_tiling(tiling, lhs_gradient, output_block=128,
+                                    wider_than_key=True)
         assert (config.shared_memory_bytes(fitted, lhs_gradient)
                 <= config.shared_memory_limit(fitted)), tiling
 

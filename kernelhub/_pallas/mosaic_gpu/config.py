@@ -429,24 +429,29 @@ def check_static(problem: Problem) -> None:
 
 def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
                 interpret: bool = False, scale_block: int | None = None,
-                output_block: int | None = None) -> BlockConfig:
+                output_block: int | None = None, wider_than_key: bool = False
+                ) -> BlockConfig:
     """The config a call uses: `tiling` when it names one, else the heuristic's (interpreted,
     with one compute warpgroup: `heuristic`). `weight_tiles`: 2 for a gated unit's gmm (two
     accumulators, two weight tiles a step). `scale_block`: the length every scale block along
     gmm's k is made of (ContractionScales.common_block), for which the config is cut
     (`within_scale_block`); `output_block`: the block along the output tile (gmm's weights'
     columns, tgmm's lhs rows), where each step's lhs tile is scaled
-    (`within_output_block`)."""
+    (`within_output_block`). `wider_than_key`: a call with scale blocks, whose tiles are wider
+    than its table key's types (float32 copies, a float32 cotangent, operands widened first):
+    the tiling is fitted to them (`_fitting`)."""
     check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
         config = heuristic(problem, weight_tiles, warp_specialize=not interpret and (
             scale_block is None and output_block is None))
-        config = _within_blocks(config, problem, weight_tiles, scale_block, output_block)
+        config = _within_blocks(config, problem, weight_tiles, scale_block, output_block,
+                                wider_than_key)
         return _upcast_decided(_stages_that_fit(config, problem, weight_tiles), problem,
                                weight_tiles)
     if isinstance(chosen, BlockConfig):
-        config = _within_blocks(chosen, problem, weight_tiles, scale_block, output_block)
+        config = _within_blocks(chosen, problem, weight_tiles, scale_block, output_block,
+                                wider_than_key)
         config = validate(config, problem, chosen, weight_tiles)
         if interpret:
             check_interpretable(config, chosen)
@@ -475,7 +480,7 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
                         else BlockConfig.stages, warpgroups, upcast=upcast),
             problem, weight_tiles).stages
     config = _within_blocks(BlockConfig(*values[:3], stages, warpgroups, span, upcast, programs),
-                            problem, weight_tiles, scale_block, output_block)
+                            problem, weight_tiles, scale_block, output_block, wider_than_key)
     config = validate(config, problem, chosen, weight_tiles)
     if interpret:
         check_interpretable(config, chosen)
@@ -540,27 +545,39 @@ def within_output_block(config: BlockConfig, output_block: int, problem: Problem
 
 
 def _within_blocks(config: BlockConfig, problem: Problem, weight_tiles: int,
-                   scale_block: int | None, output_block: int | None) -> BlockConfig:
+                   scale_block: int | None, output_block: int | None,
+                   wider_than_key: bool) -> BlockConfig:
     if scale_block is not None:
         config = within_scale_block(config, scale_block, problem, weight_tiles)
     if output_block is not None:
         config = within_output_block(config, output_block, problem)
-    if scale_block is None and output_block is None:
+    if not wider_than_key:
         return config
+    if config.upcast and not upcast_applies(problem):
+        # An upcast for the key's types, which the widened tiles do not take.
+        config = dataclasses.replace(config, upcast=None)
     return _fitting(config, problem, weight_tiles)
 
 
 def _fitting(config: BlockConfig, problem: Problem, weight_tiles: int) -> BlockConfig:
-    """`config` with its contraction block halved (a power of two dividing the scale block
-    still), then its programs per SM cut, until shared memory holds it: a call with scale
-    blocks multiplies wider tiles than its key's types (float32 copies of 8-bit tiles, a float32
-    cotangent), which a table's tiling for that key did not count."""
-    name = contraction_block(problem.kernel)
+    """`config` with fewer stages (not below 2), then its contraction block halved (a power of
+    two dividing the scale block still), its programs per SM cut, its columns and output rows
+    halved, until shared memory holds it: a call with scale blocks multiplies wider tiles than
+    its key's types (float32 copies of 8-bit tiles, a float32 cotangent, operands widened
+    first), which a table's tiling for that key did not count."""
+    contraction, rows = contraction_block(problem.kernel), output_rows_block(problem.kernel)
+    least_columns = min_columns(problem, config.compute_warpgroups) * config.compute_warpgroups
+    config = _stages_that_fit(config, problem, weight_tiles)
     while shared_memory_bytes(config, problem, weight_tiles) > shared_memory_limit(config):
-        if getattr(config, name) // 2 >= min_contraction(problem):
-            config = dataclasses.replace(config, **{name: getattr(config, name) // 2})
+        if getattr(config, contraction) // 2 >= min_contraction(problem):
+            config = dataclasses.replace(config,
+                                         **{contraction: getattr(config, contraction) // 2})
         elif config.programs_per_sm > 1:
             config = dataclasses.replace(config, programs_per_sm=config.programs_per_sm - 1)
+        elif config.block_n // 2 >= least_columns:
+            config = dataclasses.replace(config, block_n=config.block_n // 2)
+        elif getattr(config, rows) > min(OUTPUT_ROWS):
+            config = dataclasses.replace(config, **{rows: min(OUTPUT_ROWS)})
         else:
             return config
         config = _stages_that_fit(config, problem, weight_tiles)

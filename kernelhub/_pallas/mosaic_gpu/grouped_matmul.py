@@ -86,7 +86,8 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     spec = epilogue.spec
     blocks = config.from_tiling(tiling, problem, weight_tiles=2 if spec.glu is not None else 1,
                                 interpret=interpret, scale_block=plan.scale_block,
-                                output_block=plan.tile_block)
+                                output_block=plan.tile_block,
+                                wider_than_key=plan.blocks_given)
     m, k, local_groups = problem.m, problem.k, problem.local_groups
     n_out = spec.output_columns(problem.n)
     halves = 2 if spec.glu is not None else 1
@@ -131,7 +132,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret, band=band)
-    if plan is not scale_blocks.NOTHING:
+    if plan.in_kernel:
         body = functools.partial(_body, **shared, plan=plan)
     elif blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared)

@@ -54,6 +54,14 @@ class Plan(NamedTuple):
     scales: ContractionScales
     tile_block: int | None = None
     tile_scales: jax.Array | None = None
+    # Whether the call had scale blocks at all (some perhaps widened first): its tiles are then
+    # wider than its table key's types say (config.from_tiling's `wider_than_key`).
+    blocks_given: bool = True
+
+    @property
+    def in_kernel(self) -> bool:
+        """Whether the kernel applies scale blocks itself."""
+        return bool(self.scales.arrays) or self.tile_block is not None
 
     @property
     def scale_block(self) -> int | None:
@@ -61,7 +69,8 @@ class Plan(NamedTuple):
         return self.scales.common_block if self.scales.arrays else None
 
 
-NOTHING = Plan(NO_SCALES)
+NOTHING = Plan(NO_SCALES, blocks_given=False)
+WIDENED = Plan(NO_SCALES)  # every block widened before the kernel
 
 
 def planned(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | None,
@@ -82,12 +91,12 @@ def planned(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | None,
             return lhs, rhs, problem_of(lhs, rhs), plan
     problem = problem_of(lhs, rhs)
     if not along_k:
-        return lhs, rhs, problem, NOTHING
+        return lhs, rhs, problem, WIDENED if across else NOTHING
     if config.scale_steps_fit(problem, scales.common_block):
         return lhs, rhs, problem, Plan(scales)
     lhs, rhs = contraction_scales.dequantized(lhs, rhs, scales, tgmm=False,
                                               transpose_rhs=transpose_rhs)
-    return lhs, rhs, problem_of(lhs, rhs), NOTHING
+    return lhs, rhs, problem_of(lhs, rhs), WIDENED
 
 
 def _output_columns(lhs, rhs, output_blocks: OutputBlockScales, transpose_rhs: bool,
@@ -114,10 +123,11 @@ def planned_tgmm(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | Non
                  ) -> tuple[jax.Array, jax.Array, Problem, Plan]:
     """`planned` for tgmm: lhs [k, m] with blocks along k taken into the kernel (rhs in
     float32), every other kind widened first."""
-    if scales is not None and scales.arrays:
+    along_m = scales is not None and bool(scales.arrays)
+    if along_m:
         lhs, rhs = contraction_scales.dequantized(lhs, rhs, scales, tgmm=True)
     if output_blocks is None or not output_blocks.arrays:
-        return lhs, rhs, problem_of(lhs, rhs), NOTHING
+        return lhs, rhs, problem_of(lhs, rhs), WIDENED if along_m else NOTHING
     if (output_blocks.rhs is None and jnp.dtype(lhs.dtype).itemsize == 1
             and jnp.issubdtype(rhs.dtype, jnp.floating) and jnp.dtype(rhs.dtype).itemsize > 1):
         wide = rhs.astype(jnp.float32)
@@ -126,7 +136,7 @@ def planned_tgmm(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | Non
             return lhs, wide, problem, Plan(NO_SCALES, output_blocks.lhs_block,
                                             output_blocks.lhs.astype(jnp.float32))
     lhs, rhs = contraction_scales.dequantized(lhs, rhs, output_blocks, tgmm=True)
-    return lhs, rhs, problem_of(lhs, rhs), NOTHING
+    return lhs, rhs, problem_of(lhs, rhs), WIDENED
 
 
 def kernel_arrays(plan: Plan, transpose_rhs: bool, k_tiles: int, bk: int, m_p: int, k_p: int,

@@ -47,7 +47,8 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         lambda lhs, rhs: tgmm_problem(lhs, rhs, group_sizes, out_dtype,
                                       existing_out is not None, groups))
     blocks = config.from_tiling(tiling, problem, interpret=interpret,
-                                output_block=plan.tile_block)
+                                output_block=plan.tile_block,
+                                wider_than_key=plan.blocks_given)
     m, k, n = problem.m, problem.k, problem.n
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
 
