@@ -1,7 +1,7 @@
-"""Scale blocks in the Mosaic GPU gmm (what they mean: kernelhub/_grouped_matmul/
+"""Scale blocks in the Mosaic GPU kernels (what they mean: kernelhub/_grouped_matmul/
 contraction_scales.py).
 
-Two kinds run in the kernel, with one compute warpgroup:
+Three kinds run in the kernels, with one compute warpgroup:
 - Blocks along k (ContractionScales: the forward of a call with scale blocks). Each step lies
   inside one block of every scaled operand; its sums, in accumulators of their own, are
   multiplied by the step's row scales (lhs) and column scales (the group's rhs) and added to
@@ -42,7 +42,7 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import padded
 
 
 class Plan(NamedTuple):
-    """Which scale blocks a gmm call takes into its kernel.
+    """Which scale blocks a call takes into its kernel.
 
     scales: those along gmm's k (NO_SCALES for none).
     tile_block: the block along the output columns (gmm's weights) or rows (tgmm's lhs) when
