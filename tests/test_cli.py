@@ -110,30 +110,37 @@ def test_bench_options_that_another_benchmark_reads_are_errors(capsys):
 
 
 def test_quick_tune_then_a_tuning_bench_at_its_shape(tmp_path, monkeypatch, capsys):
+    from kernelhub._cli.bench import tuning as bench_tuning
+
     monkeypatch.setenv("COLUMNS", "400")  # the header names tmp_path: keep it on one line
+    # The bench's balanced sizes only: each pattern is a row of the same code (five
+    # compilations), and tests/test_tuning.py's bench times the skewed ones.
+    monkeypatch.setattr(bench_tuning, "PATTERNS", ("balanced",))
     table = tmp_path / "tiles.json"
+    # gmm: its forward has the fewest tuning candidates here (a compilation each), 2 to tgmm's 5
+    # (tests/test_tuning.py benches tgmm).
     code, out, _ = _run(["tune", "--quick", "--shape", "64x32x32", "--groups", "4", "--dtypes",
-                         "f32", "--ops", "tgmm", "--forward-only", "--output", str(table)],
+                         "f32", "--ops", "gmm", "--forward-only", "--output", str(table)],
                         capsys)
     assert code == 0 and table.exists()
     assert "kernelhub tune --quick" in out and "median of 3 turns" in out
 
     # At the bench's own shape the table answers nothing: said before any timing, in one line.
-    code, out, err = _run(["bench", "--tuning", "--tuning-table", str(table), "--ops", "tgmm",
+    code, out, err = _run(["bench", "--tuning", "--tuning-table", str(table), "--ops", "gmm",
                            "--dtypes", "f32", "--groups", "4"], capsys)
     assert code == 2 and not out
     assert len(err.splitlines()) == 1
-    assert "has no entry for the calls this bench would time (tgmm 4096x1024x1024" in err
-    assert "it holds tgmm 64x32x32, 4 groups, float32 -> float32 on cpu" in err
+    assert "has no entry for the calls this bench would time (gmm 4096x1024x1024" in err
+    assert "it holds gmm 64x32x32, 4 groups, float32 -> float32 on cpu" in err
 
     # At its shape it times the case the table holds, and names the one it skips up front.
     code, out, _ = _run(["bench", "--tuning", "--tuning-table", str(table), "--shape",
-                         "64x32x32", "--groups", "4", "8", "--ops", "tgmm", "--dtypes", "f32",
+                         "64x32x32", "--groups", "4", "8", "--ops", "gmm", "--dtypes", "f32",
                          "--reps", "1", "--draws", "1"], capsys)
     assert code == 0
     skipped = out.splitlines()[0]
     assert skipped.startswith(f"skipped, as {table} has no entry for them")
-    assert skipped.endswith("itself): tgmm 64x32x32, 8 groups, float32 -> float32")
+    assert skipped.endswith("itself): gmm 64x32x32, 8 groups, float32 -> float32")
     assert "64x32x32, float32 results (the ops' default), tuned:" in out
-    rows = [line for line in out.splitlines() if line.startswith("│ tgmm")]
-    assert len(rows) == 4 and all("│ 4 " in row for row in rows)  # 2 sizes x 2 steps
+    rows = [line for line in out.splitlines() if line.startswith("│ gmm")]
+    assert len(rows) == 2 and all("│ 4 " in row and "balanced" in row for row in rows)  # 2 steps

@@ -24,7 +24,7 @@ import pytest
 import kernelhub
 import kernelhub.export
 import reference
-from conftest import assert_close
+from conftest import assert_close, jitted_vjp
 from kernelhub import testing
 from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.problem import Kernel, Problem
@@ -36,6 +36,13 @@ from kernelhub.quantization import quantize
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
 ON_GPU = jax.default_backend() == "gpu"
+# Interpreted, a kernel call compiles for seconds (a warp-specialized one, its three warpgroups
+# on each of two programs, for tens of CPU seconds); compiled on a GPU, milliseconds. Cases so
+# marked vary what only the compiled kernels tell apart (another dtype of the same path, a
+# layout the interpreter slices alike, the other order of the same table): a GPU run takes
+# every case, and the cases left here still cross each path of the kernels once.
+GPU_RUN_ONLY = pytest.mark.skipif(
+    not ON_GPU, reason="interpret mode: a covering subset runs here, every case on a GPU")
 
 
 def _mosaic(op):
@@ -43,8 +50,21 @@ def _mosaic(op):
 
 
 def _values(rng, shape, dtype):
-    """Values already rounded to `dtype`, so the reference sees exactly what the kernel does."""
-    return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+    """Values already rounded to `dtype`, so the reference sees exactly what the kernel does.
+    (Rounded by numpy, as XLA rounds them, without a compilation per shape.)"""
+    return jnp.asarray(rng.standard_normal(shape).astype(np.float32).astype(dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "axis", "block_size"))
+def _quantize(x, dtype, *, axis: int, block_size: int | None = None):
+    """quantize as one jitted program: run op by op, its scales compile each operation apart."""
+    return quantize(x, dtype, axis=axis, block_size=block_size)
+
+
+@jax.jit
+def _as_float(x):
+    """A quantized operand dequantized (one jitted program), another as it is."""
+    return x.dequantize() if isinstance(x, quantization.QuantizedArray) else x
 
 
 # ---------------------------------------------------------------- grouped_matmul
@@ -63,7 +83,10 @@ def test_gmm_unaligned_shapes_empty_groups_and_rows_past_the_sum():
     assert np.all(np.asarray(out)[70:] == 0)
 
 
-@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 1, 1, 0, 2)],
+# The moved-back tiles are the visit table's, the same for one program per SM or two: here
+# two, whose spread of the work items over twice the programs no other gmm case crosses.
+@pytest.mark.parametrize("tiling", [pytest.param((64, 64, 64), marks=GPU_RUN_ONLY),
+                                    (64, 64, 64, 2, 1, 1, 0, 2)],
                          ids=["one program per SM", "two per SM"])
 def test_gmm_row_tiles_moved_back_from_the_end(tiling):
     """The last group and the rows past the sum start within a tile of the end: their row
@@ -104,7 +127,12 @@ def test_gmm_in_bands_wider_than_eight_n_tiles():
     assert np.all(np.asarray(out)[88:] == 0)
 
 
-@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 2)],
+# The spread order is the visit table's, which both bodies read alike; here the one-warpgroup
+# body (the profile's, at DeepSeek-V3's shard) takes it. The warp-specialized body's zero-writing
+# visits run here in test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit (rows
+# past the sum), and with the spread order on a GPU.
+@pytest.mark.parametrize("tiling", [(64, 64, 64), pytest.param((64, 64, 64, 2, 2),
+                                                               marks=GPU_RUN_ONLY)],
                          ids=["one warpgroup", "warp-specialized"])
 def test_gmm_with_fills_spread_among_the_computing_visits(monkeypatch, tiling):
     """With visits.SPREAD_FILLS (a profile probe's schedule) the visits that write the other
@@ -182,7 +210,11 @@ def test_gmm_gradients_with_offset_existing_out_a_nan_elsewhere_and_wrapping_sum
                      jnp.float32, contraction=k)
 
 
-@pytest.mark.parametrize("glu_layout", ["interleaved", "concatenated"])
+# The interleaved layout is gathered into the concatenated one before the kernel: its case runs
+# the concatenated kernel too (and the gated fp8, int8 and warp-specialized cases below take the
+# concatenated layout as given).
+@pytest.mark.parametrize("glu_layout", ["interleaved",
+                                        pytest.param("concatenated", marks=GPU_RUN_ONLY)])
 def test_gmm_glu_with_bias(glu_layout):
     """A gated unit on the accumulators (two per tile), the group's bias added first, in both
     layouts; rows of no local group are 0."""
@@ -213,19 +245,24 @@ def test_gmm_activation_with_bias_and_gradients():
     def f(lhs, rhs, bias):
         return _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), bias=bias, activation="gelu")
 
-    out, pullback = jax.vjp(f, lhs, rhs, bias)
+    # The forward and its pullback in one jitted program (eagerly, the kit's XLA ops around
+    # the kernels compile one by one).
+    out, (d_lhs, d_rhs, d_bias) = jitted_vjp(f, (lhs, rhs, bias), d_out)
     assert_close(out, reference.gmm(lhs, rhs, sizes, bias=bias, activation="gelu"),
                  jnp.float32, contraction=k)
-    d_lhs, d_rhs, d_bias = pullback(d_out)
     grads = reference.gmm_epilogue_vjp(lhs, rhs, sizes, d_out, bias=bias, activation="gelu")
     assert_close(d_lhs, grads["lhs"], jnp.float32, contraction=n)
     assert_close(d_rhs, grads["rhs"], jnp.float32, contraction=m)
     assert_close(d_bias, grads["bias"], jnp.float32, contraction=m)
 
 
+# Here int8 (its int32 sums converted before the scales). The fp8 pairs scale the same float32
+# tile, which the gated fp8 cases below cross here: e4m3 weights [G, k, n] copied K-major for
+# fp8 wgmma (the e5m2 case's kernel) and e5m2 ones converted per tile (the e4m3 case's, as the
+# heuristic tiles it).
 @pytest.mark.parametrize("dtypes, transpose_rhs", [
-    ((jnp.float8_e4m3fn, jnp.float8_e4m3fn), False),
-    ((jnp.float8_e5m2, jnp.float8_e5m2), True),
+    pytest.param((jnp.float8_e4m3fn, jnp.float8_e4m3fn), False, marks=GPU_RUN_ONLY),
+    pytest.param((jnp.float8_e5m2, jnp.float8_e5m2), True, marks=GPU_RUN_ONLY),
     ((jnp.int8, jnp.int8), True),
 ])
 def test_gmm_8bit_with_row_and_column_scales(dtypes, transpose_rhs):
@@ -235,12 +272,11 @@ def test_gmm_8bit_with_row_and_column_scales(dtypes, transpose_rhs):
     rng = np.random.default_rng(4)
     m, k, n = 70, 64, 32
     sizes = np.array([25, 45], np.int32)
-    lhs = quantize(_values(rng, (m, k), jnp.float32), dtypes[0], axis=1)
+    lhs = _quantize(_values(rng, (m, k), jnp.float32), dtypes[0], axis=1)
     weights = _values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32)
-    rhs = quantize(weights, dtypes[1], axis=2 if transpose_rhs else 1)
+    rhs = _quantize(weights, dtypes[1], axis=2 if transpose_rhs else 1)
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs)
-    expected = reference.gmm(lhs.dequantize(), rhs.dequantize(), sizes,
-                             transpose_rhs=transpose_rhs)
+    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, transpose_rhs=transpose_rhs)
     assert_close(out, expected, jnp.float32, contraction=k)
 
 
@@ -254,13 +290,13 @@ def test_gmm_fp8_weights_copied_or_upcast_with_offset_existing_out_and_a_gated_u
     rng = np.random.default_rng(11)
     m, k, n_rhs = 72, 200, 64
     sizes = np.array([10, 30, 0, 25], np.int32)  # local groups 1 and 2 (empty); sum 65 < 72
-    lhs = quantize(_values(rng, (m, k), jnp.float32), dtype, axis=1)
-    rhs = quantize(_values(rng, (2, k, n_rhs), jnp.float32), dtype, axis=1)
+    lhs = _quantize(_values(rng, (m, k), jnp.float32), dtype, axis=1)
+    rhs = _quantize(_values(rng, (2, k, n_rhs), jnp.float32), dtype, axis=1)
     bias = _values(rng, (2, n_rhs), jnp.float32)
     existing = _values(rng, (m, n_rhs // 2), jnp.float32)
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
                        bias=bias, glu="silu", tiling=(64, 128, 32, 2, 1, 1, upcast))
-    expected = reference.gmm(lhs.dequantize(), rhs.dequantize(), sizes, group_offset=1,
+    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
                              existing_out=existing, bias=bias, glu="silu")
     assert_close(out, expected, jnp.float32, contraction=k)
     kept = np.r_[0:10, 40:72]
@@ -276,7 +312,13 @@ def _exact(lhs, rhs):
     return lhs.astype(np.int64) @ rhs.astype(np.int64)
 
 
-def test_int8_gmm_sums_are_exact_in_int32():
+# Weights [G, k, n] are copied to [G, n, k] before the kernel that takes them as stored: the
+# copied case runs that kernel here (and test_gmm_8bit_with_row_and_column_scales the stored
+# layout under the heuristic's tiling).
+@pytest.mark.parametrize("transpose_rhs, tiling", [
+    (False, (64, 128, 64, 3, 1, 1, 0)), pytest.param(True, None, marks=GPU_RUN_ONLY)],
+    ids=["weights [G, k, n] copied K-major", "[G, n, k] as stored"])
+def test_int8_gmm_sums_are_exact_in_int32(transpose_rhs, tiling):
     """int8 x int8 on int8 wgmma: int32 sums, exact, rounded once to the float32 output, in
     both weight layouts (weights [G, k, n] copied K-major: upcast=0; [G, n, k] as stored).
     Sums reach 2e7, past 2**24, where float32 sums (the float16 upcast's) are off by 2. An
@@ -288,11 +330,10 @@ def test_int8_gmm_sums_are_exact_in_int32():
     exact = np.zeros((m, n), np.int64)
     exact[:40], exact[40:65] = _exact(lhs[:40], rhs[1]), _exact(lhs[40:65], rhs[2])
     assert exact.max() > 2**24
-    for weights, transpose_rhs, tiling in ((rhs, False, (64, 128, 64, 3, 1, 1, 0)),
-                                           (np.swapaxes(rhs, 1, 2), True, None)):
-        out = _mosaic(GMM)(jnp.asarray(lhs), jnp.asarray(weights), jnp.asarray(sizes),
-                           transpose_rhs=transpose_rhs, tiling=tiling)
-        np.testing.assert_array_equal(np.asarray(out), exact.astype(np.float32))
+    weights = np.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
+    out = _mosaic(GMM)(jnp.asarray(lhs), jnp.asarray(weights), jnp.asarray(sizes),
+                       transpose_rhs=transpose_rhs, tiling=tiling)
+    np.testing.assert_array_equal(np.asarray(out), exact.astype(np.float32))
 
 
 def test_int8_tgmm_sums_are_exact_in_int32():
@@ -316,17 +357,25 @@ def _quantized_unless_wide(values, dtype, axis):
     """`values` as `dtype` where it is 16 or 32 bits wide, else quantized to it along `axis`."""
     if jnp.dtype(dtype).itemsize >= 2:
         return values.astype(dtype)
-    return quantize(values, dtype, axis=axis)
+    return _quantize(values, dtype, axis=axis)
 
 
-@pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs", [
-    (jnp.bfloat16, jnp.int8, False),
-    (jnp.bfloat16, jnp.float8_e4m3fn, True),
-    (jnp.float8_e4m3fn, jnp.float8_e5m2, False),
-    (jnp.int8, jnp.float32, False),
+# Here each conversion once: to bf16 beside bf16 in both weight layouts (e4m3's through
+# float32), to float32 beside float32; and one operand widened first, an astype before the kernel
+# for every pair. The mixed 8-bit pair's tiles both go to float16, as an fp8 pair's do
+# (test_gmm_fp8_weights_copied_or_upcast_..., e5m2).
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs, upcast", [
+    (jnp.bfloat16, jnp.int8, False, 1),
+    (jnp.bfloat16, jnp.int8, False, 0),
+    (jnp.bfloat16, jnp.float8_e4m3fn, True, 1),
+    pytest.param(jnp.bfloat16, jnp.float8_e4m3fn, True, 0, marks=GPU_RUN_ONLY),
+    pytest.param(jnp.float8_e4m3fn, jnp.float8_e5m2, False, 1, marks=GPU_RUN_ONLY),
+    pytest.param(jnp.float8_e4m3fn, jnp.float8_e5m2, False, 0, marks=GPU_RUN_ONLY),
+    (jnp.int8, jnp.float32, False, 1),
+    pytest.param(jnp.int8, jnp.float32, False, 0, marks=GPU_RUN_ONLY),
 ])
 def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
-        lhs_dtype, rhs_dtype, transpose_rhs):
+        lhs_dtype, rhs_dtype, transpose_rhs, upcast):
     """Weight-only quantization (bf16 activations, int8 or e4m3 weights with one scale per
     column), a mixed 8-bit pair, and 8-bit activations beside float32 weights [G, k, n]
     (which float32 wgmma reads after a transpose; the float32 x int8 lhs gradient is
@@ -343,15 +392,13 @@ def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
         _values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32), rhs_dtype,
         2 if transpose_rhs else 1)
     existing = _values(rng, (m, n), jnp.float32)
-    as_float = lambda x: x.dequantize() if hasattr(x, "dequantize") else x  # noqa: E731
-    expected = reference.gmm(as_float(lhs), as_float(rhs), sizes, group_offset=1,
+    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
                              existing_out=existing, transpose_rhs=transpose_rhs)
-    for upcast in (1, 0):
-        out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
-                           transpose_rhs=transpose_rhs, tiling=(64, 64, 64, 2, 1, 1, upcast))
-        assert_close(out, expected, jnp.float32, contraction=k)
-        kept = np.r_[0:10, 40:72]
-        np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
+                       transpose_rhs=transpose_rhs, tiling=(64, 64, 64, 2, 1, 1, upcast))
+    assert_close(out, expected, jnp.float32, contraction=k)
+    kept = np.r_[0:10, 40:72]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
 @pytest.mark.parametrize("dtype, block_size, k, tiling", [
@@ -387,8 +434,10 @@ def test_gradients_of_a_quantized_call(dtype, block_size, k, tiling):
                            tiling=tiling, preferred_element_type=jnp.bfloat16)
         return jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32))
 
-    value, (d_lhs, d_rhs) = jax.value_and_grad(loss, argnums=(0, 1))(lhs, rhs)
-    q_lhs, q_rhs = (q.dequantize() for q in quantized(lhs, rhs))
+    # Jitted, as training runs it (eagerly, the quantization's ops and the kit's around the
+    # kernels compile one by one: most of the time here).
+    value, (d_lhs, d_rhs) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(lhs, rhs)
+    q_lhs, q_rhs = (_as_float(q) for q in jax.jit(quantized)(lhs, rhs))
     out = reference.gmm(q_lhs, q_rhs, sizes, group_offset=1)
     want = float(np.sum(out * np.asarray(d_out, np.float64)))
     np.testing.assert_allclose(float(value), want, rtol=1e-2, atol=1.0)
@@ -413,14 +462,14 @@ def test_gmm_scale_blocks_along_k_scaled_step_by_step():
                       True)
     blocks = config.from_tiling(None, problem, 2, interpret=True, scale_block=64)
     assert blocks.scaled_steps and blocks.block_k == 64
-    lhs = quantize(_values(rng, (m, k), jnp.float32), jnp.int8, axis=1, block_size=64)
-    gate_up = quantize(_values(rng, (2, 2 * n, k), jnp.float32), jnp.int8, axis=2,
-                       block_size=128)
+    lhs = _quantize(_values(rng, (m, k), jnp.float32), jnp.int8, axis=1, block_size=64)
+    gate_up = _quantize(_values(rng, (2, 2 * n, k), jnp.float32), jnp.int8, axis=2,
+                        block_size=128)
     bias = _values(rng, (2, 2 * n), jnp.float32)
     existing = _values(rng, (m, n), jnp.float32)
     out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), bias=bias, glu="silu",
                        transpose_rhs=True, group_offset=jnp.int32(1), existing_out=existing)
-    expected = reference.gmm(lhs.dequantize(), gate_up.dequantize(), sizes, bias=bias,
+    expected = reference.gmm(_as_float(lhs), _as_float(gate_up), sizes, bias=bias,
                              glu="silu", transpose_rhs=True, group_offset=1,
                              existing_out=existing)
     assert_close(out, expected, jnp.float32, contraction=k)
@@ -556,18 +605,24 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
 
     # int8 weights, converted per compute warpgroup (upcast): float32 tiles beside the float32
     # activations, as a quantized call's lhs gradient has them.
-    gate_up = quantize(_values(rng, (4, 2 * n, k), jnp.float32), jnp.int8, axis=2)
+    gate_up = _quantize(_values(rng, (4, 2 * n, k), jnp.float32), jnp.int8, axis=2)
     bias = _values(rng, (4, 2 * n), jnp.float32)
     wide = lhs.astype(jnp.float32)
     out = _mosaic(GMM)(wide, gate_up, jnp.asarray(sizes), tiling=(64, 32, 128, 2, 2, 1, 1),
                        bias=bias, glu="silu", transpose_rhs=True,
                        preferred_element_type=jnp.bfloat16)
-    expected = reference.gmm(wide, gate_up.dequantize(), sizes, bias=bias, glu="silu",
+    expected = reference.gmm(wide, _as_float(gate_up), sizes, bias=bias, glu="silu",
                              transpose_rhs=True)
     assert_close(out, expected, jnp.bfloat16, contraction=k)
     assert np.all(np.asarray(out)[150:] == 0)
 
 
+# Interpreted, each compute warpgroup's conversion is the one the gated call of the test above
+# runs here (its half of the step's tile loaded, widened and stored to its copy, int8 to
+# float32 there, to bf16 here); group_offset and existing_out run in that test's first call.
+# What this case adds, column halves of a [k, n] tile and bf16 copies in their swizzled
+# layouts, is the compiled kernel's: a GPU run takes it.
+@GPU_RUN_ONLY
 def test_warp_specialized_gmm_converts_8bit_tiles_per_compute_warpgroup():
     """compute_warpgroups=2 with upcast: each compute warpgroup converts its columns of the
     step's int8 weight tile [G, k, n] into a bf16 copy of its own (weight-only quantization of
@@ -586,8 +641,7 @@ def test_warp_specialized_gmm_converts_8bit_tiles_per_compute_warpgroup():
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 32, 128, 2, 2, 1, 1),
                        group_offset=jnp.int32(1), existing_out=existing,
                        transpose_rhs=transpose_rhs)
-    as_float = lambda x: x.dequantize() if hasattr(x, "dequantize") else x  # noqa: E731
-    expected = reference.gmm(as_float(lhs), as_float(rhs), sizes, group_offset=1,
+    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
                              existing_out=existing, transpose_rhs=transpose_rhs)
     assert_close(out, expected, jnp.float32, contraction=k)
     kept = np.r_[0:10, 70:m]
@@ -626,7 +680,9 @@ def test_tgmm_float32_isolates_other_groups_nan():
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+# The two fp8 kinds take one path (their select through float16 alike); e5m2 on a GPU.
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn,
+                                   pytest.param(jnp.float8_e5m2, marks=GPU_RUN_ONLY)])
 def test_tgmm_fp8_masks_other_groups_rows(dtype):
     """fp8 operands (summed on fp8 wgmma, rhs read K-major) with groups crossing chunks and a
     NaN in a row of no group: the rows outside a group are zeroed in shared memory (a select
@@ -641,11 +697,21 @@ def test_tgmm_fp8_masks_other_groups_rows(dtype):
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, contraction=m)
 
 
-@pytest.mark.parametrize("lhs_dtype, rhs_dtype", [
-    (jnp.int8, jnp.bfloat16), (jnp.bfloat16, jnp.float8_e4m3fn),
-    (jnp.float8_e4m3fn, jnp.float8_e5m2), (jnp.int8, jnp.float32)])
+# Here every pair under the heuristic (its tiles converted per chunk: each conversion, to bf16
+# from int8 and from e4m3 through float32, to float16, to float32 in the K-major layouts); the
+# spans of groups and the widened operand (an astype before the kernel, the same for every pair)
+# once each, beside bf16. A span's chunks are the per-group body's in each layout.
+@pytest.mark.parametrize("lhs_dtype, rhs_dtype, tiling", [
+    pytest.param(lhs, rhs, tiling, id=f"{jnp.dtype(lhs).name}-{jnp.dtype(rhs).name}-{name}",
+                 marks=[] if name == "heuristic" or (lhs, rhs) == (jnp.int8, jnp.bfloat16)
+                 else [GPU_RUN_ONLY])
+    for lhs, rhs in ((jnp.int8, jnp.bfloat16), (jnp.bfloat16, jnp.float8_e4m3fn),
+                     (jnp.float8_e4m3fn, jnp.float8_e5m2), (jnp.int8, jnp.float32))
+    for name, tiling in (("heuristic", None), ("spans", (64, 64, 64, 2, 1, 8, 1)),
+                         ("widened", (64, 64, 64, 2, 1, 1, 0)))])
 def test_tgmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(lhs_dtype,
-                                                                                rhs_dtype):
+                                                                                rhs_dtype,
+                                                                                tiling):
     """tgmm of 8-bit activations beside a bf16 operand (and the reverse, and a mixed 8-bit
     pair), as a caller computing a weight gradient from quantized activations, and beside a
     float32 one (a quantized call's weight gradient: the float32 layouts, both operands read
@@ -666,17 +732,15 @@ def test_tgmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first
         for row in (5, 70):
             values[(slice(None), row) if axis == 1 else row] = np.nan if wide else 8.0
         values = jnp.asarray(values)
-        return values.astype(dtype) if wide else quantize(values, dtype, axis=axis)
+        return values.astype(dtype) if wide else _quantize(values, dtype, axis=axis)
 
     lhs, rhs = operand((k, m), lhs_dtype, 1), operand((m, n), rhs_dtype, 0)
     existing = _values(rng, (2, k, n), jnp.float32)
-    as_float = lambda x: x.dequantize() if hasattr(x, "dequantize") else x  # noqa: E731
-    expected = reference.tgmm(as_float(lhs), as_float(rhs), sizes, group_offset=1,
+    expected = reference.tgmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
                               num_actual_groups=2, existing_out=existing)
-    for tiling in (None, (64, 64, 64, 2, 1, 8, 1), (64, 64, 64, 2, 1, 1, 0)):
-        out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), group_offset=jnp.int32(1),
-                            num_actual_groups=2, existing_out=existing, tiling=tiling)
-        assert_close(out, expected, jnp.float32, contraction=m)
+    out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), group_offset=jnp.int32(1),
+                        num_actual_groups=2, existing_out=existing, tiling=tiling)
+    assert_close(out, expected, jnp.float32, contraction=m)
 
 
 def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
@@ -698,8 +762,10 @@ def test_tgmm_many_tiles_per_program_with_one_group_holding_every_row():
     np.testing.assert_array_equal(np.asarray(out)[1:], np.asarray(existing)[1:])
 
 
-@pytest.mark.parametrize("tiling", [(64, 64, 64), (64, 64, 64, 2, 1, 2),
-                                    (64, 64, 64, 2, 1, 1, 0, 2)],
+# Per group and two programs per SM move back the same chunk (the per-group body's): here the
+# latter, whose programs no other tgmm case crosses.
+@pytest.mark.parametrize("tiling", [pytest.param((64, 64, 64), marks=GPU_RUN_ONLY),
+                                    (64, 64, 64, 2, 1, 2), (64, 64, 64, 2, 1, 1, 0, 2)],
                          ids=["per group", "spans", "two programs per SM"])
 def test_tgmm_chunks_from_group_starts_moved_back_from_the_end(tiling):
     """bf16 chunks start at a group's first row rounded down to 8: the last group's (rows
@@ -758,9 +824,10 @@ def test_group_span_chunk_table_by_hand():
         True: ([0, 16, 16, 16, 32, 48, 48], [0, 16, 26, 26, 32, 48, 60]),
         False: ([0, 16, 24, 24, 40, 48, 48], [0, 16, 26, 26, 40, 56, 60]),
     }
+    # Jitted, as the kernel calls it: run op by op, the table's ops compile one by one.
+    chunk_tables = jax.jit(group_spans.chunk_tables, static_argnums=(2, 3, 4, 5))
     for k_major_only, (rows, summed_from) in expected.items():
-        table, spans = group_spans.chunk_tables(starts, ends, 3, 64, 16,
-                                                ChunkLayout(k_major_only))
+        table, spans = chunk_tables(starts, ends, 3, 64, 16, ChunkLayout(k_major_only))
         assert table.shape == (6, 4 + 4)  # every chunk once, one more per group: static
         np.testing.assert_array_equal(np.asarray(table)[:, :7],
                                       [groups, rows, summed_from, end, first, last])
@@ -825,8 +892,8 @@ def test_equivalence_harness_runs_the_interpreted_kernels():
 ])
 def test_forced_on_a_feature_it_lacks_names_the_feature(form, feature):
     lhs = jnp.ones((64, 64), jnp.float32)
-    rhs = quantize(jnp.ones((2, 64, 32), jnp.float32), form["dtype"], axis=1,
-                   block_size=form.get("block_size"))
+    rhs = _quantize(jnp.ones((2, 64, 32), jnp.float32), form["dtype"], axis=1,
+                    block_size=form.get("block_size"))
     with pytest.raises(kernelhub.NoImplementationError, match=feature):
         _mosaic(GMM)(lhs, rhs, jnp.asarray([32, 32], jnp.int32))
 
@@ -957,9 +1024,11 @@ def test_row_tiles_start_with_their_group_so_each_reads_its_weights_once():
 
     sizes = jnp.asarray([3] + [64] * 32 + [61], jnp.int32)  # local groups 1..32
     m = int(sizes.sum())
+    # Jitted, as the kernels call it: run op by op, the table's ops compile one by one.
+    visit_table = jax.jit(visits.visit_table, static_argnums=(2, 3, 4, 5, 6))
     args = (sizes, jnp.int32(1), 32, m, 128, True)
-    started = np.asarray(visits.visit_table(*args, row_align=config.ROW_ALIGN))
-    fixed = np.asarray(visits.visit_table(*args))
+    started = np.asarray(visit_table(*args, config.ROW_ALIGN))
+    fixed = np.asarray(visit_table(*args, None))
     assert [(started[1] == g).sum() for g in range(32)] == [1] * 32
     assert sum((fixed[1] == g).sum() for g in range(32)) == 48
 
@@ -1045,9 +1114,11 @@ def test_a_table_tiling_too_big_for_a_gated_unit_gives_way_to_the_heuristic():
     gmm = _mosaic(GMM)
     calls = {}
     for glu in (None, "silu"):
+        # The recorder takes each call's key as it is traced: no kernel needs to run.
         recorder = _autotune.Recorder()
         with active_table.activated(recorder):
-            gmm(lhs, gate_up, jnp.asarray(sizes), glu=glu, preferred_element_type=jnp.bfloat16)
+            jax.eval_shape(functools.partial(gmm, glu=glu, preferred_element_type=jnp.bfloat16),
+                           lhs, gate_up, jnp.asarray(sizes))
         ((key, calls[glu]),) = recorder.calls.items()
     tiling = (128, 64, 256, 4)  # 4 x 48 KiB of tiles; 4 x 80 KiB with the gate's
     with pytest.raises(ValueError, match="shared memory"):
@@ -1191,7 +1262,9 @@ def _check_mosaic_only(exported, kernels: int, unpadded: bool = False) -> None:
 def test_exports_for_cuda_with_only_mosaic_kernels(shape):
     """Forward, gradient (d lhs: gmm with the weights transposed; d rhs: tgmm) and tgmm at MoE
     shapes, bf16, jax.export's default checks: each holds the Mosaic GPU kernels and no Triton
-    kernel or XLA loop. DeepSeek-V3 runs 32 local experts with a traced group_offset."""
+    kernel or XLA loop. DeepSeek-V3 runs 32 local experts with a traced group_offset. The
+    forward is lowered as a part of the forward with its gradients (its one kernel the first
+    of their three: a forward of more kernels, or padded, would show there), not again alone."""
     m, k, n, experts, local = MOE_SHAPES[shape]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
@@ -1200,9 +1273,6 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
     sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
     offset = jax.ShapeDtypeStruct((), jnp.int32)
 
-    def forward(lhs, rhs, sizes, offset):
-        return gmm(lhs, rhs, sizes, group_offset=offset)
-
     def with_gradients(lhs, rhs, sizes, offset, d_out):
         out, pullback = jax.vjp(lambda l, r: gmm(l, r, sizes, group_offset=offset), lhs, rhs)
         return out, pullback(d_out)
@@ -1210,10 +1280,11 @@ def test_exports_for_cuda_with_only_mosaic_kernels(shape):
     def transposed(lhs_t, d_out, sizes, offset):
         return tgmm(lhs_t, d_out, sizes, group_offset=offset, num_actual_groups=local)
 
-    _check_mosaic_only(_exported(forward, lhs, rhs, sizes, offset), 1, unpadded=True)
     d_out = jax.ShapeDtypeStruct((m, n), jnp.float32)
-    _check_mosaic_only(_exported(with_gradients, lhs, rhs, sizes, offset, d_out), 3,
-                       unpadded=True)
+    exported = _exported(with_gradients, lhs, rhs, sizes, offset, d_out)
+    _check_mosaic_only(exported, 3, unpadded=True)
+    forward = _kernel_operand_types(exported)[0]
+    assert forward[1:3] == [f"tensor<{m}x{k}xbf16>", f"tensor<{local}x{k}x{n}xbf16>"], forward
     _check_mosaic_only(_exported(transposed, jax.ShapeDtypeStruct((k, m), jnp.bfloat16),
                                  jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes, offset), 1,
                        unpadded=True)
@@ -1397,11 +1468,30 @@ def test_tgmm_over_group_spans_exports_for_cuda(dtype):
                                  jax.ShapeDtypeStruct((), jnp.int32)), 1, unpadded=True)
 
 
+def _covering(candidates: list[tuple]) -> list[tuple]:
+    """Tilings from `candidates` until each number of programs per SM and each block shape
+    (block_m, block_k, block_n) among them is taken, the one taking the most not yet taken
+    first."""
+    def parts(tiling):
+        return {("programs", tiling[7]), ("blocks", tiling[:3])}
+
+    left, taken, chosen = set().union(*map(parts, candidates)), list(candidates), []
+    while left:
+        best = max(taken, key=lambda tiling: len(parts(tiling) & left))
+        chosen.append(best)
+        left -= parts(best)
+        taken.remove(best)
+    return chosen
+
+
 @pytest.mark.parametrize("kernel", [Kernel.GMM, Kernel.GMM_TRANSPOSED_RHS, Kernel.TGMM])
 def test_shared_sm_candidates_export_for_cuda(kernel):
-    """Every tuning candidate with programs sharing an SM (two to four) at DeepSeek-V3's shape
-    (bf16 in and out, a traced group_offset) lowers to one Mosaic GPU kernel without padding:
-    the next GPU tune times them all."""
+    """The tuning candidates with programs sharing an SM (two to four) at DeepSeek-V3's shape
+    (bf16 in and out, a traced group_offset) lower to one Mosaic GPU kernel without padding,
+    so that the next GPU tune times them all: each number of programs per SM and each block
+    shape among them. The others differ from those only in their stages, or pair a number of
+    programs with a block shape each lowered here (and the tuning space keeps only tilings
+    whose stages config.from_tiling fits in the SM's shared memory)."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     bf16 = jnp.bfloat16
     problem = Problem(kernel, m, k, n, experts, local, "bfloat16", "bfloat16", "bfloat16",
@@ -1413,7 +1503,7 @@ def test_shared_sm_candidates_export_for_cuda(kernel):
               Kernel.TGMM: ((k, m), (m, n))}[kernel]
     candidates = [c for c in tuning_space._candidates(problem) if len(c) == 8 and c[7] > 1]
     assert {c[7] for c in candidates} == {2, 3, 4}
-    for tiling in candidates:
+    for tiling in _covering(candidates):
         def one_pass(lhs, rhs, sizes, offset, tiling=tiling):
             if kernel is Kernel.TGMM:
                 return call(lhs, rhs, sizes, group_offset=offset, num_actual_groups=local,
@@ -1430,12 +1520,14 @@ def test_shared_sm_candidates_export_for_cuda(kernel):
 def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
     """The contract tests' tiny shapes (20 x 24 x 6: every block fitted down to its least), a
     forward with existing_out and a traced group_offset and its gradients, both weight
-    layouts: Mosaic GPU's layout inference takes tgmm's masks in wgmma's layout (64-row
+    layouts (float32's alike): Mosaic GPU's layout inference takes tgmm's masks in wgmma's layout (64-row
     tiles) and the kernels fit shared memory. (The first H100 run found both broken.)"""
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     m, k, n, groups = 20, 24, 6, 3
     sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
-    for transpose_rhs in (False, True):
+    # float32 wgmma reads both tiles K-major: float32 weights [G, k, n] are copied to [G, n, k]
+    # first, so both layouts lower the same three kernels, and float32 takes [G, k, n] only.
+    for transpose_rhs in (False, True) if dtype == jnp.bfloat16 else (False,):
         def with_gradients(lhs, rhs, existing, offset, sizes, transpose_rhs=transpose_rhs):
             out, pullback = jax.vjp(
                 lambda l, r, e: gmm(l, r, sizes, group_offset=offset, existing_out=e,

@@ -169,8 +169,10 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
-def test_ragged_dot_general_every_mode_exported_like_lax_runs_at_two_m(mode):
+# Mode 1 is kernelhub.ragged_dot's (the same implementation, given lax.ragged_dot's dimension
+# numbers): exported, with its gradients against lax's too, in the test above.
+@pytest.mark.parametrize("mode", [2, 3])
+def test_ragged_dot_general_modes_2_and_3_exported_like_lax_run_at_two_m(mode):
     lhs_shape, rhs_shape, out_shape, numbers = MODES[mode]
     groups = 3
 
@@ -248,10 +250,10 @@ def test_a_symbolic_m_exported_for_cuda_runs_the_xla_loops_there():
         out, vjp = jax.vjp(lambda a, b: _gmm(a, b, sizes), lhs, rhs)
         return out, vjp(out)
 
-    for fn, mosaic in ((_gmm, 1), (step, 3)):
-        exported = kernelhub.export.export(fn, *GMM_SPECS, platforms=("cpu", "tpu", "cuda"))
-        assert kernelhub.export.kernels_by_platform(exported) == {
-            "cpu": {}, "tpu": {"mosaic": mosaic}, "cuda": {}}
+    # The forward and both gradients: a forward alone lowers the first of these kernels.
+    exported = kernelhub.export.export(step, *GMM_SPECS, platforms=("cpu", "tpu", "cuda"))
+    assert kernelhub.export.kernels_by_platform(exported) == {
+        "cpu": {}, "tpu": {"mosaic": 3}, "cuda": {}}
     triton = kernelhub.get("grouped_matmul", platform="triton", backend="gpu")
     with pytest.raises(kernelhub.NoImplementationError, match="symbolic_shapes"):
         kernelhub.export.export(lambda a, b, s: triton(a, b, s), *GMM_SPECS,

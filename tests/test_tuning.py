@@ -99,8 +99,8 @@ def test_per_pass_tilings_change_no_result(spec):
     candidates, not the heuristic's) still matches the float64 reference, edges included."""
     lhs, rhs, existing, d_out = _operands(2)
     recorder = _autotune.Recorder()
-    with active_table.activated(recorder):
-        _gmm_vjp(call(spec), lhs, rhs, existing, d_out)
+    with active_table.activated(recorder):  # traced only: the passes' calls, nothing compiled
+        jax.eval_shape(lambda *a: _gmm_vjp(call(spec), *a), lhs, rhs, existing, d_out)
     per_pass = _non_default_tilings(recorder)
     out, grads = _gmm_vjp(lambda *a, **kw: call(spec)(*a, **kw, tiling=per_pass),
                           lhs, rhs, existing, d_out)
@@ -136,7 +136,7 @@ def test_tgmm_per_pass_tilings_change_no_result(spec):
 
     recorder = _autotune.Recorder()
     with active_table.activated(recorder):
-        vjp(None)
+        jax.eval_shape(lambda: vjp(None))
     out, grads = vjp(_non_default_tilings(recorder))
     assert_close(out, reference.tgmm(lhs, rhs, SIZES, OFFSET, 3, existing), jnp.float32,
                  contraction=M)
@@ -281,10 +281,12 @@ def test_kernelhub_tuning_names_a_table_file(tmp_path):
     refused = run(table)
     assert "ValueError" not in refused.stdout, refused.stdout
     assert f"{table}: tiling [3, " in refused.stderr, refused.stderr
-    failed = run(broken)
-    assert f"ValueError: KERNELHUB_TUNING={str(broken)!r} cannot be used" in failed.stdout, (
-        failed.stdout + failed.stderr)
-    # The other unusable files take the same way from the path on (a process each costs 4 s).
+    # An unusable file: the option holds its path as the variable set it above, so a call under
+    # it here is what that process's call would be (a process each costs 4 s).
+    gmm = kernelhub.get("grouped_matmul", platform="xla")
+    with active_table.activated(str(broken)):
+        with pytest.raises(ValueError, match=f"KERNELHUB_TUNING={str(broken)!r} cannot be used"):
+            gmm(lhs, rhs, SIZES, group_offset=OFFSET)
     for path in (binary, tmp_path / "missing.json", tmp_path):
         with pytest.raises(ValueError, match=f"KERNELHUB_TUNING={str(path)!r} cannot be used"):
             _table._from_file(str(path))
@@ -436,23 +438,40 @@ def _training_step(gmm):
     return step
 
 
+def _forward(gmm):
+    def forward(lhs, rhs, existing, sizes):
+        return gmm(lhs, rhs, sizes, group_offset=OFFSET, existing_out=existing)
+    return forward
+
+
 @pytest.mark.parametrize("spec", implementation_params("grouped_matmul"))
 def test_autotune_tunes_every_pass_and_its_result_matches_the_reference(spec, tmp_path, monkeypatch):
+    """A training step tuned pass by pass, each result against the float64 reference. The
+    tuner is the same for every implementation, only its tuning space differs: an interpreter
+    tunes the forward pass alone (its candidates compile slowly here; every pass of each
+    runs under a non-default tiling in test_per_pass_tilings_change_no_result)."""
     monkeypatch.chdir(tmp_path)  # autotune writes nothing: the directory stays empty
     lhs, rhs, existing, d_out = _operands(3)
-    step = _training_step(call(spec))
+    every_pass = not spec.interpret_only
+    step = (_training_step if every_pass else _forward)(call(spec))
     tuned = kernelhub.autotune(step, lhs, rhs, existing, jax.ShapeDtypeStruct(SIZES.shape, jnp.int32),
                                repeats=1, draws=1, progress=False)
     assert list(tmp_path.iterdir()) == []
-    assert {key.pass_name for key in tuned.entries} == set(tuning.PASSES)
+    assert {key.pass_name for key in tuned.entries} == (
+        set(tuning.PASSES) if every_pass else {"forward"})
     for key, entry in tuned.entries.items():
         assert key.implementation == SPACES[(spec.platform.value, spec.backend.value)]
         assert entry.candidates[0][0] == entry.default_tiling
         assert entry.tuned_ms <= entry.default_ms
         assert entry.tiling in [tiling for tiling, ms in entry.candidates if ms is not None]
     with tuned:
-        out, grads = _gmm_vjp(call(spec), lhs, rhs, existing, d_out)
-    _assert_matches_reference(out, grads, lhs, rhs, existing, d_out)
+        if every_pass:
+            out, grads = _gmm_vjp(call(spec), lhs, rhs, existing, d_out)
+            _assert_matches_reference(out, grads, lhs, rhs, existing, d_out)
+        else:
+            out = jax.jit(_forward(call(spec)))(lhs, rhs, existing, jnp.asarray(SIZES))
+            assert_close(out, reference.gmm(lhs, rhs, SIZES, OFFSET, existing), jnp.float32,
+                         contraction=K)
 
 
 @pytest.mark.parametrize("second_timing, expected_winner", [((10.0, 6.0), True),
@@ -524,7 +543,8 @@ def test_candidates_take_each_place_in_a_turn(monkeypatch):
 
 def test_autotune_group_sizes_and_errors():
     lhs, rhs, existing, _ = _operands()
-    step = _training_step(kernelhub.get("grouped_matmul", platform="xla"))
+    # The forward pass alone: the caller's sizes reach every pass alike.
+    step = _forward(kernelhub.get("grouped_matmul", platform="xla"))
     sizes = jax.ShapeDtypeStruct(SIZES.shape, jnp.int32)
     tuned = kernelhub.autotune(step, lhs, rhs, existing, sizes, group_sizes=SIZES, repeats=1,
                                progress=False)
@@ -541,7 +561,7 @@ def test_autotune_group_sizes_and_errors():
     assert _autotune.default_calls_per_sample() == 1  # on this CPU
     with pytest.raises(ValueError, match="made no kernelhub grouped-matmul call"):
         kernelhub.autotune(lambda x: x * 2, lhs, progress=False)
-    explicit = _training_step(lambda *a, **kw: kernelhub.grouped_matmul(*a, **kw, tiling=(64, 64, 64)))
+    explicit = _forward(lambda *a, **kw: kernelhub.grouped_matmul(*a, **kw, tiling=(64, 64, 64)))
     with pytest.raises(ValueError, match="made no kernelhub grouped-matmul call"):
         kernelhub.autotune(explicit, lhs, rhs, existing, sizes, progress=False)
 
@@ -583,23 +603,12 @@ def test_group_size_draws():
     assert max(s.max() for s in skewed) > 2 * 100  # skewed: some group well above the mean
 
 
-def test_tune_command_prints_and_saves(tmp_path, capsys):
-    output = tmp_path / "tiles.json"
-    code = cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtype", "f32",
-                     "--repeats", "1", "--draws", "1", "--output", str(output)])
-    assert code == 0
-    printed = capsys.readouterr().out
-    assert "winner" in printed and "lhs_gradient" in printed and "tuned vs default" in printed
-    saved = tuning.load(output)
-    assert {key.pass_name for key in saved.entries} == set(tuning.PASSES)
-    assert os.path.getsize(output) > 0
-
-
 # --- the xla implementation's knobs ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head_rows", [0, 8, 16, 64])
-@pytest.mark.parametrize("largest", [16, 512])
+# Each head and each chunk once, not every pair: a head of more rows than a chunk (64 > 16)
+# and none at all beside the small chunk, the heads within a chunk beside the large one.
+@pytest.mark.parametrize("largest, head_rows", [(16, 0), (16, 64), (512, 8), (512, 16)])
 def test_xla_tgmm_head_rows_and_chunks_change_no_result(head_rows, largest):
     """tgmm's batched head (tiling[3]) and largest chunk (tiling[0]) on the XLA loop: whatever
     their values, the float64 reference's result, with an offset, an empty group, unaligned
@@ -690,20 +699,23 @@ def test_the_tuner_never_draws_the_benchmarks_sizes():
 # --- the benchmark and the command -------------------------------------------------------------
 
 
-def test_tuning_bench_times_both_steps_against_the_heuristic(tmp_path):
+def test_tuning_bench_times_both_steps_against_the_heuristic():
     from kernelhub._cli.bench import tuning as bench_tuning
 
-    key_table = tmp_path / "tiles.json"
-    assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "f32",
-                     "--ops", "tgmm", "--repeats", "1", "--draws", "1", "--min-gain", "0",
-                     "--output", str(key_table)]) == 0
-    tuned = tuning.load(key_table)
-    # The forward entry set to a tiling the heuristic never picks: the bench must report it.
-    key, entry = next((key, entry) for key, entry in tuned.entries.items()
+    # A table with an entry for each pass the bench's training step makes (by hand: the tune
+    # command has tests of its own), the forward's set to a tiling the heuristic never picks:
+    # the bench must report it.
+    step = bench_tuning._step("transposed_grouped_matmul", jnp.float32, "xla",
+                              with_gradients=True)
+    calls = bench_tuning._kernel_calls(step, bench_tuning._abstract_operands(
+        "transposed_grouped_matmul", 64, 32, 32, 4, jnp.float32))
+    assert {key.pass_name for key in calls} == set(tuning.PASSES)
+    entries = {key: tuning.Entry(*(tuple(call.space.default(call.problem)),) * 2, 1.0, 1.0,
+                                 "test") for key, call in calls.items()}
+    key, entry = next((key, entry) for key, entry in entries.items()
                       if key.pass_name == "forward")
     changed_tiling = (16, *entry.default_tiling[1:])
-    table = tuning.Tuning({**tuned.entries,
-                           key: dataclasses.replace(entry, tiling=changed_tiling)})
+    table = tuning.Tuning({**entries, key: dataclasses.replace(entry, tiling=changed_tiling)})
     rows = bench_tuning.measure("transposed_grouped_matmul", 64, 32, 32, 4, "float32", "skewed",
                                 table, reps=1, draws=1, platform="xla")
     assert [row[4] for row in rows] == list(bench_tuning.STEPS)
@@ -711,17 +723,35 @@ def test_tuning_bench_times_both_steps_against_the_heuristic(tmp_path):
     assert rows[0][8].split(", ")[0] == f"forward {'x'.join(map(str, changed_tiling))}"
 
 
-def test_tune_command_takes_several_problems_and_sharded_experts(tmp_path, capsys):
+def test_tune_command_takes_several_problems_and_sharded_experts(tmp_path, monkeypatch, capsys):
+    """Both ops at two group counts and two skews in one run, the experts sharded. With
+    --output the table is written after every kernel (merged into what the file held): a run
+    stopped from outside keeps the kernels it finished."""
     output = tmp_path / "tiles.json"
+    lhs, rhs, _, _ = _operands()
+    key = _forward_key(kernelhub.get("grouped_matmul", platform="xla"), lhs, rhs)
+    earlier_key = dataclasses.replace(key, device_kind="an earlier run's device")
+    tuning.Tuning({earlier_key: _entry((16, K, N))}).save(output)
+    sizes_saved = []
+    original = tuning.Tuning.save
+
+    def counting(self, path):
+        sizes_saved.append(len(self.entries))
+        return original(self, path)
+
+    monkeypatch.setattr(tuning.Tuning, "save", counting)
     code = cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "8", "--local-groups", "2",
                      "--dtypes", "f32", "--ops", "gmm", "tgmm", "--skew", "0", "2",
-                     "--forward-only", "--repeats", "1", "--draws", "1", "--output", str(output)])
+                     "--forward-only", "--repeats", "1", "--draws", "1", "--time-limit", "600",
+                     "--output", str(output)])
     assert code == 0
-    saved = tuning.load(output)
-    assert {entry.groups for entry in saved.entries.values()} == {
+    assert sizes_saved == [2, 3, 4, 5, 5]  # the earlier entry, then one kernel more each time
+    tuned = dict(tuning.load(output).entries)
+    assert tuned.pop(earlier_key) == _entry((16, K, N))
+    assert {entry.groups for entry in tuned.values()} == {
         "balanced + Dirichlet skew 2 (1 draws)"}
     assert {(key.problem.kernel, key.problem.num_groups, key.problem.local_groups)
-            for key in saved.entries} == {
+            for key in tuned} == {
         ("gmm", 4, 2), ("gmm", 8, 2), ("tgmm", 4, 2), ("tgmm", 8, 2)}
     with pytest.raises(SystemExit):
         cli_main(["tune", "--groups", "4", "--local-groups", "8", "--shape", "64x32x32"])
@@ -766,35 +796,6 @@ def test_a_time_limit_stops_between_kernels_and_reports_each_entry_as_decided(mo
         kernelhub.autotune(step, lhs, rhs, existing, sizes, progress=False, time_limit=0)
 
 
-def test_tune_command_saves_each_kernel_as_it_is_decided(tmp_path, monkeypatch, capsys):
-    """With --output the table is written after every kernel (merged into what the file held):
-    a run stopped from outside keeps the kernels it finished."""
-    output = tmp_path / "tiles.json"
-    ((key, entry),) = _one_tuned_entry().entries.items()
-    earlier_key = dataclasses.replace(key, device_kind="an earlier run's device")
-    tuning.Tuning({earlier_key: entry}).save(output)
-    sizes_saved = []
-    original = tuning.Tuning.save
-
-    def counting(self, path):
-        sizes_saved.append(len(self.entries))
-        return original(self, path)
-
-    monkeypatch.setattr(tuning.Tuning, "save", counting)
-    assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "f32",
-                     "--ops", "gmm", "tgmm", "--forward-only", "--repeats", "1", "--draws", "1",
-                     "--time-limit", "600", "--output", str(output)]) == 0
-    assert sizes_saved == [2, 3, 3]  # the earlier entry, then one kernel more each time
-    assert earlier_key in tuning.load(output).entries
-
-
-def _one_tuned_entry() -> tuning.Tuning:
-    gmm = kernelhub.get("grouped_matmul", platform="xla")
-    lhs, rhs, _, _ = _operands()
-    return kernelhub.autotune(lambda a, b: gmm(a, b, SIZES), lhs, rhs, repeats=1, draws=1,
-                              progress=False)
-
-
 @pytest.mark.parametrize("dtype, low, high", [(jnp.int8, -127, 127), (jnp.int4, -8, 7),
                                               (jnp.bfloat16, None, None),
                                               (jnp.float8_e4m3fn, None, None)])
@@ -813,16 +814,20 @@ def test_operands_are_made_on_the_device_in_their_dtype(dtype, low, high):
     np.testing.assert_array_equal(np.asarray(again.astype(jnp.float32)), wide)
 
 
-def test_tune_command_tunes_quantized_operands(tmp_path, capsys):
-    """--dtypes fp8 (or e5m2, int8): the step quantizes both bf16 operands along their
-    contraction in the call, so the kernels tuned are the quantized ones (keyed by the stored
-    values' dtype), the forward's result bf16; the gradients' kernels take the cotangent beside
-    the quantized operand."""
+def test_tune_command_prints_saves_and_tunes_quantized_operands(tmp_path, capsys):
+    """The command tunes every pass, prints each and saves the table. --dtypes fp8 (or e5m2,
+    int8): the step quantizes both bf16 operands along their contraction in the call, so the
+    kernels tuned are the quantized ones (keyed by the stored values' dtype), the forward's
+    result bf16; the gradients' kernels take the cotangent beside the quantized operand."""
     output, stored = tmp_path / "tiles.json", "float8_e4m3fn"
     assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "fp8",
                      "--platform", "xla", "--repeats", "1", "--draws", "1",
                      "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "winner" in printed and "lhs_gradient" in printed and "tuned vs default" in printed
+    assert os.path.getsize(output) > 0
     by_pass = {key.pass_name: key.problem for key in tuning.load(output).entries}
+    assert set(by_pass) == set(tuning.PASSES)
     forward = by_pass["forward"]
     assert (forward.lhs_dtype, forward.rhs_dtype, forward.out_dtype) == (stored, stored,
                                                                          "bfloat16")
