@@ -147,9 +147,14 @@ def test_example_trains_and_loss_falls():
 
 
 @pytest.mark.standard_promotion(reason="optax's optimizers mix int32 step counts with floats")
-@pytest.mark.parametrize("quantize", ["int8", "fp8", "fp8-blocks", "mxfp8", "mxfp8-fwd"])
+# Each way the example quantizes, once: per row and column (int8), in scale blocks
+# (fp8-blocks, e4m3) and by a recipe of per-pass formats (mxfp8). Left out for CI's time, each
+# about 10 s, and run until 2026-11-29: fp8 (int8's scales on e4m3 values) and mxfp8-fwd (a
+# recipe whose backward is the float gradient of the quantized forward, checked as such in
+# tests/test_quantized_training.py).
+@pytest.mark.parametrize("quantize", ["int8", "fp8-blocks", "mxfp8"])
 def test_example_trains_with_quantized_expert_matmuls(quantize):
-    """Straight-through gradients (and the MXFP8 recipes' per-pass formats) train the float
+    """Straight-through gradients (and the MXFP8 recipe's per-pass formats) train the float
     weights about as well as float matmuls."""
     example = load_example()
     quantized = example.main(["--steps", "40", "--layout", "local", "--quantize", quantize])

@@ -85,12 +85,13 @@ def full_capacity(problem, devices: int) -> int:
     return parallel.safe_capacity(tokens // devices, top_k, EXPERTS // devices)
 
 
+# Each layout on all 8 devices or beside a data axis, and on fewer devices with the mesh's
+# automatic axes. Until 2026-11-29 also replicated psum and routed on 8 devices alone (the
+# same code as on 4 beside data: the experts' axis of another size).
 CASES = [
-    pytest.param("psum", 8, {}, id="replicated-psum-8"),
     pytest.param("scatter", 8, {}, id="replicated-scatter-8"),
     pytest.param("psum", 4, {"data": 2, "explicit": False},
                  id="replicated-psum-4-auto-beside-data"),
-    pytest.param("routed", 8, {}, id="routed-8"),
     pytest.param("routed", 2, {"explicit": False}, id="routed-2-auto"),
     pytest.param("routed", 4, {"data": 2}, id="routed-4-beside-data"),
 ]
