@@ -1138,6 +1138,60 @@ def test_a_table_tiling_too_big_for_a_gated_unit_gives_way_to_the_heuristic():
     assert space.accepts((128, 64, 64, 4), calls["silu"].problem, gated)
 
 
+def test_a_table_tiling_is_judged_by_the_tiles_a_quantized_calls_gradient_multiplies():
+    """A quantized call's lhs gradient is keyed by its operands' stored types (the bf16
+    cotangent beside int8 weights), but its kernel multiplies the cotangent with the weights'
+    column scales folded in, in float32 (kernelhub/_grouped_matmul/scale_folding.py): a
+    table's tiling that fits the key's bf16 tiles may not fit those. Such a tiling is passed
+    over (one warning) rather than failing the call, and the tuner draws its candidates and
+    default for the float32 tiles. Exported for cuda at DeepSeek-V3's shape."""
+    from kernelhub import tuning
+    from kernelhub._grouped_matmul import active_table
+    from kernelhub.tuning import _autotune
+
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+
+    def lhs_gradient(lhs, weights, scale, sizes, offset, d_out):
+        rhs = quantization.QuantizedArray(weights, scale, axis=1)  # a scale per column
+        _, pullback = jax.vjp(lambda x: gmm(x, rhs, sizes, group_offset=offset,
+                                            preferred_element_type=jnp.bfloat16), lhs)
+        return pullback(d_out)[0]
+
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((local, k, n), jnp.int8),
+            jax.ShapeDtypeStruct(quantization.scale_shape((local, k, n), 1, None), jnp.float32),
+            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16))
+    recorder = _autotune.Recorder()
+    with active_table.activated(recorder):  # the calls' keys as they are traced
+        jax.eval_shape(lhs_gradient, *args)
+    key, call = next((key, call) for key, call in recorder.calls.items()
+                     if key.pass_name == "lhs_gradient")
+    assert (call.problem.lhs_dtype, call.kernel_problem.lhs_dtype) == ("bfloat16", "float32")
+    assert call.kernel_problem.rhs_dtype == "int8"
+
+    def fits(tiling, problem):
+        try:
+            config.from_tiling(tiling, problem)
+        except ValueError:
+            return False
+        return True
+
+    too_big = next(tiling for tiling in call.space.candidates(call.problem)
+                   if not fits(tiling, call.kernel_problem))
+    assert call.space.accepts(too_big, call.problem, call.epilogue)
+    assert not call.space.accepts(too_big, call.kernel_problem, call.epilogue)
+    assert fits(call.space.default(call.kernel_problem), call.kernel_problem)
+    assert all(fits(tiling, call.kernel_problem)
+               for tiling in call.space.candidates(call.kernel_problem))
+
+    table = tuning.Tuning({key: tuning.Entry(too_big, too_big, 1.0, 1.0, "test")})
+    with table, pytest.warns(UserWarning, match=r"breaks the kernel's rules.*heuristic"):
+        exported = _exported(lhs_gradient, *args)
+    _check_mosaic_only(exported, 1)
+
+
 @pytest.mark.parametrize("tiling, dtype, rule", [
     ((32, 64, 64), "bfloat16", "64 rows at a time"),  # block_m, masked in wgmma's layout
     ((64, 64, 32), "float32", "tiled \\[block_n, block_m\\]"),

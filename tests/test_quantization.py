@@ -648,3 +648,70 @@ def test_a_stack_of_quantized_weights_maps_over_its_layers():
     # and quantized inside a vmap, the stacked result is quantized along the same logical axis
     inside = jax.vmap(lambda w: kernelhub.quantize(w, jnp.int8, axis=1))(weights)
     assert inside.axis == 2 and inside.shape == weights.shape
+
+
+# (lhs axis, rhs axis) of gmm's one-block operands (None: a plain bf16 array), transpose_rhs.
+_FOLDING_GMM = [((1, 1), False), ((0, None), False), ((None, 2), False), ((None, 1), True),
+                ((0, 2), True), ((0, 1), False), ((0, 2), False), ((1, None), False)]
+# tgmm's: lhs [k, m] along 1 (a scale per k) or 0 (per m), rhs [m, n] along 0 (per n) or 1.
+_FOLDING_TGMM = [(1, 0), (0, None), (None, 1), (0, 1), (None, 0)]
+
+
+def _spied_kernels():
+    """Raw kernels that record what `folded` hands them (dtypes, result dtype, existing_out)."""
+    from kernelhub._grouped_matmul.scale_folding import folded
+
+    seen = []
+
+    def gmm(lhs, rhs, sizes, out_dtype, tiling, offset, existing, transpose_rhs, **_):
+        seen.append((lhs.dtype.name, rhs.dtype.name, jnp.dtype(out_dtype).name,
+                     existing is not None))
+        n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+        return jnp.zeros((lhs.shape[0], n), out_dtype)
+
+    def tgmm(lhs, rhs, sizes, out_dtype, tiling, offset, actual_groups, existing, **_):
+        seen.append((lhs.dtype.name, rhs.dtype.name, jnp.dtype(out_dtype).name,
+                     existing is not None))
+        return jnp.zeros((actual_groups, lhs.shape[0], rhs.shape[1]), out_dtype)
+
+    return folded(gmm, tgmm), seen
+
+
+def _operand(shape, axis):
+    values = jnp.ones(shape, jnp.bfloat16)
+    return values if axis is None else quantize(values.astype(jnp.float32), jnp.int8, axis=axis)
+
+
+@pytest.mark.parametrize("axes, transpose_rhs", _FOLDING_GMM)
+def test_folded_problem_names_the_types_the_folded_gmm_kernel_gets(axes, transpose_rhs):
+    """A tiling is judged by the problem the kernel multiplies (passes.KernelCall.
+    kernel_problem): scale_folding.folded_problem says it from the call's operands, checked
+    here against what the folding hands a kernel."""
+    from kernelhub._grouped_matmul.problem import gmm_problem
+    from kernelhub._grouped_matmul.scale_folding import folded_problem
+
+    (kernels, seen), sizes = _spied_kernels(), jnp.asarray([3, 5], jnp.int32)
+    lhs = _operand((8, 16), axes[0])
+    rhs = _operand((2, 4, 16) if transpose_rhs else (2, 16, 4), axes[1])
+    existing = jnp.zeros((8, 4), jnp.bfloat16)
+    jax.eval_shape(lambda: kernels.grouped_matmul(lhs, rhs, sizes, jnp.bfloat16, None,
+                                                  jnp.int32(0), existing, transpose_rhs))
+    problem = folded_problem(gmm_problem(lhs, rhs, sizes, jnp.bfloat16, True, transpose_rhs),
+                             lhs, rhs)
+    assert seen == [(problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype,
+                     problem.has_existing)]
+
+
+@pytest.mark.parametrize("axes", _FOLDING_TGMM)
+def test_folded_problem_names_the_types_the_folded_tgmm_kernel_gets(axes):
+    from kernelhub._grouped_matmul.problem import tgmm_problem
+    from kernelhub._grouped_matmul.scale_folding import folded_problem
+
+    (kernels, seen), sizes = _spied_kernels(), jnp.asarray([3, 5], jnp.int32)
+    lhs, rhs = _operand((16, 8), axes[0]), _operand((8, 4), axes[1])
+    existing = jnp.zeros((2, 16, 4), jnp.bfloat16)
+    jax.eval_shape(lambda: kernels.transposed_grouped_matmul(
+        lhs, rhs, sizes, jnp.bfloat16, None, jnp.int32(0), 2, existing))
+    problem = folded_problem(tgmm_problem(lhs, rhs, sizes, jnp.bfloat16, True, 2), lhs, rhs)
+    assert seen == [(problem.lhs_dtype, problem.rhs_dtype, problem.out_dtype,
+                     problem.has_existing)]

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from kernelhub._grouped_matmul import tables
+from kernelhub._grouped_matmul import scale_folding, tables
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import Problem, gmm_problem, tgmm_problem
 from kernelhub._grouped_matmul.tilings import Tilings, in_pass
@@ -35,7 +35,11 @@ class TuningSpace:
     times_epilogue(epilogue) -> whether a table's time for a gmm call's kernel problem is also
     the call's time under that fused epilogue. Tables are tuned without epilogues; a backend
     that does more for one (a copy of an operand) says False, and such a call then has no
-    measured time (kernelhub/_grouped_matmul/measured.py).
+    measured time (kernelhub/_grouped_matmul/measured.py);
+    folds_scales: whether the kernels take quantized operands with their scales folded
+    (kernelhub/_grouped_matmul/scale_folding.py; registration sets it): `candidates`,
+    `default` and `accepts` are then asked about the problem those kernels get
+    (KernelCall.kernel_problem), not the key's.
     """
 
     implementation: str
@@ -44,6 +48,7 @@ class TuningSpace:
     accepts: Callable[[tuple[int, ...], Problem, Epilogue], bool] = (
         lambda tiling, problem, epilogue=None: True)
     times_epilogue: Callable[[Epilogue], bool] = lambda epilogue: True
+    folds_scales: bool = False
 
 
 # Arrays of a call: (lhs, rhs, group_sizes, group_offset, existing_out); every other argument
@@ -70,6 +75,16 @@ class KernelCall:
 
     def run(self, tiling: Any) -> jax.Array:
         return self.invoke(self.arrays, tiling)
+
+    @property
+    def kernel_problem(self) -> Problem:
+        """The problem the kernel multiplies: `problem` (which the tuning key names) with the
+        types of the operands a quantized operand's scale is folded into (float32), where the
+        backend folds them; a tiling is judged and drawn for it (a tables' tiling for bf16
+        x int8 may not fit the float32 tiles of that call's lhs gradient)."""
+        if not self.space.folds_scales:
+            return self.problem
+        return scale_folding.folded_problem(self.problem, self.arrays[0], self.arrays[1])
 
     def key(self, device: str | None = None) -> tables.TuningKey:
         return tables.TuningKey.of(device or tables.device_kind(), self.space.implementation,

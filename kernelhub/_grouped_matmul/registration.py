@@ -15,6 +15,7 @@ their own) and its tuning space; `register_grouped_matmuls` adds, once for all b
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 
 import jax
@@ -37,6 +38,7 @@ def implementations(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace,
     registration): also for variants a backend offers beside its registered ones."""
     if fold_scales:
         raw_gmm, raw_tgmm = folded(raw_gmm, raw_tgmm)
+        space = dataclasses.replace(space, folds_scales=True)
     ops = differentiable(*guarded(raw_gmm, raw_tgmm), space)
     return Differentiable(
         jax.jit(ops.grouped_matmul, static_argnames=GMM_STATIC),

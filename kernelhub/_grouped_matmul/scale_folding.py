@@ -19,6 +19,7 @@ result is the float32 product of the dequantized operands, cast once.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul.contraction_scales import ContractionScales, OutputBlockScales
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, KernelEpilogue
 from kernelhub._grouped_matmul.groups import row_groups
+from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub.quantization import QuantizedArray
 
 RawKernel = Any
@@ -94,6 +96,35 @@ def _float(operand: Any) -> jax.Array:
     make one, dequantized): cast, not promoted, so strict dtype promotion accepts the product."""
     array = operand.dequantize() if isinstance(operand, QuantizedArray) else operand
     return array.astype(jnp.float32)
+
+
+def _one_block(operand: Any) -> bool:
+    return isinstance(operand, QuantizedArray) and operand.num_blocks == 1
+
+
+def folded_problem(problem: Problem, lhs: Any, rhs: Any) -> Problem:
+    """`problem` (a call's, whose key names its operands' stored types) as the wrapped kernel
+    of `folded` gets it: an operand a scale is folded into is float32, and a tgmm whose
+    result is scaled after its kernel has a float32 result and no existing_out there. A
+    tiling for the key's types may not suit the wider tiles (kernelhub/_grouped_matmul/
+    passes.py, KernelCall.kernel_problem)."""
+    changes: dict[str, Any] = {}
+    if problem.kernel is Kernel.TGMM:  # lhs [k, m], rhs [m, n]: as `folded`'s tgmm
+        lhs_scales_rows = _one_block(lhs) and lhs.axis == 1
+        rhs_scales_columns = _one_block(rhs) and rhs.axis == 0
+        if _one_block(lhs) and not lhs_scales_rows:
+            changes["rhs_dtype"] = "float32"  # rhs dequantized, if it was quantized, and scaled
+        elif _one_block(rhs) and not rhs_scales_columns:
+            changes["lhs_dtype"] = "float32"
+        if lhs_scales_rows or rhs_scales_columns:
+            changes.update(out_dtype="float32", has_existing=False)
+    else:  # as `folded`'s gmm
+        rhs_contraction = 2 if problem.kernel is Kernel.GMM_TRANSPOSED_RHS else 1
+        if _one_block(lhs) and lhs.axis != 1:
+            changes["rhs_dtype"] = "float32"  # rhs dequantized, if it was quantized, and scaled
+        elif _one_block(rhs) and rhs.axis != rhs_contraction:
+            changes["lhs_dtype"] = "float32"
+    return dataclasses.replace(problem, **changes) if changes else problem
 
 
 def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:

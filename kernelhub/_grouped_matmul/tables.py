@@ -184,7 +184,7 @@ def _accepted(tiling: tuple[int, ...] | None, call: KernelCall,
     # tile that must divide k, a gated unit's second weight tile beside Mosaic GPU's stages),
     # and a hand-edited table may hold anything: then the heuristic decides, and the table's
     # entry is named once.
-    if tiling is None or call.space.accepts(tiling, call.problem, call.epilogue):
+    if tiling is None or call.space.accepts(tiling, call.kernel_problem, call.epilogue):
         return tiling
     key = call.key()
     if key not in table.refused:
@@ -326,7 +326,7 @@ def measured_entry(table: Any, call: KernelCall) -> Entry | None:
     entry = table.entry(key) if isinstance(table, Tuning) else None
     if entry is None:
         entry = shipped(key.device_kind).entry(key)
-    if entry is None or not call.space.accepts(entry.tiling, call.problem, call.epilogue):
+    if entry is None or not call.space.accepts(entry.tiling, call.kernel_problem, call.epilogue):
         return None
     return entry
 

@@ -204,9 +204,9 @@ def default_calls_per_sample() -> int:
 
 def _candidates(call: KernelCall) -> list[tuple[int, ...]]:
     """The implementation's candidates, its default first, each once."""
-    default = tuple(call.space.default(call.problem))
+    default = tuple(call.space.default(call.kernel_problem))
     ordered = [default]
-    for tiling in call.space.candidates(call.problem):
+    for tiling in call.space.candidates(call.kernel_problem):
         if tuple(tiling) not in ordered:
             ordered.append(tuple(tiling))
     return ordered

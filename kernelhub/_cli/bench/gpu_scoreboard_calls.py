@@ -280,7 +280,7 @@ def kernel_tilings(fn: Callable[..., Any], args: Sequence[Any]) -> list[dict[str
     except Exception:  # noqa: BLE001 - compiling it reports the error in the row's note
         return None
     return [{"kernel": call.problem.kernel.value,
-             "tiling": list(observer.tiling_for(call) or call.space.default(call.problem))}
+             "tiling": list(observer.tiling_for(call) or call.space.default(call.kernel_problem))}
             for call in observer.calls]
 
 

@@ -145,7 +145,7 @@ def table(document: dict[str, Any], shapes: tuple[Shape, ...] = SHAPES,
                     kernelhub.get(op, platform=platform), pass_name, shape)
                 (call,) = recorded(fn, *_scoreboard_arguments(shape, pass_name))
                 default = heuristic_ran.get(platform, {}).get(where) or tuple(
-                    call.space.default(call.problem))
+                    call.space.default(call.kernel_problem))
                 by_problem[call.problem] = _entry(measured, default, document)
             for op in ("grouped_matmul", "transposed_grouped_matmul"):
                 step, step_args = _training_step(op, shape, platform)

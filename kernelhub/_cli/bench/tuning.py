@@ -73,7 +73,7 @@ def _changed(table: tuning.Tuning | None, fn: Callable, args: tuple) -> str:
     changed = []
     for key, call in sorted(_kernel_calls(fn, args).items()):
         chosen = table.tiling_for(call) if table is not None else _table.shipped_tiling(call)
-        if chosen is not None and tuple(chosen) != tuple(call.space.default(call.problem)):
+        if chosen is not None and tuple(chosen) != tuple(call.space.default(call.kernel_problem)):
             changed.append(f"{key.pass_name} {'x'.join(map(str, chosen))}")
     return ", ".join(changed) or "none"
 
