@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -86,6 +87,11 @@ def implementation_params(op: str) -> list:
             for spec in runnable_implementations(op)]
 
 
+def quantized_implementations(op: str) -> list:
+    """implementation_params(op) of the implementations that take quantized operands."""
+    return [p for p in implementation_params(op) if "quantized" in p.values[0].features]
+
+
 def call(spec: kernelhub.KernelSpec):
     """The op as a user forcing this implementation's platform gets it."""
     return kernelhub.get(spec.op, platform=spec.platform)
@@ -102,6 +108,36 @@ def jitted_vjp(f, primals: tuple, cotangent):
         return out, pullback(cotangent)
 
     return jax.jit(run)(tuple(primals), cotangent)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "axis", "block_size"))
+def quantized_operand(x, dtype, *, axis: int, block_size: int | None = None):
+    """kernelhub.quantize(x, dtype, axis=axis, block_size=block_size) (dtype: a jnp dtype or a
+    named format) as one compiled program, for the ops' operands and the references' inputs:
+    run eagerly, each of its jax.numpy operations compiles apart, a few dozen programs for each
+    shape and dtype (the tests of quantize itself, and of what users write, call it eagerly).
+    Without a float source: nothing to differentiate into."""
+    return kernelhub.quantize(x, dtype, axis=axis, block_size=block_size).without_source()
+
+
+def dequantized(q: kernelhub.QuantizedArray) -> np.ndarray:
+    """float64 values * block scale (* tensor scale), each scale repeated over its block by
+    numpy from the stored parts: independent of QuantizedArray.dequantize."""
+    values = np.asarray(jnp.asarray(q.values, jnp.float32), np.float64)
+    scale = np.asarray(jnp.asarray(q.scale, jnp.float32), np.float64)
+    size = values.shape[q.axis]
+    block = size if q.block_size is None else q.block_size
+    out = values * np.repeat(scale, block, axis=q.axis).take(np.arange(size), axis=q.axis)
+    if q.tensor_scale is not None:
+        out = out * float(q.tensor_scale)
+    return out
+
+
+def as_float64(x) -> np.ndarray:
+    """A quantized operand dequantized (`dequantized`), any other as float64."""
+    if isinstance(x, kernelhub.QuantizedArray):
+        return dequantized(x)
+    return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
 
 
 def max_examples(spec: kernelhub.KernelSpec) -> int:

@@ -49,3 +49,19 @@ def all_pairs(*axes: Sequence) -> list:
     return [pytest.param(*(axis[i][0] for axis, i in zip(axes, case)),
                          id="-".join(str(axis[i][1]) for axis, i in zip(axes, case)))
             for case in all_pairs_indices([len(axis) for axis in axes])]
+
+
+def each_value_once(first: Sequence, second: Sequence, turn: int = 0) -> list:
+    """pytest params pairing two axes (values or pytest.param of one value each) so that each
+    value of each meets some value of the other, not every pair: as many cases as the longer
+    axis, the i-th taking first[i] and second[i + turn], cycling. `turn` shifts which values
+    meet (two tests over the same axes meet other pairs)."""
+    def value_and_id(value):
+        if isinstance(value, _PARAM):
+            return value.values[0], value.id
+        return value, getattr(value, "__name__", None) or str(value)
+
+    first, second = [value_and_id(v) for v in first], [value_and_id(v) for v in second]
+    cases = [(first[i % len(first)], second[(i + turn) % len(second)])
+             for i in range(max(len(first), len(second)))]
+    return [pytest.param(a, b, id=f"{a_id}-{b_id}") for (a, a_id), (b, b_id) in cases]

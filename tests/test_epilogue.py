@@ -27,7 +27,8 @@ import pytest
 
 import kernelhub
 import reference
-from conftest import assert_close, call, runnable_implementations
+from conftest import (assert_close, call, dequantized, quantized_operand,
+                      runnable_implementations)
 from kernelhub._core import dispatch as _dispatch
 from kernelhub._core import registry as _registry
 
@@ -116,18 +117,6 @@ def draw(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> jax.Arra
     return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
 
 
-# The reference's copy of a quantized rhs, jitted as the quantization inside the checked program
-# is: eagerly, each of its jax.numpy operations would compile on its own.
-jitted_quantize = jax.jit(kernelhub.quantize, static_argnames=("dtype", "axis", "block_size"))
-
-
-def dequantized(q: kernelhub.QuantizedArray) -> np.ndarray:
-    """float64 values * scale (one scale per column of each group: no blocks)."""
-    assert q.block_size is None
-    return (np.asarray(jnp.asarray(q.values, jnp.float32), np.float64)
-            * np.asarray(q.scale, np.float64))
-
-
 def computed_rows(sizes, offset: int, local_groups: int, m: int) -> np.ndarray:
     computed = np.zeros(m, bool)
     for g, (start, end) in enumerate(reference.group_rows(sizes, m)):
@@ -182,7 +171,7 @@ def check(spec, case: Case, jit: bool = True) -> None:
     rhs = a["rhs"]
     if case.quantized is not None:
         axis = 2 if case.transpose_rhs else 1
-        rhs = dequantized(jitted_quantize(rhs, case.quantized, axis=axis))
+        rhs = dequantized(quantized_operand(rhs, case.quantized, axis=axis))
     sizes, offset = np.asarray(case.sizes), case.group_offset
     common = dict(group_offset=offset, transpose_rhs=case.transpose_rhs, bias=a["bias"],
                   **case.reference_options())
@@ -340,7 +329,7 @@ def test_vmap_over_a_batch_of_lhs(spec, case):
     rng = np.random.default_rng(8)
     a = arrays(case)
     # The reference multiplies by the dequantized weights; their gradient is the float rhs's.
-    rhs = dequantized(jitted_quantize(a["rhs"], case.quantized, axis=1))
+    rhs = dequantized(quantized_operand(a["rhs"], case.quantized, axis=1))
     lhs = draw(rng, (3, case.m, case.k), jnp.float32)
     d_out = draw(rng, (3, case.m, case.n), jnp.float32)
     batched = jax.jit(jax.vmap(forward_and_vjp(spec, case),

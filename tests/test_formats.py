@@ -9,7 +9,6 @@ tensor scale amax / (448 * 6) over e4m3 block scales of 16 elements).
 
 from __future__ import annotations
 
-import functools
 import re
 
 import jax
@@ -19,7 +18,8 @@ import pytest
 
 import kernelhub
 import reference
-from conftest import assert_close, implementation_params, jitted_vjp
+from conftest import (assert_close, dequantized, implementation_params, jitted_vjp,
+                      quantized_operand)
 from kernelhub import QuantizedArray, quantize
 from strategies import normal
 
@@ -30,34 +30,22 @@ E2M1_MAGNITUDES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 MANTISSA_BITS = {"float8_e4m3fn": 3, "float8_e5m2": 2, "float4_e2m1fn": 1}
 
 
+def _stored(form: str) -> tuple:
+    """quantize's (dtype, block_size) for a format's name here ("int4": one scale per column,
+    "int4-blocks": blocks of 32; the others are quantize's named formats)."""
+    return {"int4": (jnp.int4, None), "int4-blocks": (jnp.int4, 32)}.get(form, (form, None))
+
+
 def quantized(x, form: str, axis: int) -> QuantizedArray:
-    if form == "int4":
-        return quantize(x, jnp.int4, axis=axis)
-    if form == "int4-blocks":
-        return quantize(x, jnp.int4, axis=axis, block_size=32)
-    return quantize(x, form, axis=axis)
+    dtype, block_size = _stored(form)
+    return quantize(x, dtype, axis=axis, block_size=block_size)
 
 
-@functools.partial(jax.jit, static_argnames=("form", "axis"))
 def operand(x, form: str, axis: int) -> QuantizedArray:
-    """quantized(x, form, axis) as one compiled program, for the ops' operands and references:
-    run eagerly, each of quantize's jax.numpy operations compiles apart, a few dozen programs for
-    each shape and format (the tests of the formats themselves run it eagerly). No source, as
-    eagerly."""
-    return quantized(x, form, axis).without_source()
-
-
-def dequantized(q: QuantizedArray) -> np.ndarray:
-    """float64 values * block scale (* tensor scale), each scale repeated over its block by
-    numpy, from the stored parts."""
-    values = np.asarray(jnp.asarray(q.values, jnp.float32), np.float64)
-    scale = np.asarray(jnp.asarray(q.scale, jnp.float32), np.float64)
-    size = values.shape[q.axis]
-    block = size if q.block_size is None else q.block_size
-    out = values * np.repeat(scale, block, axis=q.axis).take(np.arange(size), axis=q.axis)
-    if q.tensor_scale is not None:
-        out = out * float(q.tensor_scale)
-    return out
+    """quantized(x, form, axis) as one compiled program (conftest.quantized_operand), for the
+    ops' operands and references; the tests of the formats themselves quantize eagerly."""
+    dtype, block_size = _stored(form)
+    return quantized_operand(x, dtype, axis=axis, block_size=block_size)
 
 
 def test_named_formats_have_their_parts_and_say_so():

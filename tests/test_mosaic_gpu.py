@@ -24,7 +24,7 @@ import pytest
 import kernelhub
 import kernelhub.export
 import reference
-from conftest import assert_close, jitted_vjp
+from conftest import as_float64, assert_close, jitted_vjp, quantized_operand
 from kernelhub import testing
 from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.problem import Kernel, Problem
@@ -53,18 +53,6 @@ def _values(rng, shape, dtype):
     """Values already rounded to `dtype`, so the reference sees exactly what the kernel does.
     (Rounded by numpy, as XLA rounds them, without a compilation per shape.)"""
     return jnp.asarray(rng.standard_normal(shape).astype(np.float32).astype(dtype))
-
-
-@functools.partial(jax.jit, static_argnames=("dtype", "axis", "block_size"))
-def _quantize(x, dtype, *, axis: int, block_size: int | None = None):
-    """quantize as one jitted program: run op by op, its scales compile each operation apart."""
-    return quantize(x, dtype, axis=axis, block_size=block_size)
-
-
-@jax.jit
-def _as_float(x):
-    """A quantized operand dequantized (one jitted program), another as it is."""
-    return x.dequantize() if isinstance(x, quantization.QuantizedArray) else x
 
 
 # ---------------------------------------------------------------- grouped_matmul
@@ -272,11 +260,11 @@ def test_gmm_8bit_with_row_and_column_scales(dtypes, transpose_rhs):
     rng = np.random.default_rng(4)
     m, k, n = 70, 64, 32
     sizes = np.array([25, 45], np.int32)
-    lhs = _quantize(_values(rng, (m, k), jnp.float32), dtypes[0], axis=1)
+    lhs = quantized_operand(_values(rng, (m, k), jnp.float32), dtypes[0], axis=1)
     weights = _values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32)
-    rhs = _quantize(weights, dtypes[1], axis=2 if transpose_rhs else 1)
+    rhs = quantized_operand(weights, dtypes[1], axis=2 if transpose_rhs else 1)
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs)
-    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, transpose_rhs=transpose_rhs)
+    expected = reference.gmm(as_float64(lhs), as_float64(rhs), sizes, transpose_rhs=transpose_rhs)
     assert_close(out, expected, jnp.float32, contraction=k)
 
 
@@ -290,13 +278,13 @@ def test_gmm_fp8_weights_copied_or_upcast_with_offset_existing_out_and_a_gated_u
     rng = np.random.default_rng(11)
     m, k, n_rhs = 72, 200, 64
     sizes = np.array([10, 30, 0, 25], np.int32)  # local groups 1 and 2 (empty); sum 65 < 72
-    lhs = _quantize(_values(rng, (m, k), jnp.float32), dtype, axis=1)
-    rhs = _quantize(_values(rng, (2, k, n_rhs), jnp.float32), dtype, axis=1)
+    lhs = quantized_operand(_values(rng, (m, k), jnp.float32), dtype, axis=1)
+    rhs = quantized_operand(_values(rng, (2, k, n_rhs), jnp.float32), dtype, axis=1)
     bias = _values(rng, (2, n_rhs), jnp.float32)
     existing = _values(rng, (m, n_rhs // 2), jnp.float32)
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
                        bias=bias, glu="silu", tiling=(64, 128, 32, 2, 1, 1, upcast))
-    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
+    expected = reference.gmm(as_float64(lhs), as_float64(rhs), sizes, group_offset=1,
                              existing_out=existing, bias=bias, glu="silu")
     assert_close(out, expected, jnp.float32, contraction=k)
     kept = np.r_[0:10, 40:72]
@@ -357,7 +345,7 @@ def _quantized_unless_wide(values, dtype, axis):
     """`values` as `dtype` where it is 16 or 32 bits wide, else quantized to it along `axis`."""
     if jnp.dtype(dtype).itemsize >= 2:
         return values.astype(dtype)
-    return _quantize(values, dtype, axis=axis)
+    return quantized_operand(values, dtype, axis=axis)
 
 
 # Here each conversion once: to bf16 beside bf16 in both weight layouts (e4m3's through
@@ -392,7 +380,7 @@ def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
         _values(rng, (2, n, k) if transpose_rhs else (2, k, n), jnp.float32), rhs_dtype,
         2 if transpose_rhs else 1)
     existing = _values(rng, (m, n), jnp.float32)
-    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
+    expected = reference.gmm(as_float64(lhs), as_float64(rhs), sizes, group_offset=1,
                              existing_out=existing, transpose_rhs=transpose_rhs)
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), group_offset=1, existing_out=existing,
                        transpose_rhs=transpose_rhs, tiling=(64, 64, 64, 2, 1, 1, upcast))
@@ -437,7 +425,7 @@ def test_gradients_of_a_quantized_call(dtype, block_size, k, tiling):
     # Jitted, as training runs it (eagerly, the quantization's ops and the kit's around the
     # kernels compile one by one: most of the time here).
     value, (d_lhs, d_rhs) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(lhs, rhs)
-    q_lhs, q_rhs = (_as_float(q) for q in jax.jit(quantized)(lhs, rhs))
+    q_lhs, q_rhs = (as_float64(q) for q in jax.jit(quantized)(lhs, rhs))
     out = reference.gmm(q_lhs, q_rhs, sizes, group_offset=1)
     want = float(np.sum(out * np.asarray(d_out, np.float64)))
     np.testing.assert_allclose(float(value), want, rtol=1e-2, atol=1.0)
@@ -462,14 +450,14 @@ def test_gmm_scale_blocks_along_k_scaled_step_by_step():
                       True)
     blocks = config.from_tiling(None, problem, 2, interpret=True, scale_block=64)
     assert blocks.scaled_steps and blocks.block_k == 64
-    lhs = _quantize(_values(rng, (m, k), jnp.float32), jnp.int8, axis=1, block_size=64)
-    gate_up = _quantize(_values(rng, (2, 2 * n, k), jnp.float32), jnp.int8, axis=2,
-                        block_size=128)
+    lhs = quantized_operand(_values(rng, (m, k), jnp.float32), jnp.int8, axis=1, block_size=64)
+    gate_up = quantized_operand(_values(rng, (2, 2 * n, k), jnp.float32), jnp.int8, axis=2,
+                                block_size=128)
     bias = _values(rng, (2, 2 * n), jnp.float32)
     existing = _values(rng, (m, n), jnp.float32)
     out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), bias=bias, glu="silu",
                        transpose_rhs=True, group_offset=jnp.int32(1), existing_out=existing)
-    expected = reference.gmm(_as_float(lhs), _as_float(gate_up), sizes, bias=bias,
+    expected = reference.gmm(as_float64(lhs), as_float64(gate_up), sizes, bias=bias,
                              glu="silu", transpose_rhs=True, group_offset=1,
                              existing_out=existing)
     assert_close(out, expected, jnp.float32, contraction=k)
@@ -605,13 +593,13 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
 
     # int8 weights, converted per compute warpgroup (upcast): float32 tiles beside the float32
     # activations, as a quantized call's lhs gradient has them.
-    gate_up = _quantize(_values(rng, (4, 2 * n, k), jnp.float32), jnp.int8, axis=2)
+    gate_up = quantized_operand(_values(rng, (4, 2 * n, k), jnp.float32), jnp.int8, axis=2)
     bias = _values(rng, (4, 2 * n), jnp.float32)
     wide = lhs.astype(jnp.float32)
     out = _mosaic(GMM)(wide, gate_up, jnp.asarray(sizes), tiling=(64, 32, 128, 2, 2, 1, 1),
                        bias=bias, glu="silu", transpose_rhs=True,
                        preferred_element_type=jnp.bfloat16)
-    expected = reference.gmm(wide, _as_float(gate_up), sizes, bias=bias, glu="silu",
+    expected = reference.gmm(wide, as_float64(gate_up), sizes, bias=bias, glu="silu",
                              transpose_rhs=True)
     assert_close(out, expected, jnp.bfloat16, contraction=k)
     assert np.all(np.asarray(out)[150:] == 0)
@@ -641,7 +629,7 @@ def test_warp_specialized_gmm_converts_8bit_tiles_per_compute_warpgroup():
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=(64, 32, 128, 2, 2, 1, 1),
                        group_offset=jnp.int32(1), existing_out=existing,
                        transpose_rhs=transpose_rhs)
-    expected = reference.gmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
+    expected = reference.gmm(as_float64(lhs), as_float64(rhs), sizes, group_offset=1,
                              existing_out=existing, transpose_rhs=transpose_rhs)
     assert_close(out, expected, jnp.float32, contraction=k)
     kept = np.r_[0:10, 70:m]
@@ -732,11 +720,11 @@ def test_tgmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first
         for row in (5, 70):
             values[(slice(None), row) if axis == 1 else row] = np.nan if wide else 8.0
         values = jnp.asarray(values)
-        return values.astype(dtype) if wide else _quantize(values, dtype, axis=axis)
+        return values.astype(dtype) if wide else quantized_operand(values, dtype, axis=axis)
 
     lhs, rhs = operand((k, m), lhs_dtype, 1), operand((m, n), rhs_dtype, 0)
     existing = _values(rng, (2, k, n), jnp.float32)
-    expected = reference.tgmm(_as_float(lhs), _as_float(rhs), sizes, group_offset=1,
+    expected = reference.tgmm(as_float64(lhs), as_float64(rhs), sizes, group_offset=1,
                               num_actual_groups=2, existing_out=existing)
     out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), group_offset=jnp.int32(1),
                         num_actual_groups=2, existing_out=existing, tiling=tiling)
@@ -892,8 +880,8 @@ def test_equivalence_harness_runs_the_interpreted_kernels():
 ])
 def test_forced_on_a_feature_it_lacks_names_the_feature(form, feature):
     lhs = jnp.ones((64, 64), jnp.float32)
-    rhs = _quantize(jnp.ones((2, 64, 32), jnp.float32), form["dtype"], axis=1,
-                    block_size=form.get("block_size"))
+    rhs = quantized_operand(jnp.ones((2, 64, 32), jnp.float32), form["dtype"], axis=1,
+                            block_size=form.get("block_size"))
     with pytest.raises(kernelhub.NoImplementationError, match=feature):
         _mosaic(GMM)(lhs, rhs, jnp.asarray([32, 32], jnp.int32))
 
@@ -1182,9 +1170,8 @@ def test_a_table_tiling_is_judged_by_the_tiles_a_quantized_calls_gradient_multip
                    if not fits(tiling, call.kernel_problem))
     assert call.space.accepts(too_big, call.problem, call.epilogue)
     assert not call.space.accepts(too_big, call.kernel_problem, call.epilogue)
-    assert fits(call.space.default(call.kernel_problem), call.kernel_problem)
-    assert all(fits(tiling, call.kernel_problem)
-               for tiling in call.space.candidates(call.kernel_problem))
+    # The tuner's candidates, its default first, all fit the kernel's tiles.
+    assert all(fits(tiling, call.kernel_problem) for tiling in _autotune._candidates(call))
 
     table = tuning.Tuning({key: tuning.Entry(too_big, too_big, 1.0, 1.0, "test")})
     with table, pytest.warns(UserWarning, match=r"breaks the kernel's rules.*heuristic"):
@@ -1574,8 +1561,9 @@ def test_shared_sm_candidates_export_for_cuda(kernel):
 def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
     """The contract tests' tiny shapes (20 x 24 x 6: every block fitted down to its least), a
     forward with existing_out and a traced group_offset and its gradients, both weight
-    layouts (float32's alike): Mosaic GPU's layout inference takes tgmm's masks in wgmma's layout (64-row
-    tiles) and the kernels fit shared memory. (The first H100 run found both broken.)"""
+    layouts (float32's alike): Mosaic GPU's layout inference takes tgmm's masks in wgmma's
+    layout (64-row tiles) and the kernels fit shared memory. (The first H100 run found both
+    broken.)"""
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     m, k, n, groups = 20, 24, 6, 3
     sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)

@@ -9,7 +9,6 @@ every pair of values meets (tests/slices.py; KERNELHUB_TEST_WHOLE_PRODUCTS=1 run
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
@@ -20,7 +19,7 @@ import pytest
 
 import kernelhub
 import reference
-from conftest import assert_close, implementation_params
+from conftest import assert_close, dequantized, quantized_implementations, quantized_operand
 from kernelhub import QuantizedArray, quantize
 from kernelhub._grouped_matmul import names
 from kernelhub.ops import _checks
@@ -32,27 +31,6 @@ TGMM = "transposed_grouped_matmul"
 QUANTIZED = [jnp.int8, jnp.float8_e4m3fn, jnp.float8_e5m2]
 LARGEST = {jnp.dtype(jnp.int8): 127.0, jnp.dtype(jnp.float8_e4m3fn): 448.0,
            jnp.dtype(jnp.float8_e5m2): 57344.0}
-
-
-def dequantized(q: QuantizedArray) -> np.ndarray:
-    """float64 values * scale, each scale repeated over its block by numpy."""
-    values = np.asarray(jnp.asarray(q.values, jnp.float32), np.float64)
-    scale = np.asarray(q.scale, np.float64)
-    size = values.shape[q.axis]
-    block = size if q.block_size is None else q.block_size
-    return values * np.repeat(scale, block, axis=q.axis).take(np.arange(size), axis=q.axis)
-
-
-@functools.partial(jax.jit, static_argnames=("dtype", "axis", "block_size"))
-def jit_quantize(x, dtype, *, axis: int, block_size: int | None = None) -> QuantizedArray:
-    """quantize as one compiled program, for operands and references: run eagerly, each of its
-    jax.numpy operations compiles apart, a few dozen programs for each shape and dtype. (The
-    tests of quantize itself, and of what users write, call it eagerly.) No source, as eagerly."""
-    return quantize(x, dtype, axis=axis, block_size=block_size).without_source()
-
-
-def quantized_implementations(op: str) -> list:
-    return [p for p in implementation_params(op) if "quantized" in p.values[0].features]
 
 
 _TURNS = itertools.count()
@@ -186,9 +164,9 @@ def test_gmm_of_quantized_operands_is_the_product_of_their_dequantized_values(
     sizes = np.array([9, 0, 30, 20], np.int32)  # sums to 59 < m: 11 rows in no group
     lhs, rhs = gmm_arrays(rng, m, k, n, 4)
     if quantized != "rhs":
-        lhs = jit_quantize(lhs, dtype, axis=1, block_size=block_size)
+        lhs = quantized_operand(lhs, dtype, axis=1, block_size=block_size)
     if quantized != "lhs":
-        rhs = jit_quantize(rhs, dtype, axis=1, block_size=block_size)
+        rhs = quantized_operand(rhs, dtype, axis=1, block_size=block_size)
     else:
         rhs = rhs.astype(jnp.bfloat16)  # weight-only serving's mirror: bf16 weights
     skip_unless_supported(spec, lhs, rhs)
@@ -206,8 +184,9 @@ def test_gmm_quantized_with_offset_existing_out_and_transposed_rhs(spec, block_s
     m, k, n = 50, 36, 20
     sizes = np.array([5, 17, 0, 21], np.int32)
     lhs, rhs = gmm_arrays(rng, m, k, n, 2, transpose_rhs=True)
-    q_lhs = jit_quantize(lhs.astype(jnp.bfloat16), jnp.float8_e4m3fn, axis=1, block_size=block_size)
-    q_rhs = jit_quantize(rhs, jnp.int8, axis=2, block_size=block_size)
+    q_lhs = quantized_operand(lhs.astype(jnp.bfloat16), jnp.float8_e4m3fn, axis=1,
+                              block_size=block_size)
+    q_rhs = quantized_operand(rhs, jnp.int8, axis=2, block_size=block_size)
     existing = jnp.asarray(normal(rng, (m, n), jnp.bfloat16))
     skip_unless_supported(spec, q_lhs, q_rhs)
     out = kernelhub.get(GMM, platform=spec.platform)(
@@ -252,8 +231,9 @@ def test_gmm_scale_blocks_across_contraction_tiles(spec, transpose_rhs):
     m, k, n = 150, 416, 48
     sizes = np.array([30, 50, 0, 45], np.int32)  # local groups 1..3: rows 30..125
     lhs, rhs = gmm_arrays(rng, m, k, n, 3, transpose_rhs=transpose_rhs)
-    q_lhs = jit_quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=256)
-    q_rhs = jit_quantize(rhs, jnp.float8_e4m3fn, axis=2 if transpose_rhs else 1, block_size=128)
+    q_lhs = quantized_operand(lhs, jnp.float8_e4m3fn, axis=1, block_size=256)
+    q_rhs = quantized_operand(rhs, jnp.float8_e4m3fn, axis=2 if transpose_rhs else 1,
+                              block_size=128)
     want = reference.gmm(dequantized(q_lhs), dequantized(q_rhs), sizes, group_offset=1,
                          transpose_rhs=transpose_rhs)
     tiling = _SCALE_BLOCK_TILINGS["gmm"].get(spec.platform.value, [None, None])[transpose_rhs]
@@ -269,10 +249,10 @@ def test_tgmm_scale_blocks_across_contraction_tiles(spec):
     rng = np.random.default_rng(15)
     k, m, n = 24, 416, 16
     sizes = np.array([100, 0, 250, 40], np.int32)  # groups end mid-block and mid-tile
-    q_lhs = jit_quantize(jnp.asarray(normal(rng, (k, m), jnp.float32)), jnp.int8, axis=1,
-                         block_size=256)
-    q_rhs = jit_quantize(jnp.asarray(normal(rng, (m, n), jnp.float32)), jnp.int8, axis=0,
-                         block_size=128)
+    q_lhs = quantized_operand(jnp.asarray(normal(rng, (k, m), jnp.float32)), jnp.int8, axis=1,
+                              block_size=256)
+    q_rhs = quantized_operand(jnp.asarray(normal(rng, (m, n), jnp.float32)), jnp.int8, axis=0,
+                              block_size=128)
     want = reference.tgmm(dequantized(q_lhs), dequantized(q_rhs), sizes)
     for tiling in _SCALE_BLOCK_TILINGS["tgmm"].get(spec.platform.value, [None]):
         out = kernelhub.get(TGMM, platform=spec.platform)(q_lhs, q_rhs, jnp.asarray(sizes),
@@ -289,8 +269,8 @@ def test_gmm_quantized_nan_stays_in_its_rows(spec, block_size):
     lhs, rhs = gmm_arrays(rng, 24, 32, 8, 2)
     lhs = lhs.at[3, 5].set(jnp.nan)
     out = np.asarray(kernelhub.get(GMM, platform=spec.platform)(
-        jit_quantize(lhs, jnp.int8, axis=1, block_size=block_size),
-        jit_quantize(rhs, jnp.float8_e4m3fn, axis=1, block_size=block_size),
+        quantized_operand(lhs, jnp.int8, axis=1, block_size=block_size),
+        quantized_operand(rhs, jnp.float8_e4m3fn, axis=1, block_size=block_size),
         jnp.asarray([10, 8], jnp.int32)))
     assert np.isnan(out[3]).all()
     assert np.isfinite(np.delete(out, 3, axis=0)).all()
@@ -350,10 +330,10 @@ def test_tgmm_of_quantized_operands(spec, dtype, block_size):
     rng = np.random.default_rng(5)
     k, m, n = 24, 300, 16  # many small groups (the batched head) and a large one past it
     sizes = np.array([6] * 10 + [0, 200, 3], np.int32)
-    lhs = jit_quantize(jnp.asarray(normal(rng, (k, m), jnp.float32)), dtype, axis=1,
-                       block_size=block_size)
-    rhs = jit_quantize(jnp.asarray(normal(rng, (m, n), jnp.float32)), dtype, axis=0,
-                       block_size=block_size)
+    lhs = quantized_operand(jnp.asarray(normal(rng, (k, m), jnp.float32)), dtype, axis=1,
+                            block_size=block_size)
+    rhs = quantized_operand(jnp.asarray(normal(rng, (m, n), jnp.float32)), dtype, axis=0,
+                            block_size=block_size)
     existing = jnp.asarray(normal(rng, (10, k, n), jnp.float32))
     skip_unless_supported(spec, lhs, rhs)
     out = kernelhub.get(TGMM, platform=spec.platform)(lhs, rhs, jnp.asarray(sizes),
@@ -391,8 +371,9 @@ def test_gmm_gradients_pass_straight_through_quantize(spec, transpose_rhs, block
         return jnp.sum(gmm(q_lhs, q_rhs, jnp.asarray(sizes), transpose_rhs=transpose_rhs) * d_out)
 
     d_lhs, d_rhs = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
-    q_lhs = dequantized(jit_quantize(lhs, jnp.int8, axis=1, block_size=block_size))
-    q_rhs = dequantized(jit_quantize(rhs, jnp.float8_e4m3fn, axis=rhs_axis, block_size=block_size))
+    q_lhs = dequantized(quantized_operand(lhs, jnp.int8, axis=1, block_size=block_size))
+    q_rhs = dequantized(quantized_operand(rhs, jnp.float8_e4m3fn, axis=rhs_axis,
+                                          block_size=block_size))
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, d_out,
                                               transpose_rhs=transpose_rhs)
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
@@ -497,8 +478,8 @@ def test_block_scaled_weights_are_never_dequantized_whole_in_the_backward(platfo
     assert_weights_never_widened_whole(lowered, rhs)  # the program run, read
     assert "QuantizedArray" in str(jax.make_jaxpr(loss)(lhs, rhs))  # a jaxpr holding one prints
     d_lhs, d_rhs = lowered.compile()(lhs, rhs)
-    q_lhs = dequantized(jit_quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=128))
-    q_rhs = dequantized(jit_quantize(rhs, jnp.float8_e4m3fn, axis=2, block_size=128))
+    q_lhs = dequantized(quantized_operand(lhs, jnp.float8_e4m3fn, axis=1, block_size=128))
+    q_rhs = dequantized(quantized_operand(rhs, jnp.float8_e4m3fn, axis=2, block_size=128))
     out = reference.gmm(q_lhs, q_rhs, np.asarray(sizes), transpose_rhs=True)
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, np.asarray(sizes), 2 * out,
                                               transpose_rhs=True)
@@ -529,8 +510,8 @@ def test_tgmm_gradients_pass_straight_through_quantize(spec, block_size):
         return jnp.sum(tgmm(q_lhs, q_rhs, jnp.asarray(sizes)) * d_out)
 
     d_lhs, d_rhs = jax.jit(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
-    q_lhs = dequantized(jit_quantize(lhs, jnp.float8_e5m2, axis=1, block_size=block_size))
-    q_rhs = dequantized(jit_quantize(rhs, jnp.int8, axis=0, block_size=block_size))
+    q_lhs = dequantized(quantized_operand(lhs, jnp.float8_e5m2, axis=1, block_size=block_size))
+    q_rhs = dequantized(quantized_operand(rhs, jnp.int8, axis=0, block_size=block_size))
     want_lhs, want_rhs, _ = reference.tgmm_vjp(q_lhs, q_rhs, sizes, d_out)
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=n * 3)
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=k * 3)
@@ -617,8 +598,8 @@ def test_exported_quantized_gmm_holds_each_platforms_kernel_and_runs(block_size,
     assert kernelhub.export.kernels_by_platform(exported) == kernels
     value, (d_lhs, d_rhs) = jax.export.deserialize(exported.serialize()).call(
         lhs, rhs, jnp.asarray(sizes))
-    q_lhs = dequantized(jit_quantize(lhs, jnp.float8_e4m3fn, axis=1))
-    q_rhs = dequantized(jit_quantize(rhs, jnp.int8, axis=1, block_size=block_size))
+    q_lhs = dequantized(quantized_operand(lhs, jnp.float8_e4m3fn, axis=1))
+    q_rhs = dequantized(quantized_operand(rhs, jnp.int8, axis=1, block_size=block_size))
     assert_close(value, reference.gmm(q_lhs, q_rhs, sizes).sum(), jnp.float32, contraction=40 * 32)
     want_lhs, want_rhs, _ = reference.gmm_vjp(q_lhs, q_rhs, sizes, np.ones((40, 16)))
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=16)
@@ -654,7 +635,7 @@ def test_a_stack_of_quantized_weights_maps_over_its_layers():
 _FOLDING_GMM = [((1, 1), False), ((0, None), False), ((None, 2), False), ((None, 1), True),
                 ((0, 2), True), ((0, 1), False), ((0, 2), False), ((1, None), False)]
 # tgmm's: lhs [k, m] along 1 (a scale per k) or 0 (per m), rhs [m, n] along 0 (per n) or 1.
-_FOLDING_TGMM = [(1, 0), (0, None), (None, 1), (0, 1), (None, 0)]
+_FOLDING_TGMM = [(1, 0), (0, None), (None, 1), (0, 1), (None, 0), (0, 0), (1, 1)]
 
 
 def _spied_kernels():

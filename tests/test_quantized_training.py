@@ -7,16 +7,14 @@ the rhs gradient along m."""
 
 from __future__ import annotations
 
-import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernelhub
+import conftest
 import reference
-from conftest import assert_close, jitted_vjp
+from conftest import assert_close, jitted_vjp, quantized_operand
 from kernelhub import quantized_training as qt
 from strategies import normal
 
@@ -24,15 +22,9 @@ M, K, N = 64, 64, 32
 SIZES = np.array([20, 0, 37], np.int32)  # a group without rows, 7 rows past the groups
 
 
-@functools.partial(jax.jit, static_argnames=("form", "axis"))
-def _dequantized(x, form, axis):
-    return kernelhub.quantize(x, form, axis=axis).without_source().dequantize()
-
-
 def dequantized(x, form, axis):
-    """x quantized and dequantized, in float64, by one compiled program: run eagerly, each of
-    quantize's jax.numpy operations compiles apart, a few dozen programs for each shape."""
-    return np.asarray(_dequantized(x, form, axis), np.float64)
+    """x quantized (in one compiled program) and dequantized in float64."""
+    return conftest.dequantized(quantized_operand(x, form, axis=axis))
 
 
 def operands(seed=0):

@@ -13,19 +13,16 @@ import pytest
 
 import kernelhub
 import reference
-from conftest import assert_close, implementation_params
+from conftest import assert_close, quantized_implementations
 from kernelhub import QuantizedArray, _qwix
 from kernelhub.ops import _checks
+from slices import each_value_once
 from strategies import normal
 
 qwix = pytest.importorskip("qwix")
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
-
-
-def quantized_implementations(op: str) -> list:
-    return [p for p in implementation_params(op) if "quantized" in p.values[0].features]
 
 
 def as_float64(value) -> np.ndarray:
@@ -77,19 +74,12 @@ def test_qarray_runs_natively_where_its_layout_allows(layout):
                                    as_float64(value), rtol=1e-6, atol=1e-6)
 
 
-def each_layout_once(op: str) -> list:
-    """Each layout on one implementation, each implementation at least once, not every pair:
-    a QArray becomes a QuantizedArray or an exact float32 array before any implementation is
-    chosen (kernelhub/_qwix.py), and what each implementation makes of a QuantizedArray of
-    each layout is tests/test_quantization.py's and tests/test_formats.py's."""
-    specs, layouts = quantized_implementations(op), list(LAYOUTS)
-    pairs = [(specs[i % len(specs)], layouts[i % len(layouts)])
-             for i in range(max(len(specs), len(layouts)))]
-    return [pytest.param(spec.values[0], layout, id=f"{layout}-{spec.id}")
-            for spec, layout in pairs]
-
-
-@pytest.mark.parametrize("spec, layout", each_layout_once(GMM))
+# Each layout on one implementation, each implementation at least once, not every pair: a
+# QArray becomes a QuantizedArray or an exact float32 array before any implementation is
+# chosen (kernelhub/_qwix.py), and what each implementation makes of a QuantizedArray of each
+# layout is tests/test_quantization.py's and tests/test_formats.py's.
+@pytest.mark.parametrize("spec, layout", each_value_once(quantized_implementations(GMM),
+                                                        list(LAYOUTS)))
 def test_gmm_of_qarrays_is_the_product_of_their_dequantized_values(spec, layout):
     make_lhs, make_rhs, _ = LAYOUTS[layout]
     lhs, rhs = make_lhs(), make_rhs()
@@ -104,8 +94,8 @@ def test_gmm_of_qarrays_is_the_product_of_their_dequantized_values(spec, layout)
     assert_close(out, want, jnp.float32, contraction=256)
 
 
-# One implementation, as in each_layout_once: the QArrays are converted before one is chosen.
-# The last, which each_layout_once gives the fewest layouts.
+# One implementation, as above: the QArrays are converted before one is chosen. The last,
+# which the pairing above gives the fewest layouts.
 @pytest.mark.parametrize("spec", quantized_implementations(TGMM)[-1:])
 def test_tgmm_of_qarrays_along_m(spec):
     rng = np.random.default_rng(21)

@@ -19,8 +19,7 @@ from jax import lax
 
 import kernelhub
 import ragged_reference
-import reference
-from conftest import implementation_params
+from conftest import as_float64, implementation_params, quantized_operand
 from kernelhub.ops import _checks
 
 GROUP_SIZES = np.array([3, 0, 5, 2], np.int32)  # a group of 0, and a sum (10) below m (12)
@@ -42,16 +41,9 @@ def _values(rng, shape, dtype):
     return jnp.asarray(rng.normal(size=shape) * 2, jnp.float32).astype(dtype)
 
 
-# Quantization, dequantization and the reference are the inputs' preparation here, jitted:
-# eagerly each of their jax.numpy operations compiles on its own, at most cases' own shapes.
-_quantize = jax.jit(kernelhub.quantize, static_argnames=("dtype", "axis", "block_size"))
+# The peer's dequantized inputs in one jitted program (eagerly, each jax.numpy operation of
+# dequantize compiles on its own); the float64 reference takes conftest.as_float64's.
 _dequantize = jax.jit(kernelhub.QuantizedArray.dequantize)
-
-
-def _f64(x) -> np.ndarray:
-    if isinstance(x, kernelhub.QuantizedArray):
-        x = _dequantize(x)
-    return np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
 
 
 @functools.cache
@@ -63,7 +55,7 @@ def _reference_program(group_sizes: tuple, numbers, group_offset):
 def _reference(lhs, rhs, group_sizes, numbers, group_offset=None) -> np.ndarray:
     program = _reference_program(tuple(np.asarray(group_sizes).tolist()), numbers, group_offset)
     with jax.enable_x64(True):
-        return np.asarray(program(_f64(lhs), _f64(rhs)))
+        return np.asarray(program(as_float64(lhs), as_float64(rhs)))
 
 
 def _is_interpret(spec) -> bool:
@@ -140,7 +132,7 @@ def test_raw_operands_match_lax_and_the_reference(spec, pair):
     else:
         if out.dtype.itemsize > 1:  # an fp8 result is NaN past its range, as lax's
             _check_float(out, exact, out.dtype)
-        _check_float(out, _f64(expected), out.dtype)
+        _check_float(out, as_float64(expected), out.dtype)
 
 
 @pytest.mark.parametrize("spec", implementation_params("ragged_dot_general"))
@@ -217,14 +209,14 @@ def test_gradients_follow_lax(spec):
                                 allow_int=True))(x, w8)
     assert d_w.dtype == e_w.dtype == jax.dtypes.float0
     assert d_x.dtype == e_x.dtype == jnp.bfloat16
-    _check_float(d_x, _f64(e_x), jnp.bfloat16)
+    _check_float(d_x, as_float64(e_x), jnp.bfloat16)
     # A raw fp8 operand's gradient is fp8, as lax's: summed in float32, rounded once.
     x8, w = x.astype(jnp.float8_e4m3fn), _values(rng, (4, K, N), jnp.bfloat16)
     d_x, d_w = jax.jit(jax.grad(lambda x, w: loss(ragged_dot, x, w), argnums=(0, 1)))(x8, w)
     e_x, e_w = jax.jit(jax.grad(lambda x, w: loss(lax.ragged_dot, x, w), argnums=(0, 1)))(x8, w)
     assert (d_x.dtype, d_w.dtype) == (e_x.dtype, e_w.dtype) == (x8.dtype, w.dtype)
-    _check_float(d_x, _f64(e_x), jnp.float8_e4m3fn)
-    _check_float(d_w, _f64(e_w), jnp.bfloat16)
+    _check_float(d_x, as_float64(e_x), jnp.float8_e4m3fn)
+    _check_float(d_w, as_float64(e_w), jnp.bfloat16)
 
 
 # (numbers, lhs shape, rhs shape, lhs quantized axis, rhs quantized axis, block size)
@@ -248,10 +240,10 @@ INTERPRETED_QUANTIZED = (0, 2)
 def test_quantized_operands_in_every_mode(spec, case):
     numbers, lhs_shape, rhs_shape, lhs_axis, rhs_axis, block = QUANTIZED_CASES[case]
     rng = np.random.default_rng(case)
-    lhs = _quantize(jnp.asarray(rng.normal(size=lhs_shape), jnp.float32), jnp.int8,
-                    axis=lhs_axis, block_size=block)
-    rhs = _quantize(jnp.asarray(rng.normal(size=rhs_shape), jnp.float32), jnp.float8_e4m3fn,
-                    axis=rhs_axis, block_size=block)
+    lhs = quantized_operand(jnp.asarray(rng.normal(size=lhs_shape), jnp.float32), jnp.int8,
+                            axis=lhs_axis, block_size=block)
+    rhs = quantized_operand(jnp.asarray(rng.normal(size=rhs_shape), jnp.float32), jnp.float8_e4m3fn,
+                            axis=rhs_axis, block_size=block)
     sizes = GROUP_SIZES if numbers is not MODE_3 else np.array([1, 0, 2, 0], np.int32)
     general = kernelhub.get("ragged_dot_general", platform=spec.platform)
     # The interpreters run mode 1 with group_offset only: the same scale blocks through the same
@@ -263,7 +255,7 @@ def test_quantized_operands_in_every_mode(spec, case):
         if numbers is not MODE_3:
             expected = lax.ragged_dot_general(_dequantize(lhs), _dequantize(rhs),
                                               jnp.asarray(sizes), numbers)
-            _check_float(out, _f64(expected), jnp.float32)
+            _check_float(out, as_float64(expected), jnp.float32)
     if numbers is MODE_1:
         local = kernelhub.QuantizedArray(rhs.values[1:3], rhs.scale[1:3], axis=1,
                                          block_size=block)

@@ -24,6 +24,7 @@ import reference
 from conftest import assert_close, call, implementation_params
 from kernelhub import tuning
 from kernelhub._grouped_matmul import tables
+from slices import each_value_once
 
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
@@ -38,23 +39,17 @@ def _subprocess(script: str, **environment: str) -> subprocess.CompletedProcess:
 
 # ---------------------------------------------------------------- 1. sizes whose sums wrap
 
-WRAPPING_SIZES = [[2**30, 2**30, 5], [INT32_MAX, INT32_MAX, 3], [5, INT32_MAX, INT32_MAX]]
-WRAPPING_IDS = ["2^30+2^30", "max+max", "5+max+max"]
+WRAPPING_SIZES = [pytest.param([2**30, 2**30, 5], id="2^30+2^30"),
+                  pytest.param([INT32_MAX, INT32_MAX, 3], id="max+max"),
+                  pytest.param([5, INT32_MAX, INT32_MAX], id="5+max+max")]
 
 
-def _each_once(op: str, turn: int) -> list:
-    """Every implementation and every wrapping pattern at least once, not every pair: the
-    boundaries are summed and clamped by one shared function (_grouped_matmul/groups.py), and
-    each kernel reads its clamped bounds the same whatever the sizes were. `turn` shifts the
-    pairs, so that gmm and tgmm meet other patterns on each implementation."""
-    specs = implementation_params(op)
-    count = max(len(specs), len(WRAPPING_SIZES))
-    pairs = [(specs[i % len(specs)], (i + turn) % len(WRAPPING_SIZES)) for i in range(count)]
-    return [pytest.param(spec.values[0], WRAPPING_SIZES[j], id=f"{spec.id}-{WRAPPING_IDS[j]}")
-            for spec, j in pairs]
-
-
-@pytest.mark.parametrize("spec, sizes", _each_once(GMM, turn=0))
+# Every implementation and every wrapping pattern at least once, not every pair: the
+# boundaries are summed and clamped by one shared function (_grouped_matmul/groups.py), and
+# each kernel reads its clamped bounds the same whatever the sizes were. tgmm's turn meets
+# other patterns on each implementation than gmm's.
+@pytest.mark.parametrize("spec, sizes", each_value_once(implementation_params(GMM),
+                                                       WRAPPING_SIZES))
 def test_gmm_sizes_whose_int32_sum_wraps_stay_in_bounds(spec, sizes):
     """Under jit (no value check) every boundary is clamped to the rows as if summed without
     wrapping: the first group to reach the end owns the rest, and nothing is left unwritten."""
@@ -66,7 +61,8 @@ def test_gmm_sizes_whose_int32_sum_wraps_stay_in_bounds(spec, sizes):
     assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, contraction=k)
 
 
-@pytest.mark.parametrize("spec, sizes", _each_once(TGMM, turn=1))
+@pytest.mark.parametrize("spec, sizes", each_value_once(implementation_params(TGMM),
+                                                       WRAPPING_SIZES, turn=1))
 def test_tgmm_sizes_whose_int32_sum_wraps_stay_in_bounds(spec, sizes):
     rng = np.random.default_rng(1)
     m, k, n = 16, 8, 8

@@ -30,3 +30,12 @@ def test_params_carry_each_values_id():
     params = slices.all_pairs([pytest.param("a", id="first")], [1, 2], [None])
     assert [p.id for p in params] == ["first-1-None", "first-2-None"]
     assert [p.values for p in params] == [("a", 1, None), ("a", 2, None)]
+
+
+@pytest.mark.parametrize("first, second, turn", [(3, 5, 0), (4, 2, 1), (3, 3, 2)])
+def test_each_value_once_meets_every_value_of_both_axes(first, second, turn):
+    cases = slices.each_value_once(list(range(first)), [f"v{j}" for j in range(second)], turn=turn)
+    assert len(cases) == max(first, second)
+    assert {case.values[0] for case in cases} == set(range(first))
+    assert {case.values[1] for case in cases} == {f"v{j}" for j in range(second)}
+    assert len({case.id for case in cases}) == len(cases)

@@ -98,32 +98,35 @@ def _float(operand: Any) -> jax.Array:
     return array.astype(jnp.float32)
 
 
-def _one_block(operand: Any) -> bool:
-    return isinstance(operand, QuantizedArray) and operand.num_blocks == 1
+def _folded_into_other(operand: Any, contraction_axis: int) -> bool:
+    """Whether a quantized operand's one scale block varies along the contraction (it is
+    quantized along its other axis): then it multiplies the other operand, in float32, before
+    the kernel; quantized along the contraction, its scale varies along an output axis and
+    multiplies the result."""
+    return operand.axis != contraction_axis
 
 
 def folded_problem(problem: Problem, lhs: Any, rhs: Any) -> Problem:
     """`problem` (a call's, whose key names its operands' stored types) as the wrapped kernel
-    of `folded` gets it: an operand a scale is folded into is float32, and a tgmm whose
-    result is scaled after its kernel has a float32 result and no existing_out there. A
-    tiling for the key's types may not suit the wider tiles (kernelhub/_grouped_matmul/
-    passes.py, KernelCall.kernel_problem)."""
+    of `folded` gets it: the operand a scale is folded into is float32 (the first fold
+    dequantizes that operand, so one at most), and a tgmm whose result is scaled after its
+    kernel has a float32 result and no existing_out there. A tiling for the key's types may
+    not suit the wider tiles (kernelhub/_grouped_matmul/passes.py, KernelCall.kernel_problem)."""
+    tgmm = problem.kernel is Kernel.TGMM
+    # lhs [m, k] or tgmm's [k, m]: axis 1; rhs [G, k, n], [G, n, k] or tgmm's [m, n].
+    rhs_contraction = 0 if tgmm else 2 if problem.kernel is Kernel.GMM_TRANSPOSED_RHS else 1
+    lhs_quantized, rhs_quantized = (isinstance(x, QuantizedArray) and x.num_blocks == 1
+                                    for x in (lhs, rhs))
+    lhs_folds = lhs_quantized and _folded_into_other(lhs, 1)
+    rhs_quantized = rhs_quantized and not lhs_folds  # else dequantized by that fold
     changes: dict[str, Any] = {}
-    if problem.kernel is Kernel.TGMM:  # lhs [k, m], rhs [m, n]: as `folded`'s tgmm
-        lhs_scales_rows = _one_block(lhs) and lhs.axis == 1
-        rhs_scales_columns = _one_block(rhs) and rhs.axis == 0
-        if _one_block(lhs) and not lhs_scales_rows:
-            changes["rhs_dtype"] = "float32"  # rhs dequantized, if it was quantized, and scaled
-        elif _one_block(rhs) and not rhs_scales_columns:
-            changes["lhs_dtype"] = "float32"
-        if lhs_scales_rows or rhs_scales_columns:
-            changes.update(out_dtype="float32", has_existing=False)
-    else:  # as `folded`'s gmm
-        rhs_contraction = 2 if problem.kernel is Kernel.GMM_TRANSPOSED_RHS else 1
-        if _one_block(lhs) and lhs.axis != 1:
-            changes["rhs_dtype"] = "float32"  # rhs dequantized, if it was quantized, and scaled
-        elif _one_block(rhs) and rhs.axis != rhs_contraction:
-            changes["lhs_dtype"] = "float32"
+    if lhs_folds:
+        changes["rhs_dtype"] = "float32"
+    elif rhs_quantized and _folded_into_other(rhs, rhs_contraction):
+        changes["lhs_dtype"] = "float32"
+    if tgmm and ((lhs_quantized and not lhs_folds) or
+                 (rhs_quantized and not _folded_into_other(rhs, rhs_contraction))):
+        changes.update(out_dtype="float32", has_existing=False)
     return dataclasses.replace(problem, **changes) if changes else problem
 
 
@@ -146,7 +149,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         row_scale = column_scale = None
         if isinstance(lhs, QuantizedArray):
             scale = _scales(lhs)
-            if lhs.axis == 1:  # one scale per row: scales the output's rows
+            if not _folded_into_other(lhs, 1):  # one scale per row: the output's rows
                 row_scale = scale
             else:  # one scale per k: folded into rhs along its k axis
                 shape = [1, 1, 1]
@@ -155,7 +158,7 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
             lhs = lhs.values
         if isinstance(rhs, QuantizedArray):
             scale = _scales(rhs)  # [local_groups, the axis the scale varies over]
-            if rhs.axis == rhs_contraction:  # one scale per output column and group
+            if not _folded_into_other(rhs, rhs_contraction):  # per output column and group
                 column_scale = scale
             else:  # one scale per k and group: folded into each row of lhs
                 groups = row_groups(group_sizes, group_offset, local_groups, m)
@@ -179,14 +182,14 @@ def folded(raw_gmm: RawKernel, raw_tgmm: RawKernel) -> Folded:
         k_scale = n_scale = None
         if isinstance(lhs, QuantizedArray):  # [k, m]
             scale = _scales(lhs)
-            if lhs.axis == 1:  # one scale per k: scales the output's rows
+            if not _folded_into_other(lhs, 1):  # one scale per k: the output's rows
                 k_scale = scale
             else:  # one scale per m: folded into rhs's rows
                 rhs = _float(rhs) * scale[:, None]
             lhs = lhs.values
         if isinstance(rhs, QuantizedArray):  # [m, n]
             scale = _scales(rhs)
-            if rhs.axis == 0:  # one scale per n: scales the output's columns
+            if not _folded_into_other(rhs, 0):  # one scale per n: the output's columns
                 n_scale = scale
             else:  # one scale per m: folded into lhs's columns
                 lhs = _float(lhs) * scale[None, :]
