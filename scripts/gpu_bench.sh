@@ -27,7 +27,8 @@
 #           launch of each Mosaic GPU and Triton kernel at the same shapes: counters.md
 # tune:     kernelhub tune of both Hopper kernels (mosaic, triton; or $KERNELHUB_GPU_TUNE_PLATFORMS)
 #           in bf16 (or $KERNELHUB_GPU_TUNE_DTYPES, e.g. fp8; with
-#           KERNELHUB_GPU_TUNE_WEIGHTS_ONLY=1 an 8-bit dtype quantizes only the weights)
+#           KERNELHUB_GPU_TUNE_WEIGHTS_ONLY=1 an 8-bit dtype quantizes only the weights;
+#           with KERNELHUB_GPU_TUNE_SCALE_BLOCK=128 its scales come in blocks of 128)
 #           at the scoreboard's shapes (or those named in $KERNELHUB_GPU_TUNE_SHAPES; gmm's
 #           three kernels, every pass, balanced and skewed sizes): tuning.json,
 #           the table to ship as kernelhub/tuning/defaults/<device kind>.json (its times also
@@ -264,8 +265,12 @@ for stage in "${stages[@]}"; do
       # bf16, or e.g. "fp8": both operands quantized in the call (kernelhub tune --dtypes)
       read -r -a tune_dtypes <<<"${KERNELHUB_GPU_TUNE_DTYPES:-bf16}"
       # 1: bf16 activations beside 8-bit weights (weight-only quantization; tune --weights-only)
-      tune_weights=()
-      [ "${KERNELHUB_GPU_TUNE_WEIGHTS_ONLY:-0}" = 1 ] && tune_weights=(--weights-only)
+      tune_quantization=()
+      [ "${KERNELHUB_GPU_TUNE_WEIGHTS_ONLY:-0}" = 1 ] && tune_quantization=(--weights-only)
+      # e.g. 128: the scales in blocks along the contraction (tune --scale-block), which a
+      # table's key names: the only way such calls get a measured choice of kernel
+      [ -n "${KERNELHUB_GPU_TUNE_SCALE_BLOCK:-}" ] && \
+        tune_quantization+=(--scale-block "$KERNELHUB_GPU_TUNE_SCALE_BLOCK")
       if [ ${#smoke[@]} -gt 0 ]; then
         tune_shapes=("smoke:96x32x48:4:4")
         tune_platforms=(triton)
@@ -301,7 +306,7 @@ for stage in "${stages[@]}"; do
           run_stage "tune-$tune_name-$tune_platform" "$tune_limit" \
             "$PYTHON" -m kernelhub.cli tune --shape "$tune_shape" --platform "$tune_platform" \
             --groups "$tune_groups" --local-groups "$tune_local" --ops gmm \
-            --dtypes "${tune_dtypes[@]}" "${tune_weights[@]}" \
+            --dtypes "${tune_dtypes[@]}" "${tune_quantization[@]}" \
             --skew 0 2 "${tune_flags[@]}" --output "$RESULTS/tuning.json" \
             --time-limit "$((tune_limit > 40 ? tune_limit - 20 : tune_limit / 2 + 1))" \
             --markdown "$RESULTS/tuning-$tune_name-$tune_platform.md"
@@ -321,10 +326,10 @@ for stage in "${stages[@]}"; do
           tuned_shapes=(--gpu-shapes)
           for entry in "${tune_shapes[@]}"; do tuned_shapes+=("${entry%%:*}"); done
         fi
-        # The scoreboard has bf16 and fp8 rows, both operands quantized (not int8, e5m2 or
-        # weights only): the other dtypes tuned have no rows to time again.
+        # The scoreboard has bf16 and fp8 rows, both operands quantized (not int8, e5m2,
+        # weights only or scale blocks): the other dtypes tuned have no rows to time again.
         scored=()
-        if [ ${#tune_weights[@]} -eq 0 ]; then
+        if [ ${#tune_quantization[@]} -eq 0 ]; then
           for dtype_name in "${tune_dtypes[@]}"; do
             case $dtype_name in bf16|fp8) scored+=("$dtype_name") ;; esac
           done
@@ -333,7 +338,7 @@ for stage in "${stages[@]}"; do
           roofline roofline-tuned "$(share 70)" --gpu-dtypes "${scored[@]}" "${tuned_shapes[@]}" \
             --gpu-implementations "${tune_platforms[@]/#/kernelhub:}"
         else
-          note "roofline-tuned: the scoreboard has no rows of ${tune_dtypes[*]} ${tune_weights[*]}"
+          note "roofline-tuned: the scoreboard has no rows of ${tune_dtypes[*]} ${tune_quantization[*]}"
         fi
         unset KERNELHUB_TUNING
         : >"$RESULTS/tuning-bench.md"

@@ -5,6 +5,7 @@ times from the tuning tables (kernelhub/_grouped_matmul/measured.py)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 
 import jax
@@ -245,27 +246,29 @@ def test_an_epilogue_the_tables_never_timed_keeps_the_registered_choice():
                                        atol=1e-4)
 
 
-def test_scale_blocks_the_tables_never_timed_keep_the_registered_choice():
-    """A table's key names dtypes, not scale blocks, and the tuner times one scale per row and
-    column: int8 weights with one scale per column lower the table's faster twin, the same
-    weights in blocks of 16 along k keep the registered choice. Both against float64."""
+def test_a_table_times_a_call_with_scale_blocks_only_under_their_key():
+    """A key names scale blocks beside dtypes (kernels step through blocks or widen first):
+    int8 weights in blocks of 16 along k lower the table's faster twin under entries tuned
+    with those blocks, and keep the registered choice under entries tuned with one scale per
+    column or with blocks of 8. Each result against float64."""
     from kernelhub.quantization import quantize
 
+    def quantized(x, w, block_size):
+        return kernelhub.grouped_matmul(
+            x, quantize(w, jnp.int8, axis=1, block_size=block_size), jnp.asarray(SIZES))
+
     x, w = _operands()
+    weights = np.asarray(quantize(w, jnp.int8, axis=1, block_size=16).dequantize())
     features = (names.QUANTIZED, names.QUANTIZED_BLOCKS)
     with _registered_twin(TuningSpace(TWIN, XLA_SPACE.candidates, XLA_SPACE.default,
                                       XLA_SPACE.accepts), features=features) as lowered:
-        for block_size, twin_lowers in ((None, True), (16, False)):
-            def quantized(x, w, block_size=block_size):
-                return kernelhub.grouped_matmul(
-                    x, quantize(w, jnp.int8, axis=1, block_size=block_size), jnp.asarray(SIZES))
-
+        for tuned_block, twin_lowers in ((None, False), (8, False), (16, True)):
+            table = _table({(TWIN, "forward"): 1.0, ("xla", "forward"): 2.0},
+                           functools.partial(quantized, block_size=tuned_block), x, w)
             lowered.clear()
-            with _table({(TWIN, "forward"): 1.0, ("xla", "forward"): 2.0}, quantized, x, w):
-                out = jax.jit(quantized)(x, w)
-            assert (lowered == ["gmm"]) == twin_lowers, block_size
-            weights = np.asarray(quantize(w, jnp.int8, axis=1, block_size=block_size)
-                                 .dequantize())
+            with table:
+                out = jax.jit(functools.partial(quantized, block_size=16))(x, w)
+            assert (lowered == ["gmm"]) == twin_lowers, tuned_block
             np.testing.assert_allclose(out, _reference(x, weights), rtol=1e-4, atol=1e-3)
 
 

@@ -392,6 +392,54 @@ def test_table_round_trips_through_a_file(tmp_path):
     assert loaded.lookup(key) == (256, 1024, 1024)
 
 
+def test_scale_blocks_round_trip_and_are_written_only_where_set(tmp_path):
+    """A key's scale blocks (Problem.lhs_blocks, rhs_blocks) go to the file where set; an
+    entry without them is written as before them, and such a file reads as tuned without
+    blocks. A malformed value names the field."""
+    plain = tuning.KernelProblem("gmm", 4096, 1024, 1024, 64, 64, "float8_e4m3fn",
+                                 "float8_e4m3fn", "bfloat16", False)
+    blocked = dataclasses.replace(plain, lhs_blocks="k128", rhs_blocks="k128")
+    keys = [tuning.TuningKey("cpu", "xla", "grouped_matmul", "forward", problem)
+            for problem in (plain, blocked)]
+    path = tmp_path / "tiles.json"
+    tuning.Tuning({key: _entry((64, 64, 64)) for key in keys}).save(path)
+    document = json.loads(path.read_text())
+    assert [("lhs_blocks" in item, item.get("rhs_blocks")) for item in document["entries"]] \
+        == [(False, None), (True, "k128")]
+    assert set(tuning.load(path).entries) == set(keys)
+    document["entries"][1]["rhs_blocks"] = "x128"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="entry 1: rhs_blocks must be"):
+        tuning.load(path)
+
+
+def test_a_key_names_each_operands_scale_blocks_by_the_axis_in_that_pass():
+    """fp8 in blocks of 16 along the contraction: the forward's keys say k16 for both
+    operands; in the lhs gradient the weights' blocks run along its output columns (n16) and
+    the cotangent has none; in the weight gradient the activations, transposed [k, m], have
+    theirs along k (k16). One scale per row and column names no blocks."""
+    lhs = jax.ShapeDtypeStruct((M, 64), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((3, 64, N), jnp.bfloat16)
+
+    def blocks_by_pass(block_size):
+        def loss(lhs, rhs):
+            out = kernelhub.get("grouped_matmul", platform="xla")(
+                kernelhub.quantize(lhs, jnp.float8_e4m3fn, axis=1, block_size=block_size),
+                kernelhub.quantize(rhs, jnp.float8_e4m3fn, axis=1, block_size=block_size),
+                jnp.asarray(SIZES[:3]), preferred_element_type=jnp.bfloat16)
+            return jnp.sum(out.astype(jnp.float32))
+
+        observer = _table.Observer(None)
+        with active_table.activated(observer):
+            jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
+        return {call.pass_name: (call.problem.lhs_blocks, call.problem.rhs_blocks)
+                for call in observer.calls}
+
+    assert blocks_by_pass(16) == {"forward": ("k16", "k16"), "lhs_gradient": ("", "n16"),
+                                  "rhs_gradient": ("k16", "")}
+    assert set(blocks_by_pass(None).values()) == {("", "")}
+
+
 @pytest.mark.parametrize("content, message", [
     ("{not json", "not a kernelhub tuning file: invalid JSON"),
     ('{"entries": []}', "not a kernelhub tuning file: it has no"),
@@ -834,6 +882,21 @@ def test_tune_command_prints_saves_and_tunes_quantized_operands(tmp_path, capsys
     assert by_pass["lhs_gradient"].rhs_dtype == stored
     with pytest.raises(SystemExit):
         cli_main(["tune", "--dtypes", "fp4", "--shape", "64x32x32"])
+
+
+def test_tune_command_tunes_scale_blocks_under_their_key(tmp_path, capsys):
+    """--scale-block 16: the step quantizes in blocks of 16 along the contraction, and the
+    table's key and the printed table name them; refused for a float --dtypes."""
+    output = tmp_path / "tiles.json"
+    assert cli_main(["tune", "--shape", "64x32x32", "--groups", "4", "--dtypes", "int8",
+                     "--scale-block", "16", "--forward-only", "--platform", "xla",
+                     "--repeats", "1", "--draws", "1", "--output", str(output)]) == 0
+    (key,) = tuning.load(output).entries
+    assert (key.problem.lhs_blocks, key.problem.rhs_blocks) == ("k16", "k16")
+    assert "int8/k16" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["tune", "--shape", "64x32x32", "--dtypes", "bf16", "--scale-block", "16"])
+    assert "--scale-block blocks the scales of a quantized --dtypes" in capsys.readouterr().err
 
 
 def test_tune_command_tunes_weight_only_quantization(tmp_path, capsys):

@@ -50,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights-only", action="store_true",
                         help="with a quantized --dtypes, quantize gmm's weights only: bf16 "
                              "activations beside 8-bit weights (weight-only quantization)")
+    parser.add_argument("--scale-block", type=positive, metavar="N",
+                        help="with a quantized --dtypes, scale blocks of N along the "
+                             "contraction (128: DeepSeek-style 1x128 activations and 128x1 "
+                             "weights; 32: MX formats' blocks) instead of one scale per row "
+                             "and column; a table's key names the blocks")
     parser.add_argument("--out-dtypes", "--out-dtype", type=dtype, nargs="+", metavar="DTYPE",
                         help="preferred_element_type of the calls tuned (part of a table's "
                              "key): default the operands' dtype, as MoE layers call them; "
@@ -85,11 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: Any,
                   forward_only: bool, platform: str | None, local_groups: int | None = None,
-                  out_dtype: Any = None, weights_only: bool = False):
+                  out_dtype: Any = None, weights_only: bool = False,
+                  scale_block: int | None = None):
     """The function tuned, and example arguments: one grouped matmul and its gradients. With
     an 8-bit operand dtype the arguments are bf16 and the call quantizes both to it along
-    their contraction (one scale per row and column), or with `weights_only` gmm's rhs only;
-    its result is bf16 unless `out_dtype`."""
+    their contraction (one scale per row and column, or per `scale_block` elements along it),
+    or with `weights_only` gmm's rhs only; its result is bf16 unless `out_dtype`."""
     sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
     call = kernelhub.get(op, platform=platform)
     local = groups if local_groups is None else local_groups
@@ -100,6 +106,9 @@ def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: A
     if weights_only and not (quantized and op == "grouped_matmul"):
         raise ValueError(f"--weights-only quantizes grouped_matmul's weights to an 8-bit "
                          f"--dtypes; got {short_op(op)} with {jnp.dtype(operand_dtype).name}")
+    if scale_block is not None and not quantized:
+        raise ValueError(f"--scale-block blocks the scales of a quantized --dtypes (fp8, e5m2, "
+                         f"int8); got {jnp.dtype(operand_dtype).name}")
     stored = jnp.dtype(jnp.bfloat16) if quantized else operand_dtype
     if op == "grouped_matmul":
         arguments = (jax.ShapeDtypeStruct((m, k), stored),
@@ -115,9 +124,10 @@ def step_function(op: str, m: int, k: int, n: int, groups: int, operand_dtype: A
 
     def loss(lhs, rhs, group_sizes):
         if quantized:
-            rhs = kernelhub.quantize(rhs, operand_dtype, axis=axes[1])
+            rhs = kernelhub.quantize(rhs, operand_dtype, axis=axes[1], block_size=scale_block)
             if not weights_only:
-                lhs = kernelhub.quantize(lhs, operand_dtype, axis=axes[0])
+                lhs = kernelhub.quantize(lhs, operand_dtype, axis=axes[0],
+                                         block_size=scale_block)
         out = call(lhs, rhs, group_sizes, preferred_element_type=result, **sharded)
         return jnp.sum(out.astype(jnp.float32))
 
@@ -131,10 +141,11 @@ _PASS_ORDER = {"forward": 0, "lhs_gradient": 1, "rhs_gradient": 2}
 
 
 def _dtypes(problem: Any) -> str:
-    """'bfloat16', 'bfloat16 x int8' where the operands' differ, and ' -> float32' after it
-    when the result's dtype differs."""
-    operands = (problem.lhs_dtype if problem.rhs_dtype == problem.lhs_dtype
-                else f"{problem.lhs_dtype} x {problem.rhs_dtype}")
+    """'bfloat16', 'bfloat16 x int8' where the operands' differ (with scale blocks,
+    'float8_e4m3fn/k128'), and ' -> float32' after it when the result's dtype differs."""
+    lhs, rhs = (dtype + (f"/{blocks}" if blocks else "") for dtype, blocks in
+                ((problem.lhs_dtype, problem.lhs_blocks), (problem.rhs_dtype, problem.rhs_blocks)))
+    operands = lhs if rhs == lhs else f"{lhs} x {rhs}"
     if problem.out_dtype == problem.lhs_dtype:
         return operands
     return f"{operands} -> {problem.out_dtype}"
@@ -200,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
             fn, arguments = step_function(
                 name, m, k, n, groups, jnp.dtype(dtype_name), args.forward_only, args.platform,
                 args.local_groups, None if out_name is None else jnp.dtype(out_name),
-                getattr(args, "weights_only", False))
+                getattr(args, "weights_only", False), getattr(args, "scale_block", None))
             one = autotune(fn, *arguments, skew=tuple(args.skew), draws=draws,
                            repeats=repeats, min_gain=args.min_gain, time_limit=left,
                            on_entry=save)

@@ -20,7 +20,6 @@ from kernelhub._grouped_matmul import scale_folding, tables
 from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpilogue
 from kernelhub._grouped_matmul.problem import Problem, gmm_problem, tgmm_problem
 from kernelhub._grouped_matmul.tilings import Tilings, in_pass
-from kernelhub.quantization import QuantizedArray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +66,7 @@ class KernelCall:
     problem: Problem
     arrays: Arrays
     invoke: Callable[[Arrays, Any], jax.Array]
-    # Whether the tables' entry for this call's key times it (TuningSpace.times_epilogue; and
-    # never for operands with scale blocks, `_timed_operands`).
+    # Whether the tables' entry for this call's key times it (TuningSpace.times_epilogue).
     timed_by_tables: bool = True
     # The fused epilogue the kernel runs (a table's tiling must suit it: TuningSpace.accepts).
     epilogue: Epilogue = NO_EPILOGUE.spec
@@ -109,8 +107,7 @@ def gmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rh
 
     return KernelCall(space, op, pass_name, problem,
                       (lhs, rhs, group_sizes, group_offset, existing_out), invoke,
-                      timed_by_tables=(space.times_epilogue(epilogue.spec)
-                                       and _timed_operands(lhs, rhs)),
+                      timed_by_tables=space.times_epilogue(epilogue.spec),
                       epilogue=epilogue.spec)
 
 
@@ -125,17 +122,7 @@ def tgmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, r
                    num_actual_groups, existing_out)
 
     return KernelCall(space, op, pass_name, problem,
-                      (lhs, rhs, group_sizes, group_offset, existing_out), invoke,
-                      timed_by_tables=_timed_operands(lhs, rhs))
-
-
-def _timed_operands(lhs: Any, rhs: Any) -> bool:
-    """Whether a table's time for the call's key is the call's, as far as its operands go: a
-    key names dtypes, not scale blocks, and the tuner's quantized calls have one scale per row
-    and column, so a call with several scale blocks (kernels that step through them, or widen
-    them first) has no measured time and keeps the registered choice."""
-    return not any(isinstance(operand, QuantizedArray) and operand.num_blocks > 1
-                   for operand in (lhs, rhs))
+                      (lhs, rhs, group_sizes, group_offset, existing_out), invoke)
 
 
 def run(tilings: Tilings, call: KernelCall) -> jax.Array:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,12 @@ class Problem:
 
     `m` is the grouped axis (gmm's rows, tgmm's summed rows), `k` the other contraction or
     input axis, `n` the output's columns. Dtypes are names ("bfloat16"); a quantized operand's
-    is its stored values' ("int8").
+    is its stored values' ("int8"). `lhs_blocks` and `rhs_blocks` name a quantized operand's
+    scale blocks (kernelhub/quantization.py) where it has several along its axis: that axis
+    by the letter above (g for the experts' axis) and the block's length, "k128" for blocks of
+    128 along the contraction; "" for a float operand or one scale per row or column. A kernel
+    steps through blocks, or widens the operand first, so a time taken with blocks is not the
+    time without them, nor with others.
     """
 
     kernel: Kernel
@@ -46,11 +52,17 @@ class Problem:
     rhs_dtype: str
     out_dtype: str
     has_existing: bool
+    lhs_blocks: str = ""
+    rhs_blocks: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "kernel", Kernel(self.kernel))
         for name in ("lhs_dtype", "rhs_dtype", "out_dtype"):
             object.__setattr__(self, name, np.dtype(getattr(self, name)).name)
+        for name in ("lhs_blocks", "rhs_blocks"):
+            if not _BLOCKS.fullmatch(getattr(self, name)):
+                raise ValueError(f"{name} must be \"\" or an axis (g, m, k or n) and a block "
+                                 f"length, as \"k128\"; got {getattr(self, name)!r}")
 
     @property
     def static(self) -> bool:
@@ -68,6 +80,9 @@ class Problem:
     @property
     def output_bytes(self) -> int:
         return np.dtype(self.out_dtype).itemsize
+
+
+_BLOCKS = re.compile(r"([gmkn][1-9][0-9]*)?")
 
 
 def require_static(size: Any, what: str) -> None:
@@ -93,6 +108,13 @@ def dtype_name(operand: Any) -> str:
     return np.dtype(values.dtype).name
 
 
+def scale_blocks(operand: Any, axes: str) -> str:
+    """Problem's `lhs_blocks`/`rhs_blocks` of `operand`, whose axes `axes` names in order."""
+    if not isinstance(operand, QuantizedArray) or operand.num_blocks == 1:
+        return ""
+    return f"{axes[operand.axis % operand.ndim]}{operand.block_size}"
+
+
 def gmm_problem(lhs: Any, rhs: Any, group_sizes: Any, out_dtype: Any, has_existing: bool,
                 transpose_rhs: bool) -> Problem:
     """The problem of grouped_matmul(lhs [m, k], rhs [G_local, k, n] or [G_local, n, k])."""
@@ -100,7 +122,8 @@ def gmm_problem(lhs: Any, rhs: Any, group_sizes: Any, out_dtype: Any, has_existi
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     kernel = Kernel.GMM_TRANSPOSED_RHS if transpose_rhs else Kernel.GMM
     return Problem(kernel, m, k, n, group_sizes.shape[0], rhs.shape[0], dtype_name(lhs),
-                   dtype_name(rhs), out_dtype, has_existing)
+                   dtype_name(rhs), out_dtype, has_existing, scale_blocks(lhs, "mk"),
+                   scale_blocks(rhs, "gnk" if transpose_rhs else "gkn"))
 
 
 def tgmm_problem(lhs: Any, rhs: Any, group_sizes: Any, out_dtype: Any, has_existing: bool,
@@ -108,4 +131,5 @@ def tgmm_problem(lhs: Any, rhs: Any, group_sizes: Any, out_dtype: Any, has_exist
     """The problem of transposed_grouped_matmul(lhs [k, m], rhs [m, n]) for `actual_groups`."""
     k, m = lhs.shape
     return Problem(Kernel.TGMM, m, k, rhs.shape[1], group_sizes.shape[0], actual_groups,
-                   dtype_name(lhs), dtype_name(rhs), out_dtype, has_existing)
+                   dtype_name(lhs), dtype_name(rhs), out_dtype, has_existing,
+                   scale_blocks(lhs, "km"), scale_blocks(rhs, "mn"))

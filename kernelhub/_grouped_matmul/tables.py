@@ -47,9 +47,10 @@ def _bucket(size: int) -> int:
 @dataclasses.dataclass(frozen=True, order=True)
 class TuningKey:
     """What a tuned tiling is filed under: where and in which pass the kernel runs, and its
-    problem with m, k and n rounded up to powers of two. The group counts are exact and, with m,
-    describe the group sizes coarsely (their mean). The sizes themselves are data, unknown when
-    a call is traced; a table is tuned for one distribution of them, which its entries record."""
+    problem with m, k and n rounded up to powers of two. The group counts and scale blocks are
+    exact; the counts, with m, describe the group sizes coarsely (their mean). The sizes
+    themselves are data, unknown when a call is traced; a table is tuned for one distribution
+    of them, which its entries record."""
 
     device_kind: str
     implementation: str
@@ -66,9 +67,11 @@ class TuningKey:
 
     def describe(self) -> str:
         p = self.problem
+        blocks = "".join(f", {side} scale blocks {value}" for side, value in
+                         (("lhs", p.lhs_blocks), ("rhs", p.rhs_blocks)) if value)
         return (f"{self.op} {self.pass_name} ({p.kernel} {p.m}x{p.k}x{p.n}, "
                 f"{p.local_groups}/{p.num_groups} groups, {p.lhs_dtype} x {p.rhs_dtype} -> "
-                f"{p.out_dtype}) on {self.implementation}, {self.device_kind}")
+                f"{p.out_dtype}{blocks}) on {self.implementation}, {self.device_kind}")
 
 
 def _problem_of(key: TuningKey) -> tuple:
@@ -231,13 +234,20 @@ def parse(text: str, source: str) -> Tuning:
 # An entry's key, flat in its JSON object: where the kernel runs, then its problem's fields.
 _PLACE_FIELDS = tuple(field for field in dataclasses.fields(TuningKey) if field.name != "problem")
 _PROBLEM_FIELDS = dataclasses.fields(Problem)
-_KEY_FIELDS = tuple(field.name for field in (*_PLACE_FIELDS, *_PROBLEM_FIELDS))
+# Fields with a default (the scale blocks) are written only when they differ from it, and
+# read as it when absent: tables from before them read as they were meant.
+_OPTIONAL_FIELDS = {field.name: field.default for field in _PROBLEM_FIELDS
+                    if field.default is not dataclasses.MISSING}
+_KEY_FIELDS = tuple(field.name for field in (*_PLACE_FIELDS, *_PROBLEM_FIELDS)
+                    if field.name not in _OPTIONAL_FIELDS)
 _FIELD_TYPES = {"int": int, "str": str, "bool": bool, "Kernel": str}
 
 
 def _entry_json(key: TuningKey, entry: Entry) -> dict[str, Any]:
     place = {field.name: getattr(key, field.name) for field in _PLACE_FIELDS}
-    return {**place, **dataclasses.asdict(key.problem), "tiling": list(entry.tiling),
+    problem = {name: value for name, value in dataclasses.asdict(key.problem).items()
+               if name not in _OPTIONAL_FIELDS or value != _OPTIONAL_FIELDS[name]}
+    return {**place, **problem, "tiling": list(entry.tiling),
             "default_tiling": list(entry.default_tiling),
             "tuned_ms": round(entry.tuned_ms, 4), "default_ms": round(entry.default_ms, 4),
             "groups": entry.groups,
@@ -262,6 +272,7 @@ def _entry_from_json(item: Any, where: str) -> tuple[TuningKey, Entry]:
                                  "default_ms", "groups") if name not in item]
     if missing:
         raise ValueError(f"{where} lacks {', '.join(missing)}")
+    item = {**_OPTIONAL_FIELDS, **item}
     for field in (*_PLACE_FIELDS, *_PROBLEM_FIELDS):
         expected = _FIELD_TYPES[field.type if isinstance(field.type, str) else field.type.__name__]
         value = item[field.name]
