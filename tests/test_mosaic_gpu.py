@@ -465,19 +465,76 @@ def test_gmm_scale_blocks_along_k_scaled_step_by_step():
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
 
 
+def test_warp_specialized_gmm_scales_each_step_in_both_compute_warpgroups():
+    """compute_warpgroups=2 with scale blocks along k: the memory warpgroup loads each step's
+    row and column scales beside its tiles, and each compute warpgroup scales its step's sums
+    (its 64 columns' scales) into float32 totals. e4m3 activations in blocks of 64 beside
+    weights in blocks of 128 (steps of 64, k = 192: a partial last block), local groups 1..2
+    of 4 (one empty) with existing_out's other rows kept bitwise, against float64 of the
+    dequantized operands. (Export at Mixtral's shape: the gated unit and the tuner's
+    warp-specialized tilings lower too, by hand.)"""
+    rng = np.random.default_rng(32)
+    m, k, n = 100, 192, 128
+    sizes = np.array([12, 50, 0, 30], np.int32)  # local rows 12..62
+    tiling = (64, 64, 128, 2, 2)
+    problem = Problem(Kernel.GMM, m, k, n, 4, 2, "float8_e4m3fn", "float8_e4m3fn", "float32",
+                      True)
+    blocks = config.from_tiling(tiling, problem, scale_block=64, interpret=True)
+    assert blocks.scaled_steps and blocks.compute_warpgroups == 2
+    lhs = quantized_operand(_values(rng, (m, k), jnp.float32), jnp.float8_e4m3fn, axis=1,
+                            block_size=64)
+    rhs = quantized_operand(_values(rng, (2, k, n), jnp.float32), jnp.float8_e4m3fn, axis=1,
+                            block_size=128)
+    existing = _values(rng, (m, n), jnp.float32)
+    out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=tiling, group_offset=jnp.int32(1),
+                       existing_out=existing)
+    expected = reference.gmm(as_float64(lhs), as_float64(rhs), sizes, group_offset=1,
+                             existing_out=existing)
+    assert_close(out, expected, jnp.float32, contraction=k)
+    kept = np.r_[0:12, 62:m]
+    np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+
+# Interpreted, the warp-specialized scaled steps run in the test above; a gated unit only
+# doubles the step's sums and scale vectors, which the interpreter runs alike.
+@GPU_RUN_ONLY
+def test_warp_specialized_gated_gmm_with_scale_blocks():
+    """The warp-specialized scaled steps with a gated unit, a bias and e4m3 weights [G, n, k]
+    (transpose_rhs) in blocks of 128 beside activations in blocks of 64, in the heuristic's
+    compute-bound tiling cut for them, against float64; rows past the sum exactly 0."""
+    rng = np.random.default_rng(33)
+    m, k, n = 300, 384, 128
+    sizes = np.array([100, 0, 150], np.int32)  # rows 250.. past the sum
+    lhs = quantized_operand(_values(rng, (m, k), jnp.float32), jnp.float8_e4m3fn, axis=1,
+                            block_size=64)
+    gate_up = quantized_operand(_values(rng, (3, 2 * n, k), jnp.float32), jnp.float8_e4m3fn,
+                                axis=2, block_size=128)
+    bias = _values(rng, (3, 2 * n), jnp.float32)
+    out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), bias=bias, glu="silu",
+                       transpose_rhs=True, tiling=(128, 128, 256, 3, 2),
+                       preferred_element_type=jnp.bfloat16)
+    expected = reference.gmm(as_float64(lhs), as_float64(gate_up), sizes, bias=bias,
+                             glu="silu", transpose_rhs=True)
+    assert_close(out, expected, jnp.bfloat16, contraction=k)
+    assert np.all(np.asarray(out)[250:] == 0)
+
+
 def test_scale_blocks_cut_the_tiling():
-    """Steps inside one block of every scaled operand, one compute warpgroup (a table's
-    warp-specialized tiling included), a step's sums and the total within the registers of
-    one 128 x 128 tile, stages that fit; blocks shorter than a wgmma step of the values are
-    widened before the kernel instead. Blocks along the output: each tile inside one."""
+    """Steps inside one block of every scaled operand, a step's sums and the total within the
+    registers of one 128 x 128 tile per compute warpgroup (a warp-specialized 128 x 256 tile
+    becomes 128 x 128, 64 columns each, which the heuristic gives a compute-bound call), stages
+    that fit; blocks shorter than a wgmma step of the values are widened before the kernel
+    instead. Blocks along the output: each tile inside one, one compute warpgroup."""
     problem = Problem(Kernel.GMM, 8192, 4096, 14336, 8, 8, "float8_e4m3fn", "float8_e4m3fn",
                       "bfloat16", False)
     blocks = config.from_tiling((128, 128, 256, 3, 2), problem, scale_block=64)
-    assert (blocks.block_m, blocks.block_k, blocks.block_n) == (128, 64, 64)
-    assert blocks.compute_warpgroups == 1 and blocks.scaled_steps
+    assert (blocks.block_m, blocks.block_k, blocks.block_n) == (128, 64, 128)
+    assert blocks.compute_warpgroups == 2 and blocks.scaled_steps
     assert config.shared_memory_bytes(blocks, problem) <= config.SHARED_MEMORY_BYTES
+    assert config.from_tiling(None, problem, scale_block=128) == blocks.__class__(
+        128, 128, 128, 3, 2, upcast=False, scaled_steps=True)
     gated = config.from_tiling(None, problem, 2, scale_block=128)
-    assert 2 * 2 * gated.block_m * gated.block_n <= config.ACCUMULATOR_ELEMENTS
+    assert 2 * 2 * gated.block_m * gated.warpgroup_columns <= config.ACCUMULATOR_ELEMENTS
     assert config.scale_steps_fit(problem, 32) and not config.scale_steps_fit(problem, 16)
     assert not config.from_tiling(None, problem).scaled_steps
     # The weight gradient's activations in blocks of 64 along k, its output rows: a span of

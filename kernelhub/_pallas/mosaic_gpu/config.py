@@ -356,8 +356,11 @@ def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) ->
     scales = 0
     stages = max(config.stages, 2)
     if config.scaled_steps:
-        # Each step's float32 row and column scales, conservatively for both operands.
-        scales = stages * (config.block_m + weight_tiles * config.block_n) * 4
+        # Each step's float32 row and column scales, conservatively for both operands: one
+        # buffer of the row scales and one per weight tile, each a whole number of Mosaic GPU's
+        # 1024-byte allocation units.
+        scales = (_allocated(stages * config.block_m * 4)
+                  + weight_tiles * _allocated(stages * config.block_n * 4))
     if config.scaled_lhs_tiles and problem.kernel is Kernel.TGMM:
         # Each chunk's float32 scales (the lhs copies are upcast's).
         scales = stages * config.block_m * 4
@@ -374,6 +377,15 @@ def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) ->
     copies = (2, 2) if config.compute_warpgroups == 1 else (config.compute_warpgroups, 1)
     return scales + pipeline + converted * sum(
         c * n for c, w, n in zip(counts, widths, copies) if w == 1)
+
+
+# Mosaic GPU places each shared-memory allocation at a multiple of this many bytes.
+SMEM_ALIGNMENT = 1024
+
+
+def _allocated(size: int) -> int:
+    """The bytes an allocation of `size` bytes takes: whole alignment units."""
+    return -(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
 
 
 def _step_elements(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
@@ -443,8 +455,8 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
     check_static(problem)
     chosen = tiling(problem.m, problem.k, problem.n) if callable(tiling) else tiling
     if chosen is None:
-        config = heuristic(problem, weight_tiles, warp_specialize=not interpret and (
-            scale_block is None and output_block is None))
+        config = heuristic(problem, weight_tiles,
+                           warp_specialize=not interpret and output_block is None)
         config = _within_blocks(config, problem, weight_tiles, scale_block, output_block,
                                 wider_than_key)
         return _upcast_decided(_stages_that_fit(config, problem, weight_tiles), problem,
@@ -497,23 +509,25 @@ def within_scale_block(config: BlockConfig, scale_block: int, problem: Problem,
                        weight_tiles: int = 1) -> BlockConfig:
     """`config` for a gmm whose steps are scaled (scale blocks along k, `scale_steps_fit`):
     block_k cut to a power of two dividing `scale_block`, so that each step lies inside one
-    block of every scaled operand; one compute warpgroup (the warp-specialized body sums no
-    scaled steps), a warp-specialized tiling keeping a warpgroup's columns; and block_n, then
-    block_m, cut until a step's sums and the scaled total together fit the heuristic's
-    registers (2 x ACCUMULATOR_ELEMENTS: a 128 x 128 float32 total beside the step's sums
-    would spill); and stages, not below 2, until the step's scale vectors fit beside them.
-    Cut whatever the tiling's source (a table tuned without scale blocks may name it), as the
-    Triton kernels' blocks are."""
+    block of every scaled operand; each compute warpgroup's columns, then block_m, cut until a
+    step's sums and the scaled totals together fit the heuristic's registers (2 x
+    ACCUMULATOR_ELEMENTS: a 128 x 128 float32 total beside the step's sums would spill), so a
+    warp-specialized tile of 128 x 256 becomes 128 x 128, two warpgroups of 64 columns, one
+    scaling its step's sums while the other multiplies (gmm_warp_specialized.py); and stages,
+    not below 2, until the step's scale vectors fit beside them. Cut whatever the tiling's
+    source (a table tuned without scale blocks may name it), as the Triton kernels' blocks
+    are."""
     step = min(config.block_k, scale_block & -scale_block)
-    block_m, block_n = config.block_m, config.warpgroup_columns
-    least = min_columns(problem)
-    while 2 * weight_tiles * block_m * block_n > ACCUMULATOR_ELEMENTS and block_n > least:
-        block_n //= 2
-    if 2 * weight_tiles * block_m * block_n > ACCUMULATOR_ELEMENTS:
+    block_m, columns = config.block_m, config.warpgroup_columns
+    least = min_columns(problem, config.compute_warpgroups)
+    while 2 * weight_tiles * block_m * columns > ACCUMULATOR_ELEMENTS and columns > least:
+        columns //= 2
+    if 2 * weight_tiles * block_m * columns > ACCUMULATOR_ELEMENTS:
         block_m = min(OUTPUT_ROWS)
     return _stages_that_fit(
-        dataclasses.replace(config, block_m=block_m, block_k=step, block_n=block_n,
-                            compute_warpgroups=1, scaled_steps=True), problem, weight_tiles)
+        dataclasses.replace(config, block_m=block_m, block_k=step,
+                            block_n=columns * config.compute_warpgroups, scaled_steps=True),
+        problem, weight_tiles)
 
 
 def output_block_fits(problem: Problem, output_block: int) -> bool:

@@ -10,6 +10,11 @@ split between three warpgroups of each program:
   and stores the visit's rows of its half from its own shared-memory tile. With the tiling's
   upcast it first converts the step's 8-bit tiles it multiplies (the lhs tile, its columns of
   the weight tiles) into copies of its own in shared memory (config.converted_dtype).
+  With scale blocks along k (config.within_scale_block) the memory warpgroup also loads each
+  step's scale vectors, and each compute warpgroup sums its step into accumulators of the
+  step's own, scales them by the step's row scales and its columns' scales, and adds them to
+  float32 totals carried through the pipeline in registers: one warpgroup scales while the
+  other's products run.
 
 So the next work item's first loads are in flight while a work item's epilogue and stores
 run. Shared memory that the warpgroups use is allocated once
@@ -25,8 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from kernelhub._grouped_matmul import visits
+from kernelhub._grouped_matmul.contraction_scales import take_scale_refs
 from kernelhub._grouped_matmul.epilogue import Epilogue
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling
+from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling, scale_blocks
 from kernelhub._pallas.mosaic_gpu.kernel_parts import (COMPUTE_WARPGROUPS, MEMORY_REGISTERS,
                                                        WG_AXIS)
 
@@ -35,13 +41,18 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
          n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
          spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
          has_bias: bool, has_existing: bool, interpret: bool, band: int,
-         epilogue_fn, tile_rows: int) -> None:
+         epilogue_fn, tile_rows: int, plan: scale_blocks.Plan = scale_blocks.NOTHING
+         ) -> None:
     """The kernel body; arguments as grouped_matmul._body's, `epilogue_fn` its epilogue,
     `tile_rows` the rows of each compute warpgroup's output tile (config.output_tile_rows:
-    block_m, or a piece of it stored after another)."""
+    block_m, or a piece of it stored after another). `plan`: scale blocks along k only (an
+    output tile in one block runs one compute warpgroup: config.within_output_block)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    assert plan.tile_block is None, "scaled lhs tiles run one compute warpgroup"
+    lhs_steps_ref, rhs_steps_ref, refs = take_scale_refs(refs, *plan.scales.operand_blocks)
+    scaled = blocks.scaled_steps
     row_scale_ref, column_scale_ref, bias_ref, existing_ref, out_ref = (
         kernel_parts.gmm_operand_refs(refs, has_row_scale, has_column_scale, has_bias,
                                       has_existing))
@@ -61,18 +72,34 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, i)) if transpose_rhs else
                 plgpu.BlockSpec((bk, bn), lambda i: (i, 0)))
 
+    # A step's scale vectors: the row tile's lhs scales, and each column tile's rhs scales
+    # (views cut to the work item's, [k steps, rows or columns]).
+    step_specs = [plgpu.BlockSpec((None, size), lambda i: (i, 0)) for ref, size, count in (
+        (lhs_steps_ref, bm, 1), (rhs_steps_ref, bn, halves)) if ref is not None
+        for _ in range(count)]
+
     def pipeline(step, context):
         return plgpu.emit_pipeline_warp_specialized(
             step, grid=(k_tiles,), memory_registers=MEMORY_REGISTERS,
-            in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i)), *[rhs_spec] * halves],
+            in_specs=[plgpu.BlockSpec((bm, bk), lambda i: (0, i)), *[rhs_spec] * halves,
+                      *step_specs],
             wg_axis=WG_AXIS, num_compute_wgs=COMPUTE_WARPGROUPS,
             max_concurrent_steps=max(blocks.stages, 2), compute_context=context)
+
+    def step_views(first_row, column_tiles, group):
+        views = []
+        if lhs_steps_ref is not None:
+            views.append(lhs_steps_ref.at[:, pl.ds(first_row, bm)])
+        if rhs_steps_ref is not None:
+            views += [rhs_steps_ref.at[group, :, pl.ds(c * bn, bn)] for c in column_tiles]
+        return views
 
     ignored = lambda *_, **__: None  # noqa: E731 - allocations do not depend on the body
     # One group's weights stand for all: the pipeline's buffers depend on dtypes and blocks.
     group_rhs = rhs_ref.at[0]
     scoped = dict(
-        allocations=pipeline(ignored, ignored).get_allocations(lhs_ref, *[group_rhs] * halves),
+        allocations=pipeline(ignored, ignored).get_allocations(
+            lhs_ref, *[group_rhs] * halves, *step_views(0, range(halves), 0)),
         tiles=plgpu.SMEM((COMPUTE_WARPGROUPS, tile_rows, part), out_ref.dtype),
         barriers=plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),
         rows_smem=plgpu.SMEM((COMPUTE_WARPGROUPS, bm), jnp.float32),
@@ -135,6 +162,13 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                     with jax.named_scope(profiling.STORE):
                         finish(totals)
 
+                def with_totals():
+                    with jax.named_scope(profiling.SUMS):
+                        totals = run(tuple(kernel_parts.wgmma_zeros(shape, interpret)
+                                           for _ in range(halves)))
+                    with jax.named_scope(profiling.STORE):
+                        finish(totals)
+
                 def finish(totals):
                     if plain:
                         (result,) = totals
@@ -154,14 +188,16 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                                 columns, bias_ref, 1))
                     store(result.astype(out_ref.dtype))
 
-                pl.run_scoped(with_accumulators,
-                              *[kernel_parts.accumulator(shape, multiplied)
-                                for _ in range(halves)])
+                if scaled:
+                    with_totals()
+                else:
+                    pl.run_scoped(with_accumulators,
+                                  *[kernel_parts.accumulator(shape, multiplied)
+                                    for _ in range(halves)])
 
-            @jax.named_scope(profiling.STEP)
-            def step(_, lhs_smem, *rest):
-                rhs_smems, accs = rest[:-1], rest[-1]
-                # The previous step's products are done (the wait below): its copies are free.
+            def operands(lhs_smem, rhs_smems):
+                # The previous step's products are done (each step waits for its own): its
+                # copies are free.
                 left = (kernel_parts.converted(lhs_smem, lhs_copies.at[wg]) if converts_lhs
                         else lhs_smem)
                 rights = []
@@ -173,14 +209,48 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                     rights.append(right)
                 if converts_lhs or converts_rhs:
                     plgpu.commit_smem()
+                return left, rights
+
+            def products(accs, left, rights):
                 for acc, right in zip(accs, rights):
                     if transpose_rhs:
                         # (The interpreter's transposes share the warpgroup's scratch
                         # tile: each is used at once.)
                         right = kernel_parts.transposed_operand(right, scratch)
                     plgpu.wgmma(acc, left, right)
+
+            @jax.named_scope(profiling.STEP)
+            def plain_step(_, lhs_smem, *rest):
+                rhs_smems, accs = rest[:-1], rest[-1]
+                products(accs, *operands(lhs_smem, rhs_smems))
                 plgpu.wgmma_wait(0)
                 return accs
+
+            @jax.named_scope(profiling.STEP)
+            def scaled_step(_, lhs_smem, *rest):
+                *smems, totals = rest
+                rhs_smems, scale_smems = smems[:halves], list(smems[halves:])
+                left, rights = operands(lhs_smem, rhs_smems)
+
+                def step_sums(*step_accs):
+                    products(step_accs, left, rights)
+                    # Reading the sums waits for the products.
+                    return tuple(kernel_parts.sums(acc) for acc in step_accs)
+
+                sums = pl.run_scoped(step_sums, *[kernel_parts.accumulator(shape, multiplied)
+                                                  for _ in range(halves)])
+                rows = (None if lhs_steps_ref is None else
+                        kernel_parts.broadcast_rows(scale_smems.pop(0)[...], shape))
+                updated = []
+                for total, part_sums in zip(totals, sums):
+                    if rows is not None:
+                        part_sums = part_sums * rows
+                    if rhs_steps_ref is not None:
+                        # This compute warpgroup's columns of the column tile's scales.
+                        columns = scale_smems.pop(0).at[pl.ds(wg * part, part)][...]
+                        part_sums = part_sums * kernel_parts.broadcast_columns(columns, shape)
+                    updated.append(total + part_sums)
+                return tuple(updated)
 
             @pl.when(group >= 0)
             def _compute():
@@ -188,8 +258,9 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
                 group_rhs = rhs_ref.at[group]
                 rhs_views = [group_rhs.at[pl.ds(c * bn, bn), :] if transpose_rhs
                              else group_rhs.at[:, pl.ds(c * bn, bn)] for c in column_tiles]
-                pipeline(step, context)(lhs_ref.at[pl.ds(first_row, bm), :], *rhs_views,
-                                        allocations=allocations)
+                pipeline(scaled_step if scaled else plain_step, context)(
+                    lhs_ref.at[pl.ds(first_row, bm), :], *rhs_views,
+                    *step_views(first_row, column_tiles, group), allocations=allocations)
 
             @pl.when((group == visits.FILL) & computing)
             def _fill():

@@ -132,13 +132,11 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret, band=band)
-    if plan.in_kernel:
+    if blocks.compute_warpgroups == 1:
         body = functools.partial(_body, **shared, plan=plan)
-    elif blocks.compute_warpgroups == 1:
-        body = functools.partial(_body, **shared)
     else:
         body = functools.partial(
-            gmm_warp_specialized.body, **shared, epilogue_fn=_epilogue,
+            gmm_warp_specialized.body, **shared, plan=plan, epilogue_fn=_epilogue,
             tile_rows=config.output_tile_rows(blocks, problem, 1 if spec.glu is None else 2))
     copied = () if existing is None or aliased else (existing,)
     out = kernel_parts.launch(body, (table, lhs, rhs, *scale_arrays, *row_scale, *vectors,

@@ -1,11 +1,12 @@
 """Scale blocks in the Mosaic GPU kernels (what they mean: kernelhub/_grouped_matmul/
 contraction_scales.py).
 
-Three kinds run in the kernels, with one compute warpgroup:
+Three kinds run in the kernels:
 - Blocks along k (ContractionScales: the forward of a call with scale blocks). Each step lies
   inside one block of every scaled operand; its sums, in accumulators of their own, are
   multiplied by the step's row scales (lhs) and column scales (the group's rhs) and added to
-  float32 totals carried in registers (config.within_scale_block).
+  float32 totals carried in registers (config.within_scale_block), in one compute warpgroup
+  or in each of two (gmm_warp_specialized.py). The other two run in one compute warpgroup:
 - Blocks of the weights along gmm's output columns (OutputBlockScales' rhs: the lhs gradient of
   such a call, whose weights meet the cotangent along their other axis). An output tile lies
   inside one block (config.within_output_block), so the weights' scales for it vary along k
