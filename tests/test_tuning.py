@@ -547,6 +547,39 @@ def test_a_leader_must_win_again_on_fresh_operands(monkeypatch, second_timing, e
         second_timing if expected_winner else (second_timing[0],) * 2)
 
 
+def test_candidates_lowering_to_one_program_are_compiled_and_timed_once():
+    """A kernel that cuts two tilings to the same blocks (the Mosaic GPU kernels do, for scale
+    blocks) lowers them to one program: the tuner compiles it once, times it once a turn and
+    gives both candidates its time; a third tiling, another program, keeps its own."""
+    from kernelhub._grouped_matmul.passes import KernelCall, TuningSpace
+
+    def invoke(arrays, tiling):
+        return arrays[0] * (2.0 if tiling[0] < 3 else 3.0)  # tilings 1 and 2 run alike
+
+    problem = tuning.KernelProblem("gmm", 8, 8, 8, 1, 1, "float32", "float32", "float32",
+                                   False)
+    kernel_call = KernelCall(TuningSpace("cut", lambda p: [], lambda p: (1,)), "grouped_matmul",
+                             "forward", problem, (jnp.ones((8, 8)), None, None, None, None),
+                             invoke)
+    example = (jnp.ones((8, 8)), None, None, None, None)
+    executables = _autotune.compile_candidates(kernel_call, [(1,), (2,), (3,)], example,
+                                               advance=lambda: None)
+    assert executables[0] is executables[1] and executables[2] is not executables[0]
+    ran = []
+
+    def counted(executable):
+        def run(arrays):
+            ran.append(executable)
+            return executable(arrays)
+        return run
+
+    shared, other = counted(executables[0]), counted(executables[2])
+    times = _autotune.time_candidates([shared, shared, other], [example], repeats=2,
+                                      advance=lambda: None)
+    assert times[0] == times[1] and times[2] is not None
+    assert ran.count(executables[0]) == ran.count(executables[2]) == 2 * 2  # untimed + timed
+
+
 def test_candidates_take_each_place_in_a_turn(monkeypatch):
     """The heuristic's tiling is candidate 0: timed first in every turn, or always after the
     same candidate, a cost of that place would flatter every other candidate, the

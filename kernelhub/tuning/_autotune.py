@@ -145,14 +145,24 @@ def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], 
     """One executable per candidate tiling, run once; None for one that does not compile or
     run. Tracing and lowering stay on this thread; XLA's compiles, most of a candidate's time
     on a GPU, run `threads` at a time (default: one per CPU core, at most COMPILE_THREADS);
-    the warm-up runs one after another."""
+    the warm-up runs one after another. Candidates that lower to the same program (a kernel
+    that cuts tilings to its call, as the Mosaic GPU kernels do for scale blocks, runs several
+    of them alike) share the first one's executable: it is compiled and timed once."""
     lowered: list[Any] = []
-    for tiling in candidates:
+    first_of: dict[str, int] = {}  # a program's text: the first candidate lowered to it
+    for index, tiling in enumerate(candidates):
         fn = jax.jit(lambda arrays, tiling=tiling: call.invoke(as_called(call, arrays), tiling))
         try:
-            lowered.append(fn.lower(example))
+            lowering = fn.lower(example)
         except Exception:  # noqa: BLE001  (an illegal candidate is reported, not fatal)
             lowered.append(None)
+            continue
+        text = lowering.as_text()
+        if text in first_of:
+            lowered.append(first_of[text])  # a twin: the index of its first
+        else:
+            first_of[text] = index
+            lowered.append(lowering)
 
     def compiled(lowering):
         try:
@@ -161,10 +171,14 @@ def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], 
             return None
 
     threads = threads or min(COMPILE_THREADS, os.cpu_count() or 1)
+    twins = {index: first for index, first in enumerate(lowered) if isinstance(first, int)}
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        executables = list(pool.map(compiled, lowered))
+        executables = list(pool.map(compiled, [None if index in twins else lowering
+                                               for index, lowering in enumerate(lowered)]))
     for index, executable in enumerate(executables):
-        if executable is not None:
+        if index in twins:
+            executables[index] = executables[twins[index]]
+        elif executable is not None:
             try:
                 jax.block_until_ready(executable(example))  # warm up
             except Exception:  # noqa: BLE001
@@ -184,8 +198,13 @@ def time_candidates(executables: Sequence[Any], arrays: Sequence[tuple], repeats
     at the fine-grained MoE shapes (the H100 scoreboard of 2026-11-28), which flattens every
     ratio there."""
     samples: list[list[float]] = [[] for _ in executables]
-    live = [(index, executable) for index, executable in enumerate(executables)
-            if executable is not None]
+    # One executable shared by several candidates (compile_candidates) is timed once a turn,
+    # and its times are theirs.
+    first_of: dict[int, int] = {}
+    for index, executable in enumerate(executables):
+        if executable is not None:
+            first_of.setdefault(id(executable), index)
+    live = [(index, executables[index]) for index in first_of.values()]
     for turn in range(repeats):
         for index, executable in rotated(live, turn):
             # After an untimed call of its own executable, not another candidate's (on a GPU
@@ -193,7 +212,9 @@ def time_candidates(executables: Sequence[Any], arrays: Sequence[tuple], repeats
             draws = [functools.partial(executable, operand_set) for operand_set in arrays]
             samples[index].append(seconds_per_call(draws, calls_per_sample))
         advance()
-    return [statistics.median(s) * 1e3 if s else None for s in samples]
+    return [None if executable is None else
+            statistics.median(samples[first_of[id(executable)]]) * 1e3
+            for executable in executables]
 
 
 def default_calls_per_sample() -> int:
