@@ -229,28 +229,16 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
             @jax.named_scope(profiling.STEP)
             def scaled_step(_, lhs_smem, *rest):
                 *smems, totals = rest
-                rhs_smems, scale_smems = smems[:halves], list(smems[halves:])
+                rhs_smems, scale_smems = smems[:halves], smems[halves:]
                 left, rights = operands(lhs_smem, rhs_smems)
-
-                def step_sums(*step_accs):
-                    products(step_accs, left, rights)
-                    # Reading the sums waits for the products.
-                    return tuple(kernel_parts.sums(acc) for acc in step_accs)
-
-                sums = pl.run_scoped(step_sums, *[kernel_parts.accumulator(shape, multiplied)
-                                                  for _ in range(halves)])
-                rows = (None if lhs_steps_ref is None else
-                        kernel_parts.broadcast_rows(scale_smems.pop(0)[...], shape))
-                updated = []
-                for total, part_sums in zip(totals, sums):
-                    if rows is not None:
-                        part_sums = part_sums * rows
-                    if rhs_steps_ref is not None:
-                        # This compute warpgroup's columns of the column tile's scales.
-                        columns = scale_smems.pop(0).at[pl.ds(wg * part, part)][...]
-                        part_sums = part_sums * kernel_parts.broadcast_columns(columns, shape)
-                    updated.append(total + part_sums)
-                return tuple(updated)
+                # The step's scale vectors: lhs's (when scaled), then each column tile's
+                # rhs's, of which this compute warpgroup's columns scale its sums.
+                column_smems = scale_smems[1:] if lhs_steps_ref is not None else scale_smems
+                return scale_blocks.added_step(
+                    totals, lambda accumulators: products(accumulators, left, rights), shape,
+                    multiplied, None if lhs_steps_ref is None else lambda: scale_smems[0][...],
+                    None if rhs_steps_ref is None else
+                    lambda half: column_smems[half].at[pl.ds(wg * part, part)][...])
 
             @pl.when(group >= 0)
             def _compute():

@@ -290,7 +290,6 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     upcast, `lhs_converted` [2, bm, bk] and `rhs_converted` [accumulators, 2, <weight tile>]
     receive the 8-bit tiles of a step converted (None: that operand is multiplied as
     stored), `lhs_converted` also the lhs tile scaled by `tile_scales`."""
-    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
@@ -332,26 +331,14 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     @jax.named_scope(profiling.STEP)
     def scaled_step(indices, lhs_smem, *refs_and_totals):
         *smems, totals = refs_and_totals
-        rhs_smems, scale_smems = smems[:halves], list(smems[halves:])
+        rhs_smems, scale_smems = smems[:halves], smems[halves:]
         left, rights = operands(indices, lhs_smem, rhs_smems)
-
-        def step_sums(*step_accs):
-            products(step_accs, left, rights)
-            # Reading the sums waits for the products: this step's tiles are free after it.
-            return tuple(kernel_parts.sums(acc) for acc in step_accs)
-
-        sums = pl.run_scoped(step_sums, *[kernel_parts.accumulator(shape, multiplied)
-                                          for _ in range(halves)])
-        rows = (None if lhs_steps is None else
-                kernel_parts.broadcast_rows(scale_smems.pop(0)[...], shape))
-        updated = []
-        for total, part in zip(totals, sums):
-            if rows is not None:
-                part = part * rows
-            if rhs_steps is not None:
-                part = part * kernel_parts.broadcast_columns(scale_smems.pop(0)[...], shape)
-            updated.append(total + part)
-        return tuple(updated)
+        # The step's scale vectors: lhs's (when scaled), then each column tile's rhs's.
+        column_smems = scale_smems[1:] if lhs_steps is not None else scale_smems
+        return scale_blocks.added_step(
+            totals, lambda accumulators: products(accumulators, left, rights), shape,
+            multiplied, None if lhs_steps is None else lambda: scale_smems[0][...],
+            None if rhs_steps is None else lambda half: column_smems[half][...])
 
     # wgmma reads a step's tiles until the next step's wait: the pipeline refills them one step
     # later. Converted tiles are read once, before the step ends, and free at once, as are

@@ -161,6 +161,33 @@ def kernel_arrays(plan: Plan, transpose_rhs: bool, k_tiles: int, bk: int, m_p: i
     return arrays
 
 
+def added_step(totals: tuple, multiply: Callable[[tuple], None], shape: tuple[int, int],
+               multiplied, rows: Callable[[], jax.Array] | None,
+               columns: Callable[[int], jax.Array] | None) -> tuple:
+    """`totals` (float32, one per accumulator of a scaled-steps gmm) plus one k step's sums,
+    each scaled: `multiply(accumulators)` issues the step's products into fresh accumulators
+    of `shape`; `rows()` reads the step's row scales [rows], `columns(i)` accumulator i's
+    column scales [columns] (each None where that operand has no scale blocks)."""
+    from jax.experimental import pallas as pl
+
+    def step_sums(*accumulators):
+        multiply(accumulators)
+        # Reading the sums waits for the products: the step's tiles are free after it.
+        return tuple(kernel_parts.sums(acc) for acc in accumulators)
+
+    sums = pl.run_scoped(step_sums, *[kernel_parts.accumulator(shape, multiplied)
+                                      for _ in totals])
+    row_scales = None if rows is None else kernel_parts.broadcast_rows(rows(), shape)
+    updated = []
+    for index, (total, part) in enumerate(zip(totals, sums)):
+        if row_scales is not None:
+            part = part * row_scales
+        if columns is not None:
+            part = part * kernel_parts.broadcast_columns(columns(index), shape)
+        updated.append(total + part)
+    return tuple(updated)
+
+
 def _per_step(scale: jax.Array, axis: int, block: int, k_tiles: int, bk: int) -> jax.Array:
     """A scale array with blocks along `axis`, as one float32 vector per contraction step
     (each step lies inside one block: config.within_scale_block)."""
