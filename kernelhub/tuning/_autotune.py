@@ -150,19 +150,18 @@ def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], 
     of them alike) share the first one's executable: it is compiled and timed once."""
     lowered: list[Any] = []
     first_of: dict[str, int] = {}  # a program's text: the first candidate lowered to it
+    twin_of: dict[int, int] = {}  # a later candidate with that program: the first
     for index, tiling in enumerate(candidates):
         fn = jax.jit(lambda arrays, tiling=tiling: call.invoke(as_called(call, arrays), tiling))
         try:
             lowering = fn.lower(example)
         except Exception:  # noqa: BLE001  (an illegal candidate is reported, not fatal)
-            lowered.append(None)
-            continue
-        text = lowering.as_text()
-        if text in first_of:
-            lowered.append(first_of[text])  # a twin: the index of its first
-        else:
-            first_of[text] = index
-            lowered.append(lowering)
+            lowering = None
+        if lowering is not None:
+            first = first_of.setdefault(lowering.as_text(), index)
+            if first != index:
+                twin_of[index], lowering = first, None
+        lowered.append(lowering)
 
     def compiled(lowering):
         try:
@@ -171,13 +170,11 @@ def compile_candidates(call: KernelCall, candidates: Sequence[tuple[int, ...]], 
             return None
 
     threads = threads or min(COMPILE_THREADS, os.cpu_count() or 1)
-    twins = {index: first for index, first in enumerate(lowered) if isinstance(first, int)}
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        executables = list(pool.map(compiled, [None if index in twins else lowering
-                                               for index, lowering in enumerate(lowered)]))
+        executables = list(pool.map(compiled, lowered))
     for index, executable in enumerate(executables):
-        if index in twins:
-            executables[index] = executables[twins[index]]
+        if index in twin_of:  # (its first came before it: compiled, warmed up or failed)
+            executables[index] = executables[twin_of[index]]
         elif executable is not None:
             try:
                 jax.block_until_ready(executable(example))  # warm up

@@ -85,6 +85,8 @@ MAX_PROGRAMS_PER_SM = 4
 # programs_per_sm, and the heuristic's measure of whether a problem has work for more.
 HOPPER_SMS = 132
 SHARED_MEMORY_SLACK = 4096
+# Mosaic GPU places each shared-memory allocation at a multiple of this many bytes.
+SMEM_ALIGNMENT = 1024
 TILING_FORM = ("(block_m, block_k, block_n[, stages[, compute_warpgroups[, group_span[, "
                "upcast[, programs_per_sm]]]]])")
 # Types whose wgmma reads the B operand K-major only.
@@ -359,8 +361,8 @@ def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) ->
         # Each step's float32 row and column scales, conservatively for both operands: one
         # buffer of the row scales and one per weight tile, each a whole number of Mosaic GPU's
         # 1024-byte allocation units.
-        scales = (_allocated(stages * config.block_m * 4)
-                  + weight_tiles * _allocated(stages * config.block_n * 4))
+        scales = (round_up(stages * config.block_m * 4, SMEM_ALIGNMENT)
+                  + weight_tiles * round_up(stages * config.block_n * 4, SMEM_ALIGNMENT))
     if config.scaled_lhs_tiles and problem.kernel is Kernel.TGMM:
         # Each chunk's float32 scales (the lhs copies are upcast's).
         scales = stages * config.block_m * 4
@@ -379,13 +381,9 @@ def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) ->
         c * n for c, w, n in zip(counts, widths, copies) if w == 1)
 
 
-# Mosaic GPU places each shared-memory allocation at a multiple of this many bytes.
-SMEM_ALIGNMENT = 1024
-
-
-def _allocated(size: int) -> int:
-    """The bytes an allocation of `size` bytes takes: whole alignment units."""
-    return -(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
+def round_up(size: int, block: int) -> int:
+    """`size` rounded up to a multiple of `block`."""
+    return -(-size // block) * block
 
 
 def _step_elements(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:

@@ -51,7 +51,8 @@ from kernelhub._grouped_matmul import polynomial_erf, visits
 from kernelhub._grouped_matmul.contraction_scales import take_scale_refs
 from kernelhub._pallas.mosaic_gpu import (config, gmm_warp_specialized, kernel_parts,
                                           profiling, scale_blocks)
-from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
+from kernelhub._pallas.mosaic_gpu.config import round_up
+from kernelhub._pallas.mosaic_gpu.kernel_parts import padded
 
 # n-tiles per band of the schedule (the weights' tiles read at once), where a group's rows span
 # several row tiles: the band's weight tiles stay in L2 while its row tiles pass.

@@ -229,10 +229,6 @@ def banded_order(index: jax.Array, rows: int, columns: int, band: int
     return row, column
 
 
-def round_up(size: int, block: int) -> int:
-    return -(-size // block) * block
-
-
 def padded(array: jax.Array, sizes: dict[int, int]) -> jax.Array:
     """`array` with zeros appended along each axis in `sizes` up to that size (itself when no
     axis grows)."""

@@ -32,7 +32,8 @@ from kernelhub._grouped_matmul.problem import tgmm_problem
 from kernelhub._pallas.mosaic_gpu import (config, group_spans, kernel_parts, profiling,
                                           scale_blocks, tgmm_warp_specialized)
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
-from kernelhub._pallas.mosaic_gpu.kernel_parts import padded, round_up
+from kernelhub._pallas.mosaic_gpu.config import round_up
+from kernelhub._pallas.mosaic_gpu.kernel_parts import padded
 
 
 def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling,
