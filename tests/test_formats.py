@@ -21,6 +21,7 @@ import reference
 from conftest import (assert_close, dequantized, implementation_params, jitted_vjp,
                       quantized_operand)
 from kernelhub import QuantizedArray, quantize
+from kernelhub._pallas import four_bit_bits
 from strategies import normal
 
 GMM = "grouped_matmul"
@@ -247,13 +248,28 @@ def test_tgmm_on_formats_along_m(spec):
         np.testing.assert_array_equal(np.asarray(out)[1], 0.0)
 
 
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.float4_e2m1fn])
+def test_four_bit_bits_computed_on_the_cpu_are_the_bitcasts(dtype):
+    """four_bit_bits computes on the CPU what a bitcast gives on an accelerator: code i is the
+    value whose bits are i (both zeros, every sign), and a pair's byte holds the first value
+    in its low half."""
+    codes = np.arange(16, dtype=np.uint8)
+    values = jax.lax.bitcast_convert_type(jnp.asarray(codes).astype(jnp.uint4), dtype)
+    pairs = jnp.stack([jnp.repeat(values, 16), jnp.tile(values, 16)], axis=-1)
+    want = (np.repeat(codes, 16) | np.tile(codes, 16) << 4).astype(np.uint8)
+    np.testing.assert_array_equal(np.asarray(jax.jit(four_bit_bits.as_bytes)(pairs)), want)
+    if dtype == jnp.float4_e2m1fn:
+        got = jax.jit(four_bit_bits.as_uint4)(values).astype(jnp.uint8)
+        np.testing.assert_array_equal(np.asarray(got), codes)
+
+
 @pytest.mark.parametrize("platform", ["triton", "pallas"])
 @pytest.mark.parametrize("form", ["int4", "mxfp4"])
 def test_four_bit_weights_reach_the_kernels_unwidened(platform, form):
-    """Forward and both gradients with 4-bit weights, as lowered (interpret mode: the kernel
-    bodies included): no op converts the whole 4-bit weight to a wider type. The kernels take
-    it packed and widen one tile at a time (Triton: kernelhub/_pallas/gpu/_four_bit.py;
-    Pallas: kernelhub/_pallas/tpu/kernel_parts.py)."""
+    """Forward and both gradients with 4-bit weights, as lowered for the accelerator and
+    interpreted (the kernel bodies included): no op converts the whole 4-bit weight to a wider
+    type. The kernels take it packed and widen one tile at a time (Triton:
+    kernelhub/_pallas/gpu/_four_bit.py; Pallas: kernelhub/_pallas/tpu/kernel_parts.py)."""
     rng = np.random.default_rng(13)
     lhs = jnp.asarray(rng.standard_normal((64, 128)), jnp.bfloat16)
     rhs = jnp.asarray(rng.standard_normal((4, 128, 64)), jnp.bfloat16)
@@ -265,8 +281,17 @@ def test_four_bit_weights_reach_the_kernels_unwidened(platform, form):
         out, pullback = jax.vjp(lambda x: gmm(x, weights, sizes), x)
         return out, pullback(d_out)
 
-    text = jax.jit(step).lower(lhs, jnp.ones((64, 64), jnp.float32)).as_text()
+    traced = jax.jit(step).trace(lhs, jnp.ones((64, 64), jnp.float32))
+    accelerator = "cuda" if platform == "triton" else "tpu"
     whole = r"tensor<4x128x64x(?:i4|ui4|f4E2M1FN)>"
-    assert re.search(whole, text)  # the weights do reach the program as 4-bit values
-    widened = re.findall(r"stablehlo\.convert [^\n]*\(" + whole + r"\)", text)
-    assert not widened, widened
+
+    def widened(text):
+        assert re.search(whole, text)  # the weights do reach the program as 4-bit values
+        return re.findall(r"stablehlo\.convert [^\n]*\(" + whole + r"\)[^\n]*", text)
+
+    # As the accelerator gets it (the kernel a custom call): no conversion at all.
+    assert not widened(traced.lower(lowering_platforms=(accelerator,)).as_text())
+    # Interpreted on the CPU, the kernel bodies included: only e2m1's codes are computed
+    # through e4m3, in one fusion with them (kernelhub/_pallas/four_bit_bits.py).
+    interpreted = widened(traced.lower().as_text())
+    assert not [c for c in interpreted if not c.endswith("tensor<4x128x64xf8E4M3FN>")], interpreted

@@ -1,11 +1,11 @@
 """4-bit operands (int4, float4_e2m1fn) in the Triton kernels: read packed, widened per tile.
 
 A kernel takes a 4-bit operand as bytes, two values to a byte along its last axis ([..., last
-/ 2] uint8, a bitcast of the values: no wider copy of the operand is made), loads byte tiles
-and unpacks each in registers to the 8-bit dtype that holds its values exactly: int4 to int8
-(sign-extended), e2m1 to e4m3. Those tiles then go where any 8-bit tile goes
-(kernelhub/_pallas/gpu/_tiles.py): as stored into the 8-bit tensor cores when the other tile is
-8-bit too, else widened to bf16.
+/ 2] uint8, the values' bits as `four_bit_bits.as_bytes` gives them: no wider copy of the
+operand is made), loads byte tiles and unpacks each in registers to the 8-bit dtype that holds
+its values exactly: int4 to int8 (sign-extended), e2m1 to e4m3. Those tiles then go where any
+8-bit tile goes (kernelhub/_pallas/gpu/_tiles.py): as stored into the 8-bit tensor cores when
+the other tile is 8-bit too, else widened to bf16.
 
 An operand whose last axis is odd gets one zero value appended first (a 4-bit copy, for such
 shapes only), which the kernels' masks keep out of every product and store.
@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from kernelhub._pallas import four_bit_bits
 from kernelhub._pallas.gpu import _tiles
 from kernelhub.quantization import EXACT_IN_8_BITS
 
@@ -89,7 +90,7 @@ def packed(array: jax.Array) -> tuple[jax.Array, Packing | None]:
         array = jnp.pad(array, [(0, 0)] * len(leading) + [(0, 1)])
         last += 1
     pairs = array.reshape(*leading, last // 2, 2)
-    return lax.bitcast_convert_type(pairs, jnp.uint8), Packing(dtype)
+    return four_bit_bits.as_bytes(pairs), Packing(dtype)
 
 
 def load(ref, index: tuple, rows: jax.Array | None, columns, inside: jax.Array | None,

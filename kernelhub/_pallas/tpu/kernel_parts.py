@@ -11,6 +11,7 @@ from jax import lax
 
 from kernelhub import quantization
 from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas import four_bit_bits
 from kernelhub._pallas.tpu import hardware, tiling as tiling_lib
 from kernelhub.quantization import EXACT_IN_BFLOAT16
 
@@ -95,10 +96,11 @@ def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False,
 
 
 def kernel_operand(array: jax.Array) -> jax.Array:
-    """An operand as its kernel takes it: float4_e2m1fn as its 4-bit codes (uint4, a bitcast),
-    since Mosaic has no e2m1 vectors (`tile_values` decodes them); every other as it is."""
+    """An operand as its kernel takes it: float4_e2m1fn as its 4-bit codes (uint4, a bitcast
+    on a TPU), since Mosaic has no e2m1 vectors (`tile_values` decodes them); every other as it
+    is."""
     if jnp.dtype(array.dtype) == _E2M1:
-        return lax.bitcast_convert_type(array, jnp.uint4)
+        return four_bit_bits.as_uint4(array)
     return array
 
 

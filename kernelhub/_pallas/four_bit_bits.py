@@ -1,0 +1,59 @@
+"""The bits of 4-bit values (int4, float4_e2m1fn), as the Pallas kernels take them: a 4-bit code
+per value (TPU's e2m1 operands) or two values to a byte (the Triton kernels' operands).
+
+On an accelerator these are bitcasts. XLA:CPU, which runs the kernels in interpret mode, gets
+the same bits by arithmetic instead: its elemental fusion emitter (taken with
+`--xla_cpu_use_fusion_emitters=false`, a common workaround flag and the test suite's choice for
+compile time) emits an invalid LLVM bitcast ("bitcast i8 to i4") for a bitcast between 4-bit
+types. `lax.platform_dependent` picks the form where XLA lowers the call.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_E2M1 = jnp.dtype(jnp.float4_e2m1fn)
+# e4m3's exponent field for 0.5, e2m1's one subnormal (2**-1 at e4m3's bias of 7); e2m1's
+# normal exponents 1, 2, 3 (bias 1) sit one field above it each.
+_E4M3_FIELD_OF_HALF = 6
+
+
+def e2m1_codes(values: jax.Array) -> jax.Array:
+    """The 4-bit codes (sign in bit 3, two exponent bits, one mantissa bit) of float4_e2m1fn
+    `values`, as uint8, computed from the values: each is an e4m3 exactly, whose fields give
+    the code."""
+    bits = lax.bitcast_convert_type(values.astype(jnp.float8_e4m3fn), jnp.uint8)
+    sign = lax.shift_right_logical(bits, jnp.uint8(4)) & jnp.uint8(8)
+    field = lax.shift_right_logical(bits, jnp.uint8(3)) & jnp.uint8(0xF)
+    top_mantissa = lax.shift_right_logical(bits, jnp.uint8(2)) & jnp.uint8(1)
+    normal = lax.shift_left(field - jnp.uint8(_E4M3_FIELD_OF_HALF), jnp.uint8(1)) | top_mantissa
+    magnitude = jnp.where(field == jnp.uint8(0), jnp.uint8(0),
+                          jnp.where(field == jnp.uint8(_E4M3_FIELD_OF_HALF), jnp.uint8(1), normal))
+    return sign | magnitude
+
+
+def _nibbles(values: jax.Array) -> jax.Array:
+    """Each 4-bit value's bits in the low half of a uint8."""
+    if jnp.dtype(values.dtype) == _E2M1:
+        return e2m1_codes(values)
+    return lax.bitcast_convert_type(values.astype(jnp.int8), jnp.uint8) & jnp.uint8(0xF)
+
+
+def as_uint4(values: jax.Array) -> jax.Array:
+    """float4_e2m1fn `values` reinterpreted as their uint4 codes."""
+    return lax.platform_dependent(
+        values,
+        cpu=lambda v: _nibbles(v).astype(jnp.uint4),
+        default=lambda v: lax.bitcast_convert_type(v, jnp.uint4))
+
+
+def as_bytes(pairs: jax.Array) -> jax.Array:
+    """4-bit `pairs` [..., 2] as the [...] uint8 bytes that hold them, the first of each pair
+    in the low half (as `lax.bitcast_convert_type` packs them)."""
+    def computed(v):
+        nibbles = _nibbles(v)
+        return nibbles[..., 0] | lax.shift_left(nibbles[..., 1], jnp.uint8(4))
+    return lax.platform_dependent(
+        pairs, cpu=computed, default=lambda v: lax.bitcast_convert_type(v, jnp.uint8))
