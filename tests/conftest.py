@@ -39,7 +39,7 @@ EXAMPLES = {"xla": 8, "interpret": 6}
 # `pytest --quick`: every implementation's contract (the files below: forward and gradients
 # against the float64 reference, lax's ragged_dot, every dtype, bad input, selection), with
 # fewer drawn examples and without ahead-of-time compilations (`slow`) or the 8-device
-# subprocess (`multidevice`). About 3 minutes on 2 cores; CI runs everything.
+# subprocess (`multidevice`). About 2.5 minutes on 2 cores; CI runs everything.
 QUICK_EXAMPLES = {"xla": 6, "interpret": 3}
 QUICK_FILES = frozenset({
     "test_contract.py", "test_ragged_dot.py", "test_ragged_dot_dtypes.py", "test_validation.py",
