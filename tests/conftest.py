@@ -159,7 +159,8 @@ def assert_close(actual, expected, out_dtype, *input_dtypes, contraction: int = 
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     rtol = tolerance(out_dtype, *input_dtypes)
     # Sums of `contraction` terms of size ~1: absolute error grows like sqrt(contraction).
-    atol = rtol * math.sqrt(max(contraction, 1)) * max(1.0, float(np.max(np.abs(expected), initial=0)) ** 0.5)
+    largest = float(np.max(np.abs(expected), initial=0))
+    atol = rtol * math.sqrt(max(contraction, 1)) * max(1.0, largest ** 0.5)
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
 
 

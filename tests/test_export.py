@@ -38,7 +38,7 @@ def test_a_gated_artifact_holds_each_platforms_fused_kernel_and_runs_on_cpu():
     export; its TPU branch at a symbolic m is tests/test_symbolic_export.py's, its CUDA lowering
     tests/test_triton_gpu.py's.)"""
     rng = np.random.default_rng(2)
-    m, k, n, groups = 120, 40, 24, 5
+    m, k, n = 120, 40, 24
     sizes = np.array([20, 0, 41, 30, 19], np.int32)
     lhs, rhs = normal(rng, (m, k), jnp.float32), normal(rng, (3, k, 2 * n), jnp.float32)
     bias, d_out = normal(rng, (3, 2 * n), jnp.float32), normal(rng, (m, n), jnp.float32)

@@ -273,7 +273,6 @@ def _group_offset(value: Any) -> jax.Array | None:
 def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
     lhs = _operand("lhs", arguments["lhs"])
     rhs = _operand("rhs", arguments["rhs"])
-    lhs_shape, rhs_shape = tuple(lhs.shape), tuple(rhs.shape)
     numbers = arguments["ragged_dot_dimension_numbers"]
     sizes_shape = tuple(np.shape(arguments["group_sizes"]))
     if not sizes_shape or sizes_shape[-1] == 0:
@@ -281,10 +280,9 @@ def prepare(arguments: dict[str, Any], op: str = NAME) -> dict[str, Any]:
                          f"{sizes_shape}")
     num_groups = sizes_shape[-1]
     _static_groups(numbers, lhs.shape, rhs.shape, num_groups)
-    mode = check_dimension_numbers(numbers, lhs.shape, rhs.shape, num_groups,
-                                   arguments["group_offset"] is not None)
+    check_dimension_numbers(numbers, lhs.shape, rhs.shape, num_groups,
+                            arguments["group_offset"] is not None)
     p = plan(lhs.shape, rhs.shape, numbers, num_groups)
-    ragged_axis = numbers.lhs_ragged_dimensions[0]
     prefix_shape = tuple(lhs.shape[a] for a in p.prefix)
     group_sizes = _group_sizes(arguments["group_sizes"], prefix_shape)
     out_dtype = _element_type(arguments["preferred_element_type"], lhs, rhs)

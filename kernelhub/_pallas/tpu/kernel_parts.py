@@ -127,7 +127,8 @@ def accumulator_dtype(compute: Any, contraction: int = 0, out_dtype: Any = None)
     if out_dtype is not None and jnp.issubdtype(out_dtype, jnp.integer):
         return jnp.int32
     integer = jnp.dtype(compute) in _INTEGER_MXU
-    return jnp.int32 if integer and contraction <= quantization.MAX_EXACT_INT32_TERMS else jnp.float32
+    exact = integer and contraction <= quantization.MAX_EXACT_INT32_TERMS
+    return jnp.int32 if exact else jnp.float32
 
 
 # int8 x int8 products are at most 2**14 in magnitude, so float32 (24-bit significand) sums
