@@ -154,6 +154,31 @@ def test_the_environment_never_leaks_into_the_unforced_per_target_choice(platfor
     assert unforced.of("tpu").platform is Platform.PALLAS
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU host's view of other targets")
+@pytest.mark.parametrize("through", ["argument", "variable"])
+def test_a_forced_platform_lowers_its_own_kernel_for_each_target(through, platform_variable):
+    """Forced to Triton on a CPU host (no backend forced): the cuda lowering holds the Triton
+    kernel, not its interpreter; the cpu lowering runs the interpreter against float64; a TPU,
+    which has no Triton kernel, is refused by name rather than given the interpreter."""
+    if through == "argument":
+        gmm = kernelhub.get("grouped_matmul", platform="triton")
+    else:
+        platform_variable("triton")
+        gmm = kernelhub.get("grouped_matmul")
+    rng = np.random.default_rng(3)
+    lhs = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((2, 4, 3)), jnp.float32)
+    exported = kernelhub.export.export(gmm, lhs, rhs, SIZES, platforms=("cpu", "cuda"))
+    assert kernelhub.export.kernels_by_platform(exported) == {"cpu": {}, "cuda": {"triton": 1}}
+    want = np.concatenate([np.asarray(lhs[:3], np.float64) @ np.asarray(rhs[0], np.float64),
+                           np.asarray(lhs[3:], np.float64) @ np.asarray(rhs[1], np.float64)])
+    np.testing.assert_allclose(np.asarray(exported.call(lhs, rhs, SIZES)), want, rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(kernelhub.NoImplementationError,
+                       match="cannot lower for tpu: .*backend=tpu, platform=triton"):
+        jax.jit(gmm).trace(lhs, rhs, SIZES).lower(lowering_platforms=("tpu",))
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the pins name hardware this host lacks")
 @pytest.mark.parametrize("platform, backend, runs_here", [
     ("pallas", "tpu", "platform='pallas'"), ("triton", "gpu", "platform='triton'"),

@@ -2,10 +2,11 @@
 
 Order of authority: an explicit `platform=`/`backend=` given to `get` or `resolve`, then the
 KERNELHUB_PLATFORM environment variable (read once, when kernelhub is first used), then the best
-available implementation for the target the computation is lowered for. A forced choice pins
-one implementation everywhere; if it cannot be served, that is an error, never a silent
-fallback. Unforced, a call carries one choice per target and XLA keeps the one it lowers for
-(kernelhub/_core/lowering.py), so an exported function holds each target's own kernel.
+available implementation for the target the computation is lowered for. A forced backend pins
+one implementation; a forced platform alone chooses within it per target. What cannot be
+served is an error, never a silent fallback. A call carries one choice per target and XLA keeps
+the one it lowers for (kernelhub/_core/lowering.py), so an exported function holds each
+target's own kernel.
 """
 
 from __future__ import annotations
@@ -101,11 +102,7 @@ def resolve(
     the module docstring for the order of authority.
     """
     name = _registry.op_definition(op).name
-    forced_platform = _registry.as_platform(platform) if platform is not None else None
-    source = "platform argument"
-    if forced_platform is None:
-        forced_platform = platform_from_environment()
-        source = f"{PLATFORM_VARIABLE}={os.environ.get(PLATFORM_VARIABLE, '').strip()}"
+    forced_platform, source = _forced_platform(platform)
     if backend is not None:
         target = _registry.as_backend(backend)
         if target is Backend.ANY:
@@ -116,6 +113,15 @@ def resolve(
         backend_forced = False
     return _select(name, forced_platform, target, backend_forced, source, _registry.version(),
                    frozenset(features))
+
+
+def _forced_platform(platform: Platform | str | None) -> tuple[Platform | None, str]:
+    """The platform a call is forced to (the argument, else KERNELHUB_PLATFORM, else None) and
+    where that came from, for messages."""
+    if platform is not None:
+        return _registry.as_platform(platform), "platform argument"
+    return (platform_from_environment(),
+            f"{PLATFORM_VARIABLE}={os.environ.get(PLATFORM_VARIABLE, '').strip()}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -192,14 +198,40 @@ def _serving(op: str, within: Platform | None, backend: Backend,
             and (within is None or spec.platform is within)]
 
 
+@functools.lru_cache(maxsize=256)
+def forced_per_target(op: str, platform: Platform, source: str, running: Backend,
+                      registry_version: int,
+                      features: frozenset[str] = frozenset()) -> lowering.Choices:
+    """For each target, the forced platform's implementation for it (a reason where it has
+    none, raised if lowered there). The devices the call runs on (`running`) must be present
+    for it; for the others the call is lowered ahead of time (export, lowering_platforms), as
+    with a forced backend. So a Triton call forced on a CPU host and exported for cuda holds the
+    Triton kernel for cuda and its interpreter for cpu, and lowering it for a TPU is an error."""
+    entries = []
+    for target in lowering.TARGETS:
+        backend = _registry.backend_of_target(target)
+        try:
+            choice = _select(op, platform, backend, backend is not running, source,
+                             registry_version, features)
+        except NoImplementationError as error:
+            choice = str(error)
+        entries.append((target, choice))
+    return lowering.Choices(tuple(entries))
+
+
 def choices(op: str, platform: Platform | None, backend: Backend | None,
             arrays: Iterable[Any] = (),
             features: frozenset[str] = frozenset()) -> lowering.Choices:
-    """What a call lowers for each target: one pinned implementation if anything is forced."""
-    if platform is None and backend is None and platform_from_environment() is None:
+    """What a call lowers for each target: with a forced backend, one pinned implementation;
+    with a forced platform only, that platform's implementation for each target."""
+    forced, source = _forced_platform(platform)
+    if forced is None and backend is None:
         return per_target(op, _registry.version(), None, features)
-    return lowering.Choices.pinned(
-        resolve(op, platform, backend, arrays=arrays, features=features))
+    if backend is not None:
+        return lowering.Choices.pinned(
+            resolve(op, platform, backend, arrays=arrays, features=features))
+    return forced_per_target(op, forced, source, running_backend(arrays), _registry.version(),
+                             frozenset(features))
 
 
 class Dispatched:
