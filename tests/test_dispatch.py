@@ -155,28 +155,36 @@ def test_the_environment_never_leaks_into_the_unforced_per_target_choice(platfor
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU host's view of other targets")
+@pytest.mark.parametrize("platform, target, kernel, lacking", [
+    ("triton", "cuda", "triton", "tpu"), ("pallas", "tpu", "mosaic", "cuda")])
 @pytest.mark.parametrize("through", ["argument", "variable"])
-def test_a_forced_platform_lowers_its_own_kernel_for_each_target(through, platform_variable):
-    """Forced to Triton on a CPU host (no backend forced): the cuda lowering holds the Triton
-    kernel, not its interpreter; the cpu lowering runs the interpreter against float64; a TPU,
-    which has no Triton kernel, is refused by name rather than given the interpreter."""
+def test_a_forced_platform_lowers_its_own_kernel_for_each_target(platform, target, kernel, lacking,
+                                                                 through, platform_variable):
+    """Forced to Triton (or Pallas) on a CPU host, no backend forced: the cuda (tpu) lowering
+    holds the real kernel, not its interpreter; the cpu lowering runs the interpreter against
+    float64; the target the platform has no kernel for is refused by name rather than given
+    the interpreter."""
     if through == "argument":
-        gmm = kernelhub.get("grouped_matmul", platform="triton")
+        dispatched = kernelhub.get("grouped_matmul", platform=platform)
     else:
-        platform_variable("triton")
-        gmm = kernelhub.get("grouped_matmul")
+        platform_variable(platform)
+        dispatched = kernelhub.get("grouped_matmul")
+
+    def gmm(*arrays):  # a function of this test's own: jax.jit keeps traces per function
+        return dispatched(*arrays)
+
     rng = np.random.default_rng(3)
     lhs = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
     rhs = jnp.asarray(rng.standard_normal((2, 4, 3)), jnp.float32)
-    exported = kernelhub.export.export(gmm, lhs, rhs, SIZES, platforms=("cpu", "cuda"))
-    assert kernelhub.export.kernels_by_platform(exported) == {"cpu": {}, "cuda": {"triton": 1}}
+    exported = kernelhub.export.export(gmm, lhs, rhs, SIZES, platforms=("cpu", target))
+    assert kernelhub.export.kernels_by_platform(exported) == {"cpu": {}, target: {kernel: 1}}
     want = np.concatenate([np.asarray(lhs[:3], np.float64) @ np.asarray(rhs[0], np.float64),
                            np.asarray(lhs[3:], np.float64) @ np.asarray(rhs[1], np.float64)])
     np.testing.assert_allclose(np.asarray(exported.call(lhs, rhs, SIZES)), want, rtol=1e-5,
                                atol=1e-5)
     with pytest.raises(kernelhub.NoImplementationError,
-                       match="cannot lower for tpu: .*backend=tpu, platform=triton"):
-        jax.jit(gmm).trace(lhs, rhs, SIZES).lower(lowering_platforms=("tpu",))
+                       match=f"cannot lower for {lacking}: .*platform={platform}"):
+        jax.jit(gmm).trace(lhs, rhs, SIZES).lower(lowering_platforms=(lacking,))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the pins name hardware this host lacks")
