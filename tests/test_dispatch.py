@@ -187,6 +187,26 @@ def test_a_forced_platform_lowers_its_own_kernel_for_each_target(platform, targe
         jax.jit(gmm).trace(lhs, rhs, SIZES).lower(lowering_platforms=(lacking,))
 
 
+def test_a_pinned_cpu_backend_lowers_only_for_cpu():
+    """backend="cpu" pins the Triton kernels' interpreter: it runs on the CPU, against float64,
+    and lowering it for cuda is refused by name instead of putting the interpreter there."""
+    dispatched = kernelhub.get("grouped_matmul", platform="triton", backend="cpu")
+
+    def gmm(*arrays):
+        return dispatched(*arrays)
+
+    rng = np.random.default_rng(4)
+    lhs = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((2, 4, 3)), jnp.float32)
+    want = np.concatenate([np.asarray(lhs[:3], np.float64) @ np.asarray(rhs[0], np.float64),
+                           np.asarray(lhs[3:], np.float64) @ np.asarray(rhs[1], np.float64)])
+    np.testing.assert_allclose(np.asarray(jax.jit(gmm)(lhs, rhs, SIZES)), want, rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(kernelhub.NoImplementationError,
+                       match="cannot lower for cuda: triton/cpu lowers only for cpu"):
+        jax.jit(gmm).trace(lhs, rhs, SIZES).lower(lowering_platforms=("cuda",))
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the pins name hardware this host lacks")
 @pytest.mark.parametrize("platform, backend, runs_here", [
     ("pallas", "tpu", "platform='pallas'"), ("triton", "gpu", "platform='triton'"),

@@ -68,9 +68,11 @@ class Choices:
 
     @classmethod
     def pinned(cls, spec: KernelSpec) -> Choices:
-        """`spec` for every target it can lower for: a TPU or GPU kernel only for its own
-        hardware's targets (Pallas would refuse the others with a message about interpret
-        mode); elsewhere, the reason, raised if lowered there."""
+        """`spec` for every target it can lower for: a portable (`any`) one for all, one for a
+        backend only for its own hardware's targets (Pallas would refuse a TPU or GPU kernel
+        elsewhere with a message about interpret mode, and a CPU one, an interpreter, would
+        run where the user asked for a kernel); elsewhere, the reason, raised if lowered
+        there."""
         return cls(tuple((target, spec if _lowers_for(spec, target) else _only_for(spec))
                          for target in TARGETS))
 
@@ -96,7 +98,7 @@ class Choices:
 
 
 def _lowers_for(spec: KernelSpec, target: str) -> bool:
-    return spec.backend not in (Backend.TPU, Backend.GPU) or backend_of_target(target) is spec.backend
+    return spec.backend is Backend.ANY or backend_of_target(target) is spec.backend
 
 
 def _only_for(spec: KernelSpec) -> str:
