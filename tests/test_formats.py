@@ -252,7 +252,7 @@ def test_tgmm_on_formats_along_m(spec):
 def test_four_bit_bits_computed_on_the_cpu_are_the_bitcasts(dtype):
     """four_bit_bits computes on the CPU what a bitcast gives on an accelerator: code i is the
     value whose bits are i (both zeros, every sign), and a pair's byte holds the first value
-    in its low half."""
+    in its low half; e4m3_of_codes undoes e2m1's codes exactly (the sign of zero included)."""
     codes = np.arange(16, dtype=np.uint8)
     values = jax.lax.bitcast_convert_type(jnp.asarray(codes).astype(jnp.uint4), dtype)
     pairs = jnp.stack([jnp.repeat(values, 16), jnp.tile(values, 16)], axis=-1)
@@ -261,6 +261,11 @@ def test_four_bit_bits_computed_on_the_cpu_are_the_bitcasts(dtype):
     if dtype == jnp.float4_e2m1fn:
         got = jax.jit(four_bit_bits.as_uint4)(values).astype(jnp.uint8)
         np.testing.assert_array_equal(np.asarray(got), codes)
+        # And back, as the Triton kernels unpack: each code as the e4m3 value jax converts to.
+        unpacked = jax.jit(four_bit_bits.e4m3_of_codes)(jnp.asarray(codes))
+        np.testing.assert_array_equal(
+            np.asarray(jax.lax.bitcast_convert_type(unpacked, jnp.uint8)),
+            np.asarray(jax.lax.bitcast_convert_type(values.astype(jnp.float8_e4m3fn), jnp.uint8)))
 
 
 @pytest.mark.parametrize("platform", ["triton", "pallas"])

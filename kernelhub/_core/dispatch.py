@@ -120,8 +120,10 @@ def _forced_platform(platform: Platform | str | None) -> tuple[Platform | None, 
     where that came from, for messages."""
     if platform is not None:
         return _registry.as_platform(platform), "platform argument"
-    return (platform_from_environment(),
-            f"{PLATFORM_VARIABLE}={os.environ.get(PLATFORM_VARIABLE, '').strip()}")
+    forced = platform_from_environment()
+    if forced is None:  # (every unforced traced call comes here: no message to build)
+        return None, ""
+    return forced, f"{PLATFORM_VARIABLE}={os.environ.get(PLATFORM_VARIABLE, '').strip()}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -170,20 +172,27 @@ def _usable(spec: KernelSpec, backend_forced: bool) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def per_target(op: str, registry_version: int, within: Platform | None = None,
-               features: frozenset[str] = frozenset()) -> lowering.Choices:
-    """The choice for every target (a reason where there is none): the best of all
-    implementations, or of those written in `within`. KERNELHUB_PLATFORM plays no part: a
-    forced platform pins one implementation instead (`choices`)."""
+               features: frozenset[str] = frozenset(), forced_by: str | None = None,
+               running: Backend | None = None) -> lowering.Choices:
+    """The choice for every target (a reason where there is none, raised if lowered there):
+    the best of all implementations, or of those written in `within`, with the faster ones
+    measurements name (`alternates`). Every target but the one the call runs on (`running`) is
+    lowered ahead of time, so only there must the device be present.
+
+    With `forced_by` (where the forced platform `within` came from: the argument or
+    KERNELHUB_PLATFORM), the forced platform's implementation for each target, no alternates.
+    So Triton forced on a CPU host and exported for cuda holds the Triton kernel for cuda and
+    its interpreter for cpu, and lowering it for a TPU is an error."""
     entries, alternates = [], []
     for target in lowering.TARGETS:
         backend = _registry.backend_of_target(target)
         try:
-            choice = _select(op, within, backend, True, "platform argument", registry_version,
-                             features)
+            choice = _select(op, within, backend, backend is not running,
+                             forced_by or "platform argument", registry_version, features)
         except NoImplementationError as error:
             choice = str(error)
         entries.append((target, choice))
-        if isinstance(choice, KernelSpec):
+        if isinstance(choice, KernelSpec) and forced_by is None:
             others = measured_choice.alternates(choice, _serving(op, within, backend, features))
             if others:
                 alternates.append((target, others))
@@ -198,27 +207,6 @@ def _serving(op: str, within: Platform | None, backend: Backend,
             and (within is None or spec.platform is within)]
 
 
-@functools.lru_cache(maxsize=256)
-def forced_per_target(op: str, platform: Platform, source: str, running: Backend,
-                      registry_version: int,
-                      features: frozenset[str] = frozenset()) -> lowering.Choices:
-    """For each target, the forced platform's implementation for it (a reason where it has
-    none, raised if lowered there). The devices the call runs on (`running`) must be present
-    for it; for the others the call is lowered ahead of time (export, lowering_platforms), as
-    with a forced backend. So a Triton call forced on a CPU host and exported for cuda holds the
-    Triton kernel for cuda and its interpreter for cpu, and lowering it for a TPU is an error."""
-    entries = []
-    for target in lowering.TARGETS:
-        backend = _registry.backend_of_target(target)
-        try:
-            choice = _select(op, platform, backend, backend is not running, source,
-                             registry_version, features)
-        except NoImplementationError as error:
-            choice = str(error)
-        entries.append((target, choice))
-    return lowering.Choices(tuple(entries))
-
-
 def choices(op: str, platform: Platform | None, backend: Backend | None,
             arrays: Iterable[Any] = (),
             features: frozenset[str] = frozenset()) -> lowering.Choices:
@@ -230,8 +218,8 @@ def choices(op: str, platform: Platform | None, backend: Backend | None,
     if backend is not None:
         return lowering.Choices.pinned(
             resolve(op, platform, backend, arrays=arrays, features=features))
-    return forced_per_target(op, forced, source, running_backend(arrays), _registry.version(),
-                             frozenset(features))
+    return per_target(op, _registry.version(), forced, frozenset(features), source,
+                      running_backend(arrays))
 
 
 class Dispatched:

@@ -1,5 +1,6 @@
 """The bits of 4-bit values (int4, float4_e2m1fn), as the Pallas kernels take them: a 4-bit code
-per value (TPU's e2m1 operands) or two values to a byte (the Triton kernels' operands).
+per value (TPU's e2m1 operands) or two values to a byte (the Triton kernels' operands); and
+e2m1 codes as the e4m3 values they equal, as the Triton kernels unpack them.
 
 On an accelerator these are bitcasts. XLA:CPU, which runs the kernels in interpret mode, gets
 the same bits by arithmetic instead: its elemental fusion emitter (taken with
@@ -16,7 +17,7 @@ from jax import lax
 
 _E2M1 = jnp.dtype(jnp.float4_e2m1fn)
 # e4m3's exponent field for 0.5, e2m1's one subnormal (2**-1 at e4m3's bias of 7); e2m1's
-# normal exponents 1, 2, 3 (bias 1) sit one field above it each.
+# normal exponent fields 1, 2, 3 (bias 1) are e4m3's 7, 8, 9: this much higher.
 _E4M3_FIELD_OF_HALF = 6
 
 
@@ -32,6 +33,20 @@ def e2m1_codes(values: jax.Array) -> jax.Array:
     magnitude = jnp.where(field == jnp.uint8(0), jnp.uint8(0),
                           jnp.where(field == jnp.uint8(_E4M3_FIELD_OF_HALF), jnp.uint8(1), normal))
     return sign | magnitude
+
+
+def e4m3_of_codes(codes: jax.Array) -> jax.Array:
+    """The inverse of `e2m1_codes`: uint8 e2m1 codes as the float8_e4m3fn values they equal
+    (the same sign, the exponent field moved up, the mantissa bit to e4m3's top one). Plain
+    bit operations, so kernels may use it on their tiles."""
+    sign = lax.shift_left(codes & jnp.uint8(8), jnp.uint8(4))
+    field = lax.shift_right_logical(codes, jnp.uint8(1)) & jnp.uint8(3)
+    mantissa = codes & jnp.uint8(1)
+    normal = sign | lax.shift_left(field + jnp.uint8(_E4M3_FIELD_OF_HALF), jnp.uint8(3)) | (
+        lax.shift_left(mantissa, jnp.uint8(2)))
+    half = sign | (mantissa * jnp.uint8(_E4M3_FIELD_OF_HALF << 3))
+    bits = jnp.where(field == jnp.uint8(0), half, normal)
+    return lax.bitcast_convert_type(bits, jnp.float8_e4m3fn)
 
 
 def _nibbles(values: jax.Array) -> jax.Array:

@@ -24,10 +24,6 @@ from kernelhub._pallas.gpu import _tiles
 from kernelhub.quantization import EXACT_IN_8_BITS
 
 _E2M1 = jnp.dtype(jnp.float4_e2m1fn)
-# e4m3's exponent field for e2m1's smallest normal exponent (bias 7 against 1) and for its
-# one subnormal, 0.5 = 2**-1.
-_E4M3_EXPONENT_OFFSET = 6
-_E4M3_HALF = 6 << 3
 
 
 def narrow_allowed(rhs_dtype, rhs_k_major: bool) -> bool:
@@ -63,20 +59,7 @@ class Packing:
             low = lax.shift_right_arithmetic(lax.shift_left(signed, four), four)
             high = lax.shift_right_arithmetic(signed, four)
         values = jnp.stack([low, high], axis=-1).reshape(rows, 2 * columns)
-        return _e4m3(values) if self.values == _E2M1 else values
-
-
-def _e4m3(codes: jax.Array) -> jax.Array:
-    """e2m1 codes (uint8, sign in bit 3, two exponent bits, one mantissa bit) as the e4m3
-    values they equal: the same sign, exponent rebased, mantissa bit moved to e4m3's top."""
-    sign = lax.shift_left(codes & jnp.uint8(8), jnp.uint8(4))
-    exponent = lax.shift_right_logical(codes, jnp.uint8(1)) & jnp.uint8(3)
-    mantissa = codes & jnp.uint8(1)
-    normal = sign | lax.shift_left(exponent + jnp.uint8(_E4M3_EXPONENT_OFFSET), jnp.uint8(3)) | (
-        lax.shift_left(mantissa, jnp.uint8(2)))
-    subnormal = sign | (mantissa * jnp.uint8(_E4M3_HALF))
-    bits = jnp.where(exponent == jnp.uint8(0), subnormal, normal)
-    return lax.bitcast_convert_type(bits, jnp.float8_e4m3fn)
+        return four_bit_bits.e4m3_of_codes(values) if self.values == _E2M1 else values
 
 
 def packed(array: jax.Array) -> tuple[jax.Array, Packing | None]:
