@@ -221,9 +221,10 @@ def test_grouped_matmul_lowers_the_kernel_the_table_measured_faster(twin):
 
 def test_an_epilogue_the_tables_never_timed_keeps_the_registered_choice():
     """A backend whose tuning space says a table's time is not its time under an epilogue
-    (Mosaic GPU gathers an interleaved gated unit's columns, a copy of the weights, before its
-    kernel) gets no measured time for such a call: the table's faster entry does not lower it.
-    Under the concatenated layout, which it times, it does; both results against float64."""
+    (Mosaic GPU gathers an interleaved gated unit's columns of weights [G, k, n], a copy of
+    them, before its kernel) gets no measured time for such a call: the table's faster entry
+    does not lower it. Under the concatenated layout, which it times, it does; both results
+    against float64."""
     from kernelhub._pallas.mosaic_gpu import tuning_space as mosaic_space
 
     space = TuningSpace(TWIN, XLA_SPACE.candidates, XLA_SPACE.default, XLA_SPACE.accepts,

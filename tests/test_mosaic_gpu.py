@@ -27,6 +27,7 @@ import reference
 from conftest import as_float64, assert_close, jitted_vjp, quantized_operand
 from kernelhub import testing
 from kernelhub._grouped_matmul import visits
+from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import config, group_spans, grouped_matmul, tuning_space
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
@@ -198,9 +199,10 @@ def test_gmm_gradients_with_offset_existing_out_a_nan_elsewhere_and_wrapping_sum
                      jnp.float32, contraction=k)
 
 
-# The interleaved layout is gathered into the concatenated one before the kernel: its case runs
-# the concatenated kernel too (and the gated fp8, int8 and warp-specialized cases below take the
-# concatenated layout as given).
+# The interleaved layout of weights [G, k, 2n] is gathered into the concatenated one before the
+# kernel: its case runs the concatenated kernel too (and the gated fp8, int8 and
+# warp-specialized cases below take the concatenated layout as given). Stored [G, 2n, k] it is
+# read in place: test_interleaved_gate_up_stored_gnk_is_read_in_place.
 @pytest.mark.parametrize("glu_layout", ["interleaved",
                                         pytest.param("concatenated", marks=GPU_RUN_ONLY)])
 def test_gmm_glu_with_bias(glu_layout):
@@ -1442,8 +1444,9 @@ def test_weight_only_8bit_forward_exports_reading_the_weights_as_stored(rhs_dtyp
 
 def test_tgmm_of_8bit_activations_beside_bf16_exports_reading_them_as_stored():
     """tgmm of int8 activations (one scale per row of x^T) beside a bf16 operand (the
-    cotangent of a weight gradient) at DeepSeek-V3's shape, one program per SM: one Mosaic GPU kernel, and with
-    upcast no bf16 copy of the activations in the program (upcast=0 makes one)."""
+    cotangent of a weight gradient) at DeepSeek-V3's shape, one program per SM: one Mosaic GPU
+    kernel, and with upcast no bf16 copy of the activations in the program (upcast=0 makes
+    one)."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
 
@@ -1750,6 +1753,73 @@ def test_fused_epilogues_export_for_cuda(epilogue):
         lambda lhs, rhs, bias, sizes: gmm(lhs, rhs, sizes, bias=bias,
                                           preferred_element_type=jnp.bfloat16, **epilogue),
         lhs, rhs, bias, sizes), 1)
+
+
+def test_interleaved_gate_up_stored_gnk_is_read_in_place():
+    """Interleaved gate and up weights stored [G, 2n, k] (GPT-OSS's checkpoints: gate row j,
+    then up row j) are the rows of a [G, n, 2k] view, the gate's k values then the up's: both
+    halves' tiles are read from it, with no copy of the weights ([G, k, 2n] are still gathered
+    into the concatenated layout). Unaligned k and n (the weights padded along k, then the
+    view's rows), a bias, local groups 1..3 of 4 (one empty) with existing_out's other rows
+    kept bitwise, one compute warpgroup and two, against float64. Then exported for cuda at
+    GPT-OSS's shape and Mixtral's (warp-specialized) under the heuristic: one Mosaic GPU
+    kernel reading the weights argument itself (a reshape), nothing padded."""
+    rng = np.random.default_rng(34)
+    m, k, n = 90, 40, 40
+    sizes = np.array([10, 30, 0, 25], np.int32)  # local rows 10..65
+    lhs = _values(rng, (m, k), jnp.bfloat16)
+    gate_up = _values(rng, (3, 2 * n, k), jnp.bfloat16)
+    bias = _values(rng, (3, 2 * n), jnp.float32)
+    existing = _values(rng, (m, n), jnp.float32)
+    expected = reference.gmm(lhs, gate_up, sizes, bias=bias, glu="swiglu_oai",
+                             glu_layout="interleaved", transpose_rhs=True, group_offset=1,
+                             existing_out=existing)
+    kept = np.r_[0:10, 65:m]
+    for tiling in (None, (64, 32, 128, 2, 2)):
+        out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), bias=bias, glu="swiglu_oai",
+                           glu_layout="interleaved", transpose_rhs=True, tiling=tiling,
+                           group_offset=jnp.int32(1), existing_out=existing)
+        assert_close(out, expected, jnp.float32, contraction=k)
+        np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
+
+    # GPT-OSS's shape, and Mixtral's, whose heuristic warp-specializes (compute-bound).
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    for m, k, n, experts in (MOE_SHAPES["gpt_oss"][:4], (8192, 4096, 2 * 14336, 8)):
+        weights = f"tensor<{experts}x{n}x{k}xbf16>"
+        exported = _exported(
+            lambda lhs, rhs, bias, sizes: gmm(lhs, rhs, sizes, bias=bias, glu="swiglu_oai",
+                                              glu_layout="interleaved", transpose_rhs=True,
+                                              preferred_element_type=jnp.bfloat16),
+            jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((experts, n, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((experts, n), jnp.float32),
+            jax.ShapeDtypeStruct((experts,), jnp.int32))
+        _check_mosaic_only(exported, 1, unpadded=True)
+        reads = [line for line in exported.mlir_module().splitlines() if weights in line]
+        assert reads and all(re.search(r"func\.func|= call @|stablehlo\.reshape|@mosaic_gpu_v2",
+                                       line) for line in reads), reads
+
+
+def test_a_gated_unit_tiles_each_half_of_the_weights():
+    """A gated unit pads each half of the weights' columns to whole tiles, so its tiles divide
+    the output's columns, half the weights': at GPT-OSS's 2 x 2880 the heuristic takes 64
+    columns, and a table's 128 (which divides 5760, so the plain call it was timed for pads
+    nothing) is passed over for the gated call, whose weights it would copy. The tables time
+    interleaved weights only where the kernel reads them in place, stored [G, 2n, k]."""
+    m, k, n, experts, _ = MOE_SHAPES["gpt_oss"]
+    problem = Problem(Kernel.GMM, m, k, n, experts, experts, "bfloat16", "bfloat16",
+                      "bfloat16", False)
+    gated = config.from_tiling(None, problem, weight_tiles=2)
+    assert (n // 2) % gated.block_n == 0 and gated.block_n == 64
+    space = tuning_space.space("mosaic")
+    swiglu = Epilogue(glu="swiglu_oai")
+    for tiling, plain, gate in (((64, 64, 128, 4), True, False), ((64, 64, 64, 4), True, True)):
+        assert space.accepts(tiling, problem, Epilogue()) == plain
+        assert space.accepts(tiling, problem, swiglu) == gate
+    interleaved = Epilogue(glu="swiglu_oai", glu_layout="interleaved")
+    assert space.times_epilogue(interleaved, True)
+    assert not space.times_epilogue(interleaved, False)
+    assert space.times_epilogue(swiglu, False)
 
 
 def test_existing_out_is_updated_in_place_when_compiled():

@@ -31,10 +31,11 @@ class TuningSpace:
     accepts(tiling, problem, epilogue) -> whether a tiling tuned for a nearby shape, without
       a fused epilogue, is legal for this problem under `epilogue` (a gated unit's second
       weight tile may not fit beside a tiling that the plain call's does);
-    times_epilogue(epilogue) -> whether a table's time for a gmm call's kernel problem is also
-    the call's time under that fused epilogue. Tables are tuned without epilogues; a backend
-    that does more for one (a copy of an operand) says False, and such a call then has no
-    measured time (kernelhub/_grouped_matmul/measured.py);
+    times_epilogue(epilogue, transpose_rhs) -> whether a table's time for a gmm call's kernel
+    problem is also the call's time under that fused epilogue, with the weights laid out as
+    the call has them. Tables are tuned without epilogues; a backend that does more for one (a
+    copy of an operand) says False, and such a call then has no measured time
+    (kernelhub/_grouped_matmul/measured.py);
     folds_scales: whether the kernels take quantized operands with their scales folded
     (kernelhub/_grouped_matmul/scale_folding.py; registration sets it): `candidates`,
     `default` and `accepts` are then asked about the problem those kernels get
@@ -46,7 +47,7 @@ class TuningSpace:
     default: Callable[[Problem], tuple[int, ...]]
     accepts: Callable[[tuple[int, ...], Problem, Epilogue], bool] = (
         lambda tiling, problem, epilogue=None: True)
-    times_epilogue: Callable[[Epilogue], bool] = lambda epilogue: True
+    times_epilogue: Callable[[Epilogue, bool], bool] = lambda epilogue, transpose_rhs: True
     folds_scales: bool = False
 
 
@@ -107,7 +108,7 @@ def gmm_call(space: TuningSpace, op: str, pass_name: str, raw: Callable, lhs, rh
 
     return KernelCall(space, op, pass_name, problem,
                       (lhs, rhs, group_sizes, group_offset, existing_out), invoke,
-                      timed_by_tables=space.times_epilogue(epilogue.spec),
+                      timed_by_tables=space.times_epilogue(epilogue.spec, transpose_rhs),
                       epilogue=epilogue.spec)
 
 

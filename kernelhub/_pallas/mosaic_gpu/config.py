@@ -713,7 +713,7 @@ def heuristic(problem: Problem, weight_tiles: int = 1, warp_specialize: bool = T
         blocks = BlockConfig(block_m=block_m, block_k=contraction,
                              block_n=min(128, ACCUMULATOR_ELEMENTS // (weight_tiles * block_m)))
     wide = _warp_specialized(blocks, problem, weight_tiles) if warp_specialize else None
-    return wide or fitted(blocks, problem)
+    return wide or fitted(blocks, problem, weight_tiles)
 
 
 def _warp_specialized(blocks: BlockConfig, problem: Problem,
@@ -733,7 +733,8 @@ def _warp_specialized(blocks: BlockConfig, problem: Problem,
     # A gated unit's two sums share a warpgroup's registers: 128 x 128 output tiles.
     columns = WIDE_COLUMNS // weight_tiles
     wide = fitted(dataclasses.replace(blocks, **{rows: WIDE_ROWS}, block_n=columns,
-                                      stages=WIDE_STAGES, compute_warpgroups=2), problem)
+                                      stages=WIDE_STAGES, compute_warpgroups=2), problem,
+                  weight_tiles)
     wide = _stages_that_fit(wide, problem, weight_tiles)
     if (getattr(wide, rows), wide.block_n) != (WIDE_ROWS, columns):
         return None
@@ -762,7 +763,7 @@ def _shared_sm_tgmm(blocks: BlockConfig, problem: Problem) -> BlockConfig | None
     return None
 
 
-def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
+def fitted(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> BlockConfig:
     """`config` with each block but the output rows cut to the smallest power of two covering
     its dimension (at least its rule's least), 64 output rows where 64 cover them, and fewer
     stages where shared memory needs it. A dimension longer than its block and not a multiple
@@ -770,8 +771,10 @@ def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
     not m): the kernels pad operands to whole tiles, and at GPT-OSS's 2880 a 128 block padded
     the whole weights (the lhs gradient) or the whole [G, k, n] output (tgmm), a copy that
     cost more than the kernel (the 2026-11-27 H100 scoreboard: 0.25 of the roofline against
-    0.66)."""
-    sizes = {"block_m": problem.m, "block_k": problem.k, "block_n": problem.n}
+    0.66). A gated unit (`weight_tiles` 2) pads each half of the weights' columns, so its
+    columns' block divides the output's columns, half the weights' (GPT-OSS's 2 x 2880)."""
+    sizes = {"block_m": problem.m, "block_k": problem.k,
+             "block_n": problem.n // weight_tiles}
     rows = output_rows_block(problem.kernel)
     least = {contraction_block(problem.kernel): min_contraction(problem),
              "block_n": (min_columns(problem, config.compute_warpgroups)
@@ -793,7 +796,7 @@ def fitted(config: BlockConfig, problem: Problem) -> BlockConfig:
         fitted_blocks[name] = block
     span = min(config.group_span, max(int(problem.local_groups), 1))
     return _stages_that_fit(dataclasses.replace(config, **fitted_blocks, group_span=span),
-                            problem)
+                            problem, weight_tiles)
 
 
 def _dividing(block: int, size: Any, floor: int) -> int:

@@ -39,7 +39,7 @@ from kernelhub._pallas.mosaic_gpu.kernel_parts import (COMPUTE_WARPGROUPS, MEMOR
 
 def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
          n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
-         spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
+         paired: bool, spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
          has_bias: bool, has_existing: bool, interpret: bool, band: int,
          epilogue_fn, tile_rows: int, plan: scale_blocks.Plan = scale_blocks.NOTHING
          ) -> None:
@@ -243,9 +243,9 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
             @pl.when(group >= 0)
             def _compute():
                 column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
-                group_rhs = rhs_ref.at[group]
-                rhs_views = [group_rhs.at[pl.ds(c * bn, bn), :] if transpose_rhs
-                             else group_rhs.at[:, pl.ds(c * bn, bn)] for c in column_tiles]
+                rhs_views = kernel_parts.weight_views(rhs_ref.at[group], n_tile, halves, bn,
+                                                      n_half, k_tiles * bk, transpose_rhs,
+                                                      paired)
                 pipeline(scaled_step if scaled else plain_step, context)(
                     lhs_ref.at[pl.ds(first_row, bm), :], *rhs_views,
                     *step_views(first_row, column_tiles, group), allocations=allocations)

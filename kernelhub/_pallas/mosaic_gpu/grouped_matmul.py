@@ -20,19 +20,21 @@ visit of rows outside the local groups stores zeros. With existing_out the compi
 updates its buffer in place (aliased) and such rows get no visit; in interpret mode, which takes
 no aliased output, their visits copy existing_out's rows.
 
-A gated unit sums two accumulators, gate and up columns, per output tile; the interleaved
-layout's columns are first gathered into the concatenated one (a copy of the weights: splitting
-pairs in registers waits for a GPU run). float32, fp8 and int8 wgmma read both operands K-major
-from shared memory, so weights [G, k, n] of those types are transposed to [G, n, k] first (a
-copy; store them that way, transpose_rhs=True, to avoid it). For 8-bit values the tiling's
-`upcast` avoids the copy instead (config.py): each step's two tiles are converted to float16
-in shared memory and multiplied on 16-bit wgmma, which reads B as stored, at half the 8-bit
-rate; the roofline picks it where the weights' bytes, not the FLOPs, bound the call. An 8-bit
-operand beside a 16-bit one (weight-only quantization) or of another 8-bit kind has no
-8-bit wgmma: with `upcast` its tiles alone are converted, to the other's type or float16,
-instead of the whole operand widened before the kernel; beside float32 (a quantized call's lhs
-gradient, whose cotangent holds the folded scales) to float32, for float32 wgmma, which reads
-the weights K-major as the lhs gradient holds them ([G, k, n] read transposed).
+A gated unit sums two accumulators, gate and up columns, per output tile. Interleaved weights
+[G, 2n, k] (transpose_rhs) are read in place, as rows of gate and up values side by side
+(kernel_parts.paired_rows); interleaved [G, k, 2n] are first gathered into the concatenated
+layout (a copy of the weights: their pairs are adjacent columns, which TMA cannot split).
+float32, fp8 and int8 wgmma read both operands K-major from shared memory, so weights [G, k, n]
+of those types are transposed to [G, n, k] first (a copy; store them that way,
+transpose_rhs=True, to avoid it). For 8-bit values the tiling's `upcast` avoids the copy
+instead (config.py): each step's two tiles are converted to float16 in shared memory and
+multiplied on 16-bit wgmma, which reads B as stored, at half the 8-bit rate; the roofline picks
+it where the weights' bytes, not the FLOPs, bound the call. An 8-bit operand beside a 16-bit
+one (weight-only quantization) or of another 8-bit kind has no 8-bit wgmma: with `upcast` its
+tiles alone are converted, to the other's type or float16, instead of the whole operand widened
+before the kernel; beside float32 (a quantized call's lhs gradient, whose cotangent holds the
+folded scales) to float32, for float32 wgmma, which reads the weights K-major as the lhs
+gradient holds them ([G, k, n] read transposed).
 
 Scale blocks of quantized operands (a step's sums scaled into totals, or lhs tiles scaled as
 they are copied) are scale_blocks.py's.
@@ -107,13 +109,19 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
+    # Interleaved weights [G, 2n, k] are read in place (`paired`); [G, k, 2n] are gathered
+    # into the concatenated layout. The epilogue's vectors are always gathered (small).
+    paired = spec.interleaved and transpose_rhs
     if spec.interleaved:
-        rhs = kernel_parts.concatenated(rhs, columns_axis)
+        if not paired:
+            rhs = kernel_parts.concatenated(rhs, columns_axis)
         vectors = [kernel_parts.concatenated(v, 1) for v in vectors]
 
     m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n_out, bn)
     lhs = padded(lhs, {0: m_p, 1: k_p})
-    rhs = kernel_parts.halves_padded(padded(rhs, {k_axis: k_p}), columns_axis, halves, n_p)
+    rhs = padded(rhs, {k_axis: k_p})
+    rhs = (kernel_parts.paired_rows(rhs, n_p) if paired else
+           kernel_parts.halves_padded(rhs, columns_axis, halves, n_p))
     vectors = [kernel_parts.halves_padded(v, 1, halves, n_p) for v in vectors]
     scale_arrays = scale_arrays(k_p // bk, bk, m_p, k_p, halves, n_p, spec.interleaved)
     row_scale = () if epilogue.row_scale is None else (
@@ -129,7 +137,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     band = band_width(n_tiles, m, problem.num_groups, bm)
     shared = dict(
         blocks=blocks, k_tiles=k_p // bk, n_tiles=n_tiles, num_visits=num_visits,
-        n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, spec=spec,
+        n_half=n_p, halves=halves, transpose_rhs=transpose_rhs, paired=paired, spec=spec,
         plain=epilogue.is_identity, has_row_scale=bool(row_scale),
         has_column_scale=epilogue.column_scale is not None, has_bias=epilogue.bias is not None,
         has_existing=existing is not None and not aliased, interpret=interpret, band=band)
@@ -151,7 +159,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
 
 def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
           n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
-          spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
+          paired: bool, spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
           has_bias: bool, has_existing: bool, interpret: bool, band: int,
           plan: scale_blocks.Plan = scale_blocks.NOTHING) -> None:
     """The kernel body with one compute warpgroup. With scale blocks (`plan`) their arrays
@@ -188,13 +196,17 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
 
         @pl.when(group >= 0)
         def _compute():
-            # Column tiles of rhs that this output tile sums: its own, and for a gated unit
-            # the up half's (n_half columns further).
+            # Column tiles that this output tile sums, in the concatenated layout of the
+            # scales (and of the weights, unless paired): its own, and for a gated unit the
+            # up half's (n_half columns further).
             column_tiles = [n_tile + half * (n_half // bn) for half in range(halves)]
             with jax.named_scope(profiling.SUMS):
                 multiply = functools.partial(
                     _multiply, rows_lhs_ref=lhs_ref.at[pl.ds(first_row, bm), :],
-                    group_rhs_ref=rhs_ref.at[group], column_tiles=column_tiles,
+                    rhs_views=kernel_parts.weight_views(
+                        rhs_ref.at[group], n_tile, halves, bn, n_half, k_tiles * blocks.block_k,
+                        transpose_rhs, paired),
+                    column_tiles=column_tiles,
                     blocks=blocks, k_tiles=k_tiles, transpose_rhs=transpose_rhs,
                     multiplied=multiplied, interpret=interpret,
                     tile_scales=None if tile_scales_ref is None else tile_scales_ref.at[
@@ -251,22 +263,24 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             pl.run_scoped(scope, plgpu.SMEM(shape, out_ref.dtype), plgpu.Barrier())
 
 
-def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.BlockConfig,
+def _multiply(accs, rows_lhs_ref, rhs_views, column_tiles, blocks: config.BlockConfig,
               k_tiles: int, transpose_rhs: bool, multiplied, interpret: bool,
               step_scales=(None, None), tile_scales=None):
-    """The float32 sums of the row tile times each column tile of the group's weights, k step
-    by k step through a TMA pipeline into wgmma, which multiplies the `multiplied` dtype (an
-    operand of another is converted per step). With scaled steps (blocks.scaled_steps) `accs`
-    are None: each step's sums go to accumulators of its own, scaled by the step's vectors
-    (`step_scales`: views [k steps, block_m] of lhs's and [k steps, n] of the group's rhs's,
-    each None when that operand has no scale blocks) and added to float32 totals. With
-    `tile_scales` (a view [k] of the weights' scales for the output tile's column block) each
-    step's lhs tile is multiplied by its scales as it is copied to shared memory."""
+    """The float32 sums of the row tile times each of `rhs_views` (the group's weights for one
+    accumulator's columns, kernel_parts.weight_views; `column_tiles` their tiles among the
+    scales' columns), k step by k step through a TMA pipeline into wgmma, which multiplies the
+    `multiplied` dtype (an operand of another is converted per step). With scaled steps
+    (blocks.scaled_steps) `accs` are None: each step's sums go to accumulators of its own,
+    scaled by the step's vectors (`step_scales`: views [k steps, block_m] of lhs's and
+    [k steps, n] of the group's rhs's, each None when that operand has no scale blocks) and
+    added to float32 totals. With `tile_scales` (a view [k] of the weights' scales for the
+    output tile's column block) each step's lhs tile is multiplied by its scales as it is
+    copied to shared memory."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
-    multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, group_rhs_ref,
+    multiply = functools.partial(_multiply_with, accs, rows_lhs_ref, rhs_views,
                                  column_tiles, blocks, k_tiles, transpose_rhs, multiplied,
                                  interpret, step_scales, tile_scales)
     scoped = {}
@@ -275,7 +289,7 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
     # other.
     if rows_lhs_ref.dtype != multiplied or tile_scales is not None:
         scoped["lhs_converted"] = plgpu.SMEM((2, bm, bk), multiplied)
-    if group_rhs_ref.dtype != multiplied:
+    if rhs_views[0].dtype != multiplied:
         tile = (bn, bk) if transpose_rhs else (bk, bn)
         scoped["rhs_converted"] = plgpu.SMEM((len(accs), 2, *tile), multiplied)
     if transpose_rhs and interpret:
@@ -283,7 +297,7 @@ def _multiply(accs, rows_lhs_ref, group_rhs_ref, column_tiles, blocks: config.Bl
     return pl.run_scoped(lambda **refs: multiply(**refs), **scoped) if scoped else multiply()
 
 
-def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
+def _multiply_with(accs, rows_lhs_ref, rhs_views, column_tiles,
                    blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, multiplied,
                    interpret: bool, step_scales, tile_scales, scratch=None,
                    lhs_converted=None, rhs_converted=None):
@@ -348,15 +362,12 @@ def _multiply_with(accs, rows_lhs_ref, group_rhs_ref, column_tiles,
     lhs_delay = 1 if lhs_converted is None and not scaled else 0
     rhs_delay = 1 if rhs_converted is None and not scaled else 0
 
-    def rhs_spec(column_tile):
-        if transpose_rhs:
-            return plgpu.BlockSpec((bn, bk), lambda i: (column_tile, i),
-                                   delay_release=rhs_delay)
-        return plgpu.BlockSpec((bk, bn), lambda i: (i, column_tile), delay_release=rhs_delay)
-
+    rhs_spec = (plgpu.BlockSpec((bn, bk), lambda i: (0, i), delay_release=rhs_delay)
+                if transpose_rhs else
+                plgpu.BlockSpec((bk, bn), lambda i: (i, 0), delay_release=rhs_delay))
     in_specs = [plgpu.BlockSpec((bm, bk), lambda i: (0, i), delay_release=lhs_delay),
-                *[rhs_spec(c) for c in column_tiles]]
-    operand_refs = [rows_lhs_ref, *[group_rhs_ref] * halves]
+                *[rhs_spec] * halves]
+    operand_refs = [rows_lhs_ref, *rhs_views]
     if tile_scales is not None:
         in_specs.append(plgpu.BlockSpec((bk,), lambda i: (i,)))
         operand_refs.append(tile_scales)

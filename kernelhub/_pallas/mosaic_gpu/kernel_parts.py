@@ -246,8 +246,36 @@ def concatenated(array: jax.Array, axis: int) -> jax.Array:
     return jnp.take(array, order, axis=axis)
 
 
+def paired_rows(rhs: jax.Array, size: int) -> jax.Array:
+    """Interleaved (gate, up) weight rows [G, 2n, k] as [G, n, 2k]: row j holds gate row j,
+    then up row j (the same bytes, no copy), its n rows zero-padded to `size`. The gate's
+    columns of the output are then the first k of each row, the up's the last k."""
+    groups, rows, k = rhs.shape
+    return padded(rhs.reshape(groups, rows // 2, 2 * k), {1: size})
+
+
+def weight_views(group_rhs, n_tile, halves: int, block_n: int, n_half: int, k: int,
+                 transpose_rhs: bool, paired: bool) -> list:
+    """For each of a gated unit's halves (one without), the view of one group's weights that
+    an output tile of `block_n` columns multiplies: [k, block_n] (transpose_rhs: [block_n,
+    k]). The halves lie `n_half` columns apart (the concatenated layout), or, `paired`, in
+    the first and last k of `paired_rows`' rows."""
+    from jax.experimental import pallas as pl
+
+    columns = pl.ds(n_tile * block_n, block_n)
+    if paired:
+        return [group_rhs.at[columns, pl.ds(half * k, k)] for half in range(halves)]
+    views = []
+    for half in range(halves):
+        tile = pl.ds(n_tile * block_n + half * n_half, block_n)
+        views.append(group_rhs.at[tile, :] if transpose_rhs else group_rhs.at[:, tile])
+    return views
+
+
 def halves_padded(array: jax.Array, axis: int, halves: int, size: int) -> jax.Array:
     """`array` with each of its `halves` parts along `axis` zero-padded to `size`."""
+    if array.shape[axis] == halves * size:
+        return array  # (not split and joined again: XLA may keep that as a copy)
     parts = jnp.split(array, halves, axis=axis) if halves > 1 else [array]
     parts = [padded(part, {axis: size}) for part in parts]
     return parts[0] if halves == 1 else jnp.concatenate(parts, axis=axis)

@@ -108,17 +108,24 @@ def _accepts(tiling: tuple[int, ...], problem: Problem, epilogue: Epilogue | Non
         blocks = config.from_tiling(tiling, problem, 2 if gated else 1)
     except ValueError:
         return False
-    return not gated or (config.accumulator_elements(blocks, problem, 2)
-                         <= config.ACCUMULATOR_ELEMENTS)
+    if not gated:
+        return True
+    # Columns whose tiles fit the weights but not each half of them would pad both halves, a
+    # copy of the weights that the plain call's time leaves out (GPT-OSS's 2 x 2880 columns
+    # in tiles of 128).
+    pads_halves = (problem.n // 2) % blocks.block_n and not problem.n % blocks.block_n
+    return not pads_halves and (config.accumulator_elements(blocks, problem, 2)
+                                <= config.ACCUMULATOR_ELEMENTS)
 
 
-def _times_epilogue(epilogue: Epilogue) -> bool:
-    """An interleaved gated unit's gate and up columns are gathered into the concatenated
+def _times_epilogue(epilogue: Epilogue, transpose_rhs: bool) -> bool:
+    """An interleaved gated unit's weights [G, k, 2n] are gathered into the concatenated
     layout before the kernel (grouped_matmul.py): a copy of the weights, which no table entry
-    times, and which at GPT-OSS's shape (whose swiglu is interleaved) costs more than the
-    kernel. Such a call is not given the kernel's time, so the tables never choose it over
-    the Triton kernel, which splits the pairs in registers."""
-    return not epilogue.interleaved
+    times, and which at GPT-OSS's shape costs more than the kernel. Such a call is not given
+    the kernel's time, so the tables never choose it over the Triton kernel, which splits the
+    pairs in registers. Interleaved weights [G, 2n, k] (transpose_rhs, as GPT-OSS's
+    checkpoints hold them) are read in place: timed like the plain call."""
+    return not epilogue.interleaved or transpose_rhs
 
 
 def space(implementation: str) -> TuningSpace:
