@@ -295,6 +295,43 @@ def test_float32_operands_keep_float32_gradients_under_a_bfloat16_output(spec):
     check(spec, Case(activation="silu", out_dtype=jnp.bfloat16, seed=10))
 
 
+@pytest.mark.parametrize("spec", XLA, ids=lambda spec: spec.platform.value)
+def test_a_float32_bias_leaves_the_gradient_matmuls_in_bfloat16(spec):
+    """bfloat16 operands beside a float32 bias: the gradient matmuls take d z in bfloat16, the
+    dtype of the gradients they make (a float32 bias had widened both, each then copying the
+    weights or the activations to float32 and multiplying them at float32's rate), while the
+    bias gradient is summed from the float32 d z. Against float64."""
+    from kernelhub._grouped_matmul import active_table
+    from kernelhub.tuning import _autotune
+
+    rng = np.random.default_rng(11)
+    m, k, n = 48, 32, 16
+    sizes = np.array([20, 0, 25], np.int32)
+    lhs, rhs = draw(rng, (m, k), jnp.bfloat16), draw(rng, (3, k, 2 * n), jnp.bfloat16)
+    bias, d_out = draw(rng, (3, 2 * n), jnp.float32), draw(rng, (m, n), jnp.bfloat16)
+    gmm = call(spec)
+
+    def pullback(lhs, rhs, bias):
+        _, vjp = jax.vjp(lambda a, b, c: gmm(a, b, jnp.asarray(sizes), bias=c, glu="silu",
+                                             preferred_element_type=jnp.bfloat16),
+                         lhs, rhs, bias)
+        return vjp(d_out)
+
+    recorder = _autotune.Recorder()
+    with active_table.activated(recorder):
+        jax.eval_shape(pullback, lhs, rhs, bias)
+    problems = {c.pass_name: c.problem for c in recorder.calls.values()}
+    assert problems["lhs_gradient"].lhs_dtype == "bfloat16", problems
+    assert problems["rhs_gradient"].rhs_dtype == "bfloat16", problems
+
+    d_lhs, d_rhs, d_bias = jax.jit(pullback)(lhs, rhs, bias)
+    grads = reference.gmm_epilogue_vjp(lhs, rhs, sizes, d_out, bias=bias, glu="silu")
+    assert (d_lhs.dtype, d_rhs.dtype, d_bias.dtype) == (jnp.bfloat16, jnp.bfloat16, jnp.float32)
+    assert_close(d_lhs, grads["lhs"], jnp.bfloat16, contraction=2 * n)
+    assert_close(d_rhs, grads["rhs"], jnp.bfloat16, contraction=m)
+    assert_close(d_bias, grads["bias"], jnp.float32, contraction=m)
+
+
 # ------------------------------------------------------------------ k == 0, vmap
 
 

@@ -154,13 +154,20 @@ def differentiable(raw_gmm: RawKernel, raw_tgmm: RawKernel, space: TuningSpace) 
             d_existing = jnp.where(computed[:, None], jnp.zeros_like(d_out), d_out)
         d_bias = None
         if epilogue.nonlinear:
-            # d z in the widest of d out's and the operands' gradient dtypes: float32 operands
-            # keep float32 gradients under a bfloat16 output, as without an epilogue.
-            wanted = [_kernel_dtype(gradient_dtype(x)) for x in (lhs, rhs, bias)
-                      if x is not None and gradient_dtype(x) is not None]
-            d_out = epilogue.pre_activation_gradient(
-                saved.astype(jnp.float32), d_out).astype(promoted(d_out.dtype, *wanted))
-        if bias is not None:
+            d_pre = epilogue.pre_activation_gradient(saved.astype(jnp.float32), d_out)
+            if bias is not None:
+                # Summed from the float32 d z, whatever the matmuls below take.
+                d_bias = group_sums(d_pre, group_sizes, group_offset,
+                                    local_groups).astype(bias.dtype)
+            # The matmuls take d z in the widest of d out's and their operands' gradient
+            # dtypes: float32 operands keep float32 gradients under a bfloat16 output, as
+            # without an epilogue, and bfloat16 ones multiply bfloat16 whatever the bias's
+            # dtype (a float32 bias widened both gradient matmuls, and copied the weights
+            # and activations to float32 for them).
+            wanted = [_kernel_dtype(gradient_dtype(x)) for x in (lhs, rhs)
+                      if gradient_dtype(x) is not None]
+            d_out = d_pre.astype(promoted(d_out.dtype, *wanted))
+        elif bias is not None:
             d_bias = group_sums(d_out, group_sizes, group_offset, local_groups).astype(bias.dtype)
         # The kernels accumulate in float32 and round once into the primal's dtype.
         d_lhs = d_rhs = None
