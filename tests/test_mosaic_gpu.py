@@ -1822,6 +1822,66 @@ def test_a_gated_unit_tiles_each_half_of_the_weights():
     assert space.times_epilogue(swiglu, False)
 
 
+# 17 experts of 16384 x 8192: 2.3e9 elements, past int32's range; the last expert's weights (or
+# weight gradient) start 2.1e9 elements in.
+HUGE = (17, 16384, 8192)
+
+
+def test_operands_of_2_31_elements_or_more_export_for_cuda():
+    """Weights of HUGE's 2.3e9 elements, bf16 and int8 beside bf16 activations, in both
+    layouts, and tgmm's weight gradient of as many: each lowers to one Mosaic GPU kernel (TMA
+    addresses a tile by its coordinates along each axis, each far below 2^31; the GPU run
+    checks the values: test_operands_of_2_31_elements_or_more)."""
+    experts, k, n = HUGE
+    m = 4096
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
+    lhs = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
+    for transpose_rhs in (False, True):
+        shape = (experts, n, k) if transpose_rhs else HUGE
+        axis = 2 if transpose_rhs else 1
+        scale = tuple(1 if a == axis else d for a, d in enumerate(shape))
+        _check_mosaic_only(_exported(
+            lambda lhs, rhs, sizes, t=transpose_rhs: gmm(lhs, rhs, sizes, transpose_rhs=t),
+            lhs, jax.ShapeDtypeStruct(shape, jnp.bfloat16), sizes), 1)
+        _check_mosaic_only(_exported(
+            lambda lhs, values, scale, sizes, t=transpose_rhs, axis=axis: gmm(
+                lhs, kernelhub.QuantizedArray(values, scale, axis=axis), sizes,
+                transpose_rhs=t),
+            lhs, jax.ShapeDtypeStruct(shape, jnp.int8),
+            jax.ShapeDtypeStruct(scale, jnp.float32), sizes), 1)
+    _check_mosaic_only(_exported(
+        lambda lhs, d_out, sizes: tgmm(lhs.T, d_out, sizes,
+                                       preferred_element_type=jnp.bfloat16),
+        lhs, jax.ShapeDtypeStruct((m, n), jnp.bfloat16), sizes), 1)
+
+
+@GPU_RUN_ONLY
+def test_operands_of_2_31_elements_or_more():
+    """int8 weights of HUGE's 2.3e9 elements beside bf16 activations whose rows all belong to
+    the last expert, whose weights start 2.1e9 elements in; then tgmm's bf16 weight gradient
+    of those rows, as many elements, the last expert's block as far in and the empty experts'
+    blocks zeros. Against float64 of the values read back."""
+    experts, k, n = HUGE
+    m = 64
+    rng = np.random.default_rng(35)
+    values = jax.random.randint(jax.random.key(35), HUGE, -127, 128, jnp.int8)
+    scale = jnp.full((experts, 1, n), 1 / 64, jnp.float32)
+    lhs = _values(rng, (m, k), jnp.bfloat16)
+    sizes = jnp.asarray([0] * (experts - 1) + [m], jnp.int32)
+    out = _mosaic(GMM)(lhs, kernelhub.QuantizedArray(values, scale, axis=1), sizes)
+    last = np.asarray(values[-1], np.float64) / 64
+    assert_close(out, np.asarray(lhs, np.float64) @ last, jnp.float32, contraction=k)
+    del values, last
+    d_out = _values(rng, (m, n), jnp.bfloat16)
+    grad = _mosaic(TGMM)(lhs.T, d_out, sizes, preferred_element_type=jnp.bfloat16)
+    assert grad.shape == HUGE
+    expected = np.asarray(lhs, np.float64).T @ np.asarray(d_out, np.float64)
+    assert_close(grad[-1], expected, jnp.bfloat16, contraction=m)
+    assert not bool(jnp.any(grad[:-1] != 0))  # on the device: 2.1e9 elements
+
+
 def test_existing_out_is_updated_in_place_when_compiled():
     """Expert parallelism (32 of DeepSeek-V3's 256 experts here): compiled, the output is
     existing_out's buffer, aliased, so the other experts' rows are neither read nor written
