@@ -1795,22 +1795,39 @@ def test_interleaved_gate_up_stored_gnk_is_read_in_place():
             jax.ShapeDtypeStruct((experts, n), jnp.float32),
             jax.ShapeDtypeStruct((experts,), jnp.int32))
         _check_mosaic_only(exported, 1, unpadded=True)
-        reads = [line for line in exported.mlir_module().splitlines() if weights in line]
-        assert reads and all(re.search(r"func\.func|= call @|stablehlo\.reshape|@mosaic_gpu_v2",
-                                       line) for line in reads), reads
+        _check_read_in_place(exported, weights)
+
+
+def _check_read_in_place(exported, weights: str) -> None:
+    """The array of MLIR type `weights` reaches the kernel as it is (or reshaped): nothing else
+    reads it (no slice, gather or concatenation making a copy)."""
+    reads = [line for line in exported.mlir_module().splitlines() if weights in line]
+    assert reads and all(re.search(r"func\.func|= call @|stablehlo\.reshape|@mosaic_gpu_v2",
+                                   line) for line in reads), reads
 
 
 def test_a_gated_unit_tiles_each_half_of_the_weights():
     """A gated unit pads each half of the weights' columns to whole tiles, so its tiles divide
     the output's columns, half the weights': at GPT-OSS's 2 x 2880 the heuristic takes 64
-    columns, and a table's 128 (which divides 5760, so the plain call it was timed for pads
-    nothing) is passed over for the gated call, whose weights it would copy. The tables time
-    interleaved weights only where the kernel reads them in place, stored [G, 2n, k]."""
+    columns (exported for cuda: the weights reach the kernel uncopied), and a table's 128
+    (which divides 5760, so the plain call it was timed for pads nothing) is passed over for
+    the gated call, whose weights it would copy. The tables time interleaved weights only
+    where the kernel reads them in place, stored [G, 2n, k]."""
     m, k, n, experts, _ = MOE_SHAPES["gpt_oss"]
     problem = Problem(Kernel.GMM, m, k, n, experts, experts, "bfloat16", "bfloat16",
                       "bfloat16", False)
     gated = config.from_tiling(None, problem, weight_tiles=2)
     assert (n // 2) % gated.block_n == 0 and gated.block_n == 64
+    # Concatenated halves [G, k, 2n] reach the kernel as they are (each half whole tiles).
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    exported = _exported(
+        lambda lhs, rhs, sizes: gmm(lhs, rhs, sizes, glu="silu",
+                                    preferred_element_type=jnp.bfloat16),
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts, k, n), jnp.bfloat16),
+        jax.ShapeDtypeStruct((experts,), jnp.int32))
+    _check_mosaic_only(exported, 1, unpadded=True)
+    _check_read_in_place(exported, f"tensor<{experts}x{k}x{n}xbf16>")
     space = tuning_space.space("mosaic")
     swiglu = Epilogue(glu="swiglu_oai")
     for tiling, plain, gate in (((64, 64, 128, 4), True, False), ((64, 64, 64, 4), True, True)):
