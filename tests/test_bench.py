@@ -106,13 +106,16 @@ def test_gpu_bench_epilogue_rows_build_on_cpu():
     shard = SMOKE_SHAPES[1]  # 2 of 8 experts, at a group offset: rows outside stay 0
     rows = epilogue.measure_gpu(shard, jnp.float32, reps=1, warmup=0, platform="xla",
                                 variants=epilogue.GPU_VARIANTS[1:])
-    # Rows of kernels other than Triton's (the table's first) name theirs.
+    # Rows of kernels other than Triton's (the table's first) name theirs; GPT-OSS's weights
+    # stored [G, 2n, k] too.
     assert [row.pass_name for row in rows] == [
         "bias + glu swiglu_oai, interleaved, forward (xla)",
-        "bias + glu swiglu_oai, interleaved, forward + grad (xla)"]
+        "bias + glu swiglu_oai, interleaved, forward + grad (xla)",
+        "bias + glu swiglu_oai, interleaved, w [G, 2n, k], forward (xla)",
+        "bias + glu swiglu_oai, interleaved, w [G, 2n, k], forward + grad (xla)"]
     assert all(row.max_relative_error < 1e-5 and row.ratio("unfused") for row in rows)
     lines = epilogue.gpu_markdown_lines(rows)
-    assert lines[-3].startswith(
+    assert lines[-5].startswith(
         "| smoke-shard | bias + glu swiglu_oai, interleaved, forward (xla) |")
     assert epilogue.gpu_record(rows[0])["pass"] == rows[0].pass_name
 
