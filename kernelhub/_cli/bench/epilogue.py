@@ -479,9 +479,9 @@ def measure_gpu(shape: Shape, dtype: Any, reps: int, warmup: int, platform: str 
     every_row_local = rows.stop - rows.start == shape.m
     keys = jax.random.split(jax.random.key(3), 3)
     x = jax.random.normal(keys[0], (shape.m, shape.k), dtype)
-    w = jax.random.normal(keys[1], (shape.local, shape.k, 2 * shape.n), dtype) / float(
+    w = jax.random.normal(keys[1], (shape.local, shape.k, 2 * shape.hidden), dtype) / float(
         np.sqrt(shape.k))
-    bias = 0.5 * jax.random.normal(keys[2], (shape.local, 2 * shape.n), dtype)
+    bias = 0.5 * jax.random.normal(keys[2], (shape.local, 2 * shape.hidden), dtype)
     gmm = kernelhub.get(GMM, platform=platform)
     results = []
     stored = {False: w}
@@ -500,7 +500,7 @@ def measure_gpu(shape: Shape, dtype: Any, reps: int, warmup: int, platform: str 
             error = None
             if seconds["kernelhub"] is not None and seconds["unfused"] is not None:
                 error = difference(fns["kernelhub"](), fns["unfused"]())
-            flops = 2.0 * (rows.stop - rows.start) * shape.k * 2 * shape.n
+            flops = 2.0 * (rows.stop - rows.start) * shape.k * 2 * shape.hidden
             flops *= 3 if pass_name == GRADIENT else 1
             # The Triton kernels' rows keep the names of the runs before the Mosaic GPU ones.
             label = f"{variant.name}, {pass_name}" + (

@@ -19,6 +19,14 @@ class Shape:
     n: int
     experts: int
     local: int  # experts computed here (< experts: an expert-parallel shard, with group_offset)
+    # The gated unit's output columns (its weights hold twice as many: gate and up), where n
+    # is not the expert's hidden size: GPT-OSS's n is its fused gate-up projection.
+    gated_columns: int | None = None
+
+    @property
+    def hidden(self) -> int:
+        """The expert's hidden size: a gated unit's output columns."""
+        return self.gated_columns or self.n
 
     @property
     def offset(self) -> int:
@@ -30,7 +38,8 @@ SHAPES = (
     Shape("mixtral", 8192, 4096, 14336, 8, 8),
     Shape("deepseek-v3", 16384, 7168, 2048, 256, 32),
     Shape("qwen3-moe", 8192, 2048, 768, 128, 128),
-    Shape("gpt-oss", 8192, 2880, 5760, 128, 128),  # GPT-OSS-120B's gate-up projection
+    # GPT-OSS-120B's gate-up projection: 2 x 2880 columns, gate and up interleaved
+    Shape("gpt-oss", 8192, 2880, 5760, 128, 128, gated_columns=2880),
     Shape("odd", 1000, 520, 200, 7, 7),
 )
 SMOKE_SHAPES = (Shape("smoke", 96, 32, 48, 4, 4), Shape("smoke-shard", 96, 32, 48, 8, 2))
