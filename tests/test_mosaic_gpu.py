@@ -437,14 +437,17 @@ def test_gradients_of_a_quantized_call(dtype, block_size, k, tiling):
     assert np.all(np.asarray(d_lhs)[:20] == 0) and np.all(np.asarray(d_lhs)[60:] == 0)
 
 
-def test_gmm_scale_blocks_along_k_scaled_step_by_step():
+@pytest.mark.parametrize("glu_layout", ["concatenated", "interleaved"])
+def test_gmm_scale_blocks_along_k_scaled_step_by_step(glu_layout):
     """Scale blocks along k: each k step lies inside one block of both operands, its sums on
     int8 wgmma scaled by the step's row and column scales into a float32 total
     (config.within_scale_block). int8 activations in blocks of 64 beside int8 weights
     [G, n, k] in blocks of 128 (steps of 64, k = 320: a partial last block), a gated unit with
-    a bias (both halves' column scales), local groups 1..2 of 4 (one empty) with existing_out's
-    other rows kept bitwise, against float64 of the dequantized operands. (e4m3 in 128-blocks,
-    forward and gradients: test_gradients_of_a_quantized_call.)"""
+    a bias (both halves' column scales, gathered into the concatenated layout; interleaved
+    weights are read in place, so their tiles and their scales lie in two layouts), local
+    groups 1..2 of 4 (one empty) with existing_out's other rows kept bitwise, against float64
+    of the dequantized operands. (e4m3 in 128-blocks, forward and gradients:
+    test_gradients_of_a_quantized_call.)"""
     rng = np.random.default_rng(31)
     m, k, n = 100, 320, 64
     sizes = np.array([12, 50, 0, 30], np.int32)  # local rows 12..62
@@ -458,10 +461,11 @@ def test_gmm_scale_blocks_along_k_scaled_step_by_step():
     bias = _values(rng, (2, 2 * n), jnp.float32)
     existing = _values(rng, (m, n), jnp.float32)
     out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), bias=bias, glu="silu",
-                       transpose_rhs=True, group_offset=jnp.int32(1), existing_out=existing)
+                       glu_layout=glu_layout, transpose_rhs=True, group_offset=jnp.int32(1),
+                       existing_out=existing)
     expected = reference.gmm(as_float64(lhs), as_float64(gate_up), sizes, bias=bias,
-                             glu="silu", transpose_rhs=True, group_offset=1,
-                             existing_out=existing)
+                             glu="silu", glu_layout=glu_layout, transpose_rhs=True,
+                             group_offset=1, existing_out=existing)
     assert_close(out, expected, jnp.float32, contraction=k)
     kept = np.r_[0:12, 62:m]
     np.testing.assert_array_equal(np.asarray(out)[kept], np.asarray(existing)[kept])
