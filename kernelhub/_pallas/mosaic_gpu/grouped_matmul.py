@@ -118,7 +118,15 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         vectors = [kernel_parts.concatenated(v, 1) for v in vectors]
 
     m_p, k_p, n_p = round_up(m, bm), round_up(k, bk), round_up(n_out, bn)
-    lhs = padded(lhs, {0: m_p, 1: k_p})
+    # Compiled, the rows are padded only to a multiple of ROW_ALIGN (Mosaic GPU cuts them in
+    # groups of 8), not to whole row tiles: TMA fills a tile's reads past the last row with
+    # zeros (rows whose products are never stored), and the stores write only each visit's
+    # rows, all below m. Padding to block_m copied the whole activations and the whole output
+    # at any m not a multiple of it (a serving batch's; with 8 experts a token, never at m a
+    # multiple of 8 now). The interpreter reads past an array's end as an error: there the
+    # rows are padded to whole tiles.
+    rows = m_p if interpret else round_up(m, config.ROW_ALIGN)
+    lhs = padded(lhs, {0: rows, 1: k_p})
     rhs = padded(rhs, {k_axis: k_p})
     rhs = (kernel_parts.paired_rows(rhs, n_p) if paired else
            kernel_parts.halves_padded(rhs, columns_axis, halves, n_p))
@@ -126,7 +134,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     scale_arrays = scale_arrays(k_p // bk, bk, m_p, k_p, halves, n_p, spec.interleaved)
     row_scale = () if epilogue.row_scale is None else (
         padded(epilogue.row_scale.astype(jnp.float32), {0: m_p}),)
-    existing = None if existing_out is None else padded(existing_out, {0: m_p, 1: n_p})
+    existing = None if existing_out is None else padded(existing_out, {0: rows, 1: n_p})
     # Compiled, the output is existing_out's buffer (aliased) and rows of no local group get no
     # visit. The interpreter takes no aliased output: there those rows' visits copy them.
     aliased = existing is not None and not interpret
@@ -150,11 +158,11 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     copied = () if existing is None or aliased else (existing,)
     out = kernel_parts.launch(body, (table, lhs, rhs, *scale_arrays, *row_scale, *vectors,
                                      *copied),
-                              (m_p, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
+                              (rows, n_p), out_dtype, interpret, "kernelhub_grouped_matmul",
                               starting_as=existing if aliased else None,
                               warp_specialized=blocks.compute_warpgroups > 1,
                               programs_per_sm=blocks.programs_per_sm)
-    return out if (m_p, n_p) == (m, n_out) else out[:m, :n_out]
+    return out if (rows, n_p) == (m, n_out) else out[:m, :n_out]
 
 
 def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
