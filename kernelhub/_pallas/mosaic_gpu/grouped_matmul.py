@@ -122,9 +122,9 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     # groups of 8), not to whole row tiles: TMA fills a tile's reads past the last row with
     # zeros (rows whose products are never stored), and the stores write only each visit's
     # rows, all below m. Padding to block_m copied the whole activations and the whole output
-    # at any m not a multiple of it (a serving batch's; with 8 experts a token, never at m a
-    # multiple of 8 now). The interpreter reads past an array's end as an error: there the
-    # rows are padded to whole tiles.
+    # at any m not a multiple of it (a serving batch's); now only an m that is not a multiple
+    # of 8 is copied, and with 8 experts a token none is. The interpreter reads past an
+    # array's end as an error: there the rows are padded to whole tiles.
     rows = m_p if interpret else round_up(m, config.ROW_ALIGN)
     lhs = padded(lhs, {0: rows, 1: k_p})
     rhs = padded(rhs, {k_axis: k_p})
