@@ -1846,27 +1846,35 @@ def test_a_gated_unit_tiles_each_half_of_the_weights():
 def test_compiled_rows_are_padded_to_a_multiple_of_8_only():
     """A serving batch's rows are rarely a multiple of the 64- or 128-row tiles: compiled, gmm
     pads them only to a multiple of 8 (Mosaic GPU cuts rows in groups of 8; TMA fills a tile's
-    reads past the last row with zeros, and only rows below m are stored), so at DeepSeek-V3's
-    shape with 16008 rows the activations reach the kernel and the output leaves it uncopied,
-    forward and lhs gradient; at 16003 rows one pad to 16008 and one slice back. (Interpreted,
-    rows are padded to whole tiles: the cases here with unaligned m check the values, and the
-    GPU run checks them compiled.)"""
+    reads past the last row with zeros, and only rows below m are stored), and so does bf16
+    tgmm (its chunks sum only their group's rows). So at DeepSeek-V3's shape with 16008 rows
+    the activations reach the kernels and the output leaves them uncopied: the forward and the
+    training step's three kernels; at 16003 rows they are padded to 16008 (the forward's
+    output sliced back). (Interpreted, rows are padded to
+    whole tiles: the cases here with unaligned m check the values, and the GPU run checks them
+    compiled.)"""
     _, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     for m, copies in ((16008, 0), (16003, 1)):
-        def forward_and_lhs_gradient(lhs, rhs, sizes, offset):
-            out = gmm(lhs, rhs, sizes, group_offset=offset, preferred_element_type=jnp.bfloat16)
-            return out, gmm(out @ jnp.ones((n, n), out.dtype), rhs, sizes, group_offset=offset,
-                            transpose_rhs=True, preferred_element_type=jnp.bfloat16)
+        def forward(lhs, rhs, sizes, offset):
+            return gmm(lhs, rhs, sizes, group_offset=offset, preferred_element_type=jnp.bfloat16)
 
-        exported = _exported(
-            forward_and_lhs_gradient, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-            jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
-            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
-        _check_mosaic_only(exported, 2)
+        def training(lhs, rhs, sizes, offset):
+            out, pullback = jax.vjp(lambda a, b: forward(a, b, sizes, offset), lhs, rhs)
+            return pullback(out)
+
+        arguments = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+                     jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+                     jax.ShapeDtypeStruct((experts,), jnp.int32),
+                     jax.ShapeDtypeStruct((), jnp.int32))
+        exported = _exported(forward, *arguments)
+        _check_mosaic_only(exported, 1)
         text = exported.mlir_module()
-        assert text.count("stablehlo.pad") == 2 * copies, m
-        assert len(re.findall(rf"stablehlo\.slice .*-> tensor<{m}x", text)) == 2 * copies, m
+        assert text.count("stablehlo.pad") == copies, m
+        assert len(re.findall(rf"stablehlo\.slice .*-> tensor<{m}x", text)) == copies, m
+        stepped = _exported(training, *arguments)
+        _check_mosaic_only(stepped, 3)
+        assert ("stablehlo.pad" in stepped.mlir_module()) == bool(copies), m
         if not copies:
             _check_read_in_place(exported, f"tensor<{m}x{k}xbf16>")
 

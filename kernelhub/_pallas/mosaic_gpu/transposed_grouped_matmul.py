@@ -62,7 +62,13 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         layout = ChunkLayout.for_dtype(dtype)
         lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
     lhs, rhs = layout.arranged(lhs, rhs)
-    lhs_sizes, rhs_sizes = layout.padding(m_p, k_p, n_p)
+    # Compiled, rows along both operands' major axis (16-bit layouts) are padded only to a
+    # multiple of ROW_ALIGN, as gmm's are: a chunk may read past the last row (TMA fills
+    # those reads with zeros) and sums only its group's rows. Rows along a minor axis are cut
+    # in 128-byte swizzle rows: padded to whole chunks, as they are interpreted.
+    rows = (round_up(m, config.ROW_ALIGN) if layout.lhs_rows_major and not interpret
+            else m_p)
+    lhs_sizes, rhs_sizes = layout.padding(rows, k_p, n_p)
     lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
     existing = None if existing_out is None else padded(existing_out, {1: k_p, 2: n_p})
     # Compiled, the output is existing_out's buffer (aliased): the program that sums a tile
