@@ -555,7 +555,8 @@ def test_a_fused_training_step_runs_no_more_kernels_than_the_unfused_one():
     """Forward + gradient of a fused glu + bias call: the forward kernel, the lhs-gradient and
     the rhs-gradient kernels, as the same math written unfused; the backward pass reuses the
     pre-activation the forward kernel wrote (it used to run the forward kernel again)."""
-    fused, unfused = _kernels_in_training_step(_fused_layer), _kernels_in_training_step(_unfused_layer)
+    fused = _kernels_in_training_step(_fused_layer)
+    unfused = _kernels_in_training_step(_unfused_layer)
     assert fused == unfused == {"tpu": {"mosaic": 3}, "cuda": {"triton": 3}}
 
 

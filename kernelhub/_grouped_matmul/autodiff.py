@@ -14,8 +14,8 @@ needs nothing but the two ops themselves:
         d existing_out = d out
 
 Each of these kernel calls is a pass (forward, lhs_gradient, rhs_gradient) and gets the tiling
-meant for it (kernelhub/_grouped_matmul/tilings.py): the caller's entry for the pass, else the tuning in
-force (kernelhub/tuning), else the implementation's heuristic.
+meant for it (kernelhub/_grouped_matmul/tilings.py): the caller's entry for the pass, else the
+tuning in force (kernelhub/tuning), else the implementation's heuristic.
 
 A quantized operand stands for its dequantized value in these products (the raw kernels take
 QuantizedArrays quantized along any axis), and its gradient goes to its float source.
