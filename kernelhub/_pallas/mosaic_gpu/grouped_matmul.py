@@ -123,9 +123,10 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     # zeros (rows whose products are never stored), and the stores write only each visit's
     # rows, all below m. Padding to block_m copied the whole activations and the whole output
     # at any m not a multiple of it (a serving batch's); now only an m that is not a multiple
-    # of 8 is copied, and with 8 experts a token none is. The interpreter reads past an
+    # of 8 is copied, and with 8 experts a token none is. At least one whole tile, so that no
+    # TMA box is larger than the array (a few rows' copy). The interpreter reads past an
     # array's end as an error: there the rows are padded to whole tiles.
-    rows = m_p if interpret else round_up(m, config.ROW_ALIGN)
+    rows = m_p if interpret else max(round_up(m, config.ROW_ALIGN), bm)
     lhs = padded(lhs, {0: rows, 1: k_p})
     rhs = padded(rhs, {k_axis: k_p})
     rhs = (kernel_parts.paired_rows(rhs, n_p) if paired else

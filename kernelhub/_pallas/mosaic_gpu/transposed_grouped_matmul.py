@@ -64,9 +64,10 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     lhs, rhs = layout.arranged(lhs, rhs)
     # Compiled, rows along both operands' major axis (16-bit layouts) are padded only to a
     # multiple of ROW_ALIGN, as gmm's are: a chunk may read past the last row (TMA fills
-    # those reads with zeros) and sums only its group's rows. Rows along a minor axis are cut
-    # in 128-byte swizzle rows: padded to whole chunks, as they are interpreted.
-    rows = (round_up(m, config.ROW_ALIGN) if layout.lhs_rows_major and not interpret
+    # those reads with zeros) and sums only its group's rows; at least one whole chunk. Rows
+    # along a minor axis are cut in 128-byte swizzle rows: padded to whole chunks, as they are
+    # interpreted.
+    rows = (max(round_up(m, config.ROW_ALIGN), bm) if layout.lhs_rows_major and not interpret
             else m_p)
     lhs_sizes, rhs_sizes = layout.padding(rows, k_p, n_p)
     lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
