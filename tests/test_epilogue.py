@@ -295,7 +295,8 @@ def test_float32_operands_keep_float32_gradients_under_a_bfloat16_output(spec):
     check(spec, Case(activation="silu", out_dtype=jnp.bfloat16, seed=10))
 
 
-@pytest.mark.parametrize("spec", XLA, ids=lambda spec: spec.platform.value)
+@pytest.mark.parametrize("spec", runnable_implementations(GMM),
+                         ids=lambda spec: f"{spec.platform.value}-{spec.backend.value}")
 def test_a_float32_bias_leaves_the_gradient_matmuls_in_bfloat16(spec):
     """bfloat16 operands beside a float32 bias: the gradient matmuls take d z in bfloat16, the
     dtype of the gradients they make (a float32 bias had widened both, each then copying the

@@ -113,7 +113,8 @@ def _accepts(tiling: tuple[int, ...], problem: Problem, epilogue: Epilogue | Non
     # Columns whose tiles fit the weights but not each half of them would pad both halves, a
     # copy of the weights that the plain call's time leaves out (GPT-OSS's 2 x 2880 columns
     # in tiles of 128).
-    pads_halves = (problem.n // 2) % blocks.block_n and not problem.n % blocks.block_n
+    columns = blocks.block_n
+    pads_halves = (problem.n // 2) % columns != 0 and problem.n % columns == 0
     return not pads_halves and (config.accumulator_elements(blocks, problem, 2)
                                 <= config.ACCUMULATOR_ELEMENTS)
 
