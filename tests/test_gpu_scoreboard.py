@@ -294,7 +294,7 @@ def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tm
     entry."""
     from kernelhub._cli.bench import gpu_scoreboard_table
     from kernelhub._grouped_matmul import tables
-    from kernelhub._pallas.mosaic_gpu import config as mosaic_config
+    from kernelhub._pallas.mosaic_gpu import heuristic as mosaic_heuristic
 
     kind = "NVIDIA H100 80GB HBM3"
     seconds = {"triton": 1e-3, "mosaic": 2e-3}
@@ -321,7 +321,7 @@ def test_a_scoreboard_run_becomes_a_table_of_each_kernels_times_at_its_shapes(tm
     for key, entry in entries.items():
         ran_here = (tuple(ran[pass_of_kernel[key.problem.kernel.value]])
                     if key.implementation == "triton" else
-                    mosaic_config.heuristic(key.problem).as_tiling())
+                    mosaic_heuristic.heuristic(key.problem).as_tiling())
         assert entry.tiling == entry.default_tiling == ran_here
         assert entry.candidates == ((entry.tiling, entry.tuned_ms),)
     plain = {(key.implementation, key.problem.local_groups, key.pass_name): entry.tuned_ms

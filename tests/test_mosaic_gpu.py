@@ -29,7 +29,9 @@ from kernelhub import testing
 from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.problem import Kernel, Problem
-from kernelhub._pallas.mosaic_gpu import config, group_spans, grouped_matmul, tuning_space
+from kernelhub._pallas.mosaic_gpu import (block_rules, config, group_spans, grouped_matmul,
+                                          heuristic, operand_types, roofline, scale_fitting,
+                                          shared_memory, tuning_space)
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub import quantization
 from kernelhub.quantization import quantize
@@ -441,7 +443,7 @@ def test_gradients_of_a_quantized_call(dtype, block_size, k, tiling):
 def test_gmm_scale_blocks_along_k_scaled_step_by_step(glu_layout):
     """Scale blocks along k: each k step lies inside one block of both operands, its sums on
     int8 wgmma scaled by the step's row and column scales into a float32 total
-    (config.within_scale_block). int8 activations in blocks of 64 beside int8 weights
+    (scale_fitting.within_scale_block). int8 activations in blocks of 64 beside int8 weights
     [G, n, k] in blocks of 128 (steps of 64, k = 320: a partial last block), a gated unit with
     a bias (both halves' column scales, gathered into the concatenated layout; interleaved
     weights are read in place, so their tiles and their scales lie in two layouts), local
@@ -536,12 +538,13 @@ def test_scale_blocks_cut_the_tiling():
     blocks = config.from_tiling((128, 128, 256, 3, 2), problem, scale_block=64)
     assert (blocks.block_m, blocks.block_k, blocks.block_n) == (128, 64, 128)
     assert blocks.compute_warpgroups == 2 and blocks.scaled_steps
-    assert config.shared_memory_bytes(blocks, problem) <= config.SHARED_MEMORY_BYTES
+    assert shared_memory.needed(blocks, problem) <= shared_memory.SHARED_MEMORY_BYTES
     assert config.from_tiling(None, problem, scale_block=128) == blocks.__class__(
         128, 128, 128, 3, 2, upcast=False, scaled_steps=True)
     gated = config.from_tiling(None, problem, 2, scale_block=128)
-    assert 2 * 2 * gated.block_m * gated.warpgroup_columns <= config.ACCUMULATOR_ELEMENTS
-    assert config.scale_steps_fit(problem, 32) and not config.scale_steps_fit(problem, 16)
+    assert 2 * 2 * gated.block_m * gated.warpgroup_columns <= block_rules.ACCUMULATOR_ELEMENTS
+    assert scale_fitting.scale_steps_fit(problem, 32)
+    assert not scale_fitting.scale_steps_fit(problem, 16)
     assert not config.from_tiling(None, problem).scaled_steps
     # The weight gradient's activations in blocks of 64 along k, its output rows: a span of
     # groups cut to one, the output rows to the block, the 8-bit tiles converted.
@@ -549,27 +552,28 @@ def test_scale_blocks_cut_the_tiling():
                    "bfloat16", False)
     cut = config.from_tiling((64, 128, 128, 4, 1, 8), tgmm, output_block=64)
     assert (cut.block_k, cut.group_span, cut.upcast, cut.scaled_lhs_tiles) == (64, 1, True, True)
-    assert config.output_block_fits(tgmm, 64) and not config.output_block_fits(tgmm, 32)
+    assert scale_fitting.output_block_fits(tgmm, 64)
+    assert not scale_fitting.output_block_fits(tgmm, 32)
     # A tiling sized for the key's bf16 cotangent (a table's) still fits the call's float32 one.
     lhs_gradient = Problem(Kernel.GMM_TRANSPOSED_RHS, 16384, 2048, 7168, 256, 32, "float32",
                            "float8_e4m3fn", "bfloat16", False)
     for tiling in ((128, 128, 128, 3, 1, 1, 0), (64, 64, 128, 3, 1, 1, 1, 2)):
         fitted = config.from_tiling(tiling, lhs_gradient, output_block=128,
                                     wider_than_key=True)
-        assert (config.shared_memory_bytes(fitted, lhs_gradient)
-                <= config.shared_memory_limit(fitted)), tiling
+        assert (shared_memory.needed(fitted, lhs_gradient)
+                <= shared_memory.limit(fitted)), tiling
 
 
 def test_which_tiles_are_converted_per_tile():
     bf16, f16, int8 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.int8)
     e4m3, e5m2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
-    assert config.converted_dtype(bf16, int8) == bf16
-    assert config.converted_dtype(int8, f16) == f16
-    assert config.converted_dtype(e4m3, e5m2) == f16
-    assert config.converted_dtype(e4m3, e4m3) == f16
-    assert config.converted_dtype(bf16, bf16) is None
-    assert config.converted_dtype(np.float32, int8) == np.float32
-    assert config.converted_dtype(np.float32, np.float32) is None
+    assert operand_types.converted_dtype(bf16, int8) == bf16
+    assert operand_types.converted_dtype(int8, f16) == f16
+    assert operand_types.converted_dtype(e4m3, e5m2) == f16
+    assert operand_types.converted_dtype(e4m3, e4m3) == f16
+    assert operand_types.converted_dtype(bf16, bf16) is None
+    assert operand_types.converted_dtype(np.float32, int8) == np.float32
+    assert operand_types.converted_dtype(np.float32, np.float32) is None
 
     def problem(lhs, rhs, kernel=Kernel.GMM):  # DeepSeek-V3's shape, 32 local experts
         return Problem(kernel, 16384, 7168, 2048, 256, 32, lhs.name, rhs.name, "bfloat16",
@@ -578,20 +582,20 @@ def test_which_tiles_are_converted_per_tile():
     # Beside a 16-bit operand, converting costs no FLOP rate and saves the widened copy: the
     # heuristic converts in both weight layouts (with one compute warpgroup) ...
     for kernel in (Kernel.GMM, Kernel.GMM_TRANSPOSED_RHS):
-        assert config.upcast_applies(problem(bf16, int8, kernel))
+        assert operand_types.upcast_applies(problem(bf16, int8, kernel))
         assert config.from_tiling(None, problem(bf16, int8, kernel)).upcast is True
         assert config.from_tiling(None, problem(e4m3, e5m2, kernel)).upcast is True
     # ... and in tgmm where the copies fit: not beside the heuristic's two programs per SM at
     # 64 rows per expert (2 stages in half the shared memory), which widen first.
     tgmm = problem(bf16, int8, Kernel.TGMM)
-    assert config.upcast_applies(tgmm)
+    assert operand_types.upcast_applies(tgmm)
     assert config.from_tiling((64, 128, 128, 4), tgmm).upcast is True
     assert config.from_tiling(None, tgmm).as_tiling() == (64, 128, 128, 2, 1, 1, 0, 2)
     # ... an 8-bit pair of one kind needs nothing with weights [G, n, k] or in tgmm (8-bit
     # wgmma multiplies it, tgmm's rhs copied K-major).
-    assert not config.upcast_applies(problem(e4m3, e4m3, Kernel.GMM_TRANSPOSED_RHS))
-    assert not config.upcast_applies(problem(int8, int8, Kernel.TGMM))
-    # A compute-bound call warp-specializes (config.compute_bound) and widens first.
+    assert not operand_types.upcast_applies(problem(e4m3, e4m3, Kernel.GMM_TRANSPOSED_RHS))
+    assert not operand_types.upcast_applies(problem(int8, int8, Kernel.TGMM))
+    # A compute-bound call warp-specializes (roofline.compute_bound) and widens first.
     mixtral = Problem(Kernel.GMM, 8192, 4096, 14336, 8, 8, "bfloat16", "int8", "bfloat16", True)
     blocks = config.from_tiling(None, mixtral)
     assert (blocks.compute_warpgroups, blocks.upcast) == (2, False)
@@ -602,25 +606,25 @@ def test_which_tiles_are_converted_per_tile():
     f32 = np.dtype(np.float32)
     for gradient in (problem(f32, int8, Kernel.GMM_TRANSPOSED_RHS),
                      problem(int8, f32, Kernel.TGMM), problem(int8, f32, Kernel.GMM)):
-        assert config.upcast_applies(gradient)
+        assert operand_types.upcast_applies(gradient)
         assert config.from_tiling(None, gradient).upcast is True
-    assert not config.upcast_applies(problem(f32, int8, Kernel.GMM))
+    assert not operand_types.upcast_applies(problem(f32, int8, Kernel.GMM))
 
 
 def test_int8_multiplies_as_stored_while_int32_sums_cannot_wrap():
     limit = quantization.MAX_EXACT_INT32_TERMS
     int8, bf16 = np.dtype(np.int8), np.dtype(jnp.bfloat16)
-    assert config.kernel_dtype(int8, int8, limit) == int8
-    assert config.accumulator_dtype(int8) == np.dtype(np.int32)
+    assert operand_types.kernel_dtype(int8, int8, limit) == int8
+    assert operand_types.accumulator_dtype(int8) == np.dtype(np.int32)
     # Past the limit the values are widened exactly and summed in float32.
-    assert config.kernel_dtype(int8, int8, limit + 1) == bf16
-    assert config.accumulator_dtype(bf16) == np.dtype(np.float32)
-    assert config.kernel_dtype(int8, bf16, 64) == bf16
-    assert config.kernel_dtype(int8, jnp.float8_e4m3fn, 64) == bf16
+    assert operand_types.kernel_dtype(int8, int8, limit + 1) == bf16
+    assert operand_types.accumulator_dtype(bf16) == np.dtype(np.float32)
+    assert operand_types.kernel_dtype(int8, bf16, 64) == bf16
+    assert operand_types.kernel_dtype(int8, jnp.float8_e4m3fn, 64) == bf16
     # tgmm's terms are its summed rows, m.
     tgmm = Problem(Kernel.TGMM, limit + 1, 256, 256, 4, 4, "int8", "int8", "float32", False)
-    assert config.problem_dtype(tgmm) == bf16
-    assert config.problem_dtype(dataclasses.replace(tgmm, m=limit)) == int8
+    assert operand_types.problem_dtype(tgmm) == bf16
+    assert operand_types.problem_dtype(dataclasses.replace(tgmm, m=limit)) == int8
     # Fine-grained MoE reads int8 weights [G, k, n] as stored, converted per tile, as for fp8.
     deepseek = Problem(Kernel.GMM, 16384, 7168, 2048, 256, 32, "int8", "int8", "bfloat16", True)
     assert config.from_tiling(None, deepseek).upcast is True
@@ -632,7 +636,7 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     pipeline runs on across them). Local groups 1..2 of 4 (the second empty) with
     existing_out (the other rows kept bitwise), unaligned groups, rows past the sum, in the
     heuristic's compute-bound tiling with the contract's float32 output, stored from 64-row
-    pieces of each 128-row tile (config.output_tile_rows): group 1's 90 rows, in the tile
+    pieces of each 128-row tile (shared_memory.output_tile_rows): group 1's 90 rows, in the tile
     from row 16, cross from the first piece into the second. Then a gated unit with a bias
     and int8 weights [G, n, k] (transpose_rhs) beside float32 activations, whose two
     accumulators per warpgroup read two weight tiles a step, each warpgroup converting its
@@ -646,7 +650,7 @@ def test_warp_specialized_gmm_with_offset_existing_out_and_a_gated_unit():
     existing = _values(rng, (m, n), jnp.float32)
     tiling = (128, 64, 256, 3, 2)
     problem = Problem(Kernel.GMM, m, k, n, 4, 2, "bfloat16", "bfloat16", "float32", True)
-    assert config.output_tile_rows(config.from_tiling(tiling, problem), problem) == 64
+    assert shared_memory.output_tile_rows(config.from_tiling(tiling, problem), problem) == 64
     out = _mosaic(GMM)(lhs, rhs, jnp.asarray(sizes), tiling=tiling,
                        group_offset=jnp.int32(1), existing_out=existing)
     expected = reference.gmm(lhs, rhs, sizes, group_offset=1, existing_out=existing)
@@ -843,7 +847,7 @@ def test_warp_specialized_tgmm_with_offset_existing_out_and_other_groups_nan(dty
     warpgroups mask the same rows of the shared tiles), a NaN in rows of no group; 16-bit
     values read lhs [m, k] (its tile transposed for wgmma), float32 ones rhs [n, m]. The bf16
     case's float32 output tiles of 128 rows do not fit beside its 3 stages: each warpgroup
-    stores its half in 64-row pieces (config.output_tile_rows)."""
+    stores its half in 64-row pieces (shared_memory.output_tile_rows)."""
     rng = np.random.default_rng(3)
     m = 200
     sizes = np.array([13, 0, 51, 70, 9], np.int32)  # sum 143; local rows 13..143
@@ -852,7 +856,7 @@ def test_warp_specialized_tgmm_with_offset_existing_out_and_other_groups_nan(dty
     existing = _values(rng, (4, k, n), jnp.float32)
     problem = Problem(Kernel.TGMM, m, k, n, 5, 4, jnp.dtype(dtype).name, jnp.dtype(dtype).name,
                       "float32", True)
-    assert config.output_tile_rows(config.from_tiling(tiling, problem), problem) == (
+    assert shared_memory.output_tile_rows(config.from_tiling(tiling, problem), problem) == (
         64 if dtype == jnp.bfloat16 else k)
     out = _mosaic(TGMM)(lhs, rhs, jnp.asarray(sizes), tiling=tiling,
                         group_offset=jnp.int32(1), num_actual_groups=4, existing_out=existing)
@@ -990,14 +994,14 @@ def _problem(kernel, m, k, n, groups, dtype="bfloat16"):
 
 
 def test_heuristic_gives_small_groups_64_row_tiles():
-    deepseek = config.heuristic(_problem(Kernel.GMM, 16384, 7168, 2048, 256))
+    deepseek = heuristic.heuristic(_problem(Kernel.GMM, 16384, 7168, 2048, 256))
     assert (deepseek.block_m, deepseek.block_k, deepseek.block_n) == (64, 64, 128)
-    mixtral = config.heuristic(_problem(Kernel.GMM, 8192, 4096, 14336, 8))
+    mixtral = heuristic.heuristic(_problem(Kernel.GMM, 8192, 4096, 14336, 8))
     assert mixtral.block_m == 128
-    fp8 = config.heuristic(_problem(Kernel.GMM, 8192, 2048, 768, 128, "float8_e4m3fn"))
+    fp8 = heuristic.heuristic(_problem(Kernel.GMM, 8192, 2048, 768, 128, "float8_e4m3fn"))
     assert fp8.block_k == 128  # one 128-byte row per step
-    tgmm = config.heuristic(_problem(Kernel.TGMM, 8192, 2048, 768, 128))
-    assert tgmm.block_k in config.OUTPUT_ROWS
+    tgmm = heuristic.heuristic(_problem(Kernel.TGMM, 8192, 2048, 768, 128))
+    assert tgmm.block_k in block_rules.OUTPUT_ROWS
 
 
 SHARED = (64, 64, 128, 3, 1, 1, 0, 2)
@@ -1020,9 +1024,9 @@ def test_heuristic_shares_sms_between_tgmm_programs_where_groups_are_one_or_two_
     m, k, n, groups, local = shape
     problem = Problem(Kernel.TGMM, m, k, n, groups, local, "bfloat16", "bfloat16", "bfloat16",
                       False)
-    assert config.heuristic(problem).as_tiling() == tiling
+    assert heuristic.heuristic(problem).as_tiling() == tiling
     wide = dataclasses.replace(problem, out_dtype="float32")
-    assert config.heuristic(wide).as_tiling() == float32_tiling
+    assert heuristic.heuristic(wide).as_tiling() == float32_tiling
 
 
 @pytest.mark.parametrize("kernel", list(Kernel))
@@ -1034,11 +1038,11 @@ def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
     fine-grained shapes, DeepSeek-V3's shard counted at its local rows, are bound by their
     bytes: one warpgroup."""
     mixtral = _problem(kernel, 8192, 4096, 14336, 8)
-    assert config.compute_bound(mixtral)
+    assert roofline.compute_bound(mixtral)
     rows, contraction = (128, 64)
     expected = ((contraction, rows, 256, 3, 2) if kernel is Kernel.TGMM
                 else (rows, contraction, 256, 3, 2))
-    assert config.heuristic(mixtral).as_tiling() == expected
+    assert heuristic.heuristic(mixtral).as_tiling() == expected
     # Interpreted, one compute warpgroup (a warp-specialized program needs more XLA CPU
     # client threads than a small host has: config.check_interpretable), and the
     # interpreted tuning space's default says the same.
@@ -1047,10 +1051,10 @@ def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
     assert tuning_space.space("mosaic-interpret").default(mixtral) == interpreted.as_tiling()
     assert tuning_space.space("mosaic").default(mixtral) == expected
     wide = dataclasses.replace(mixtral, out_dtype="float32")
-    assert config.compute_bound(wide)
-    blocks = config.heuristic(wide)
-    assert blocks.as_tiling() == expected and config.output_tile_rows(blocks, wide) == 64
-    assert config.output_tile_rows(config.heuristic(mixtral), mixtral) == 128
+    assert roofline.compute_bound(wide)
+    blocks = heuristic.heuristic(wide)
+    assert blocks.as_tiling() == expected and shared_memory.output_tile_rows(blocks, wide) == 64
+    assert shared_memory.output_tile_rows(heuristic.heuristic(mixtral), mixtral) == 128
     if kernel is not Kernel.TGMM:
         # A gated unit: two sums a warpgroup in the registers of one, 128 x 128 tiles (64
         # columns of each sum a compute warpgroup); interpreted, 128 x 64 in one.
@@ -1063,14 +1067,14 @@ def test_heuristic_warp_specializes_compute_bound_calls_only(kernel):
         m, k, n, groups, local = shape
         problem = Problem(kernel, m, k, n, groups, local, "bfloat16", "bfloat16", "bfloat16",
                           False)
-        assert not config.compute_bound(problem)
-        assert config.heuristic(problem).compute_warpgroups == 1
+        assert not roofline.compute_bound(problem)
+        assert heuristic.heuristic(problem).compute_warpgroups == 1
 
 
 def test_row_tiles_start_with_their_group_so_each_reads_its_weights_once():
     """64-row groups that start 3 rows off a tile boundary: with tiles at fixed multiples of
     128 rows half the groups cross one and are visited (their weights read) twice; with tiles
-    starting at each group's first row, rounded down to config.ROW_ALIGN, once."""
+    starting at each group's first row, rounded down to block_rules.ROW_ALIGN, once."""
     from kernelhub._grouped_matmul import visits
 
     sizes = jnp.asarray([3] + [64] * 32 + [61], jnp.int32)  # local groups 1..32
@@ -1078,7 +1082,7 @@ def test_row_tiles_start_with_their_group_so_each_reads_its_weights_once():
     # Jitted, as the kernels call it: run op by op, the table's ops compile one by one.
     visit_table = jax.jit(visits.visit_table, static_argnums=(2, 3, 4, 5, 6))
     args = (sizes, jnp.int32(1), 32, m, 128, True)
-    started = np.asarray(visit_table(*args, config.ROW_ALIGN))
+    started = np.asarray(visit_table(*args, block_rules.ROW_ALIGN))
     fixed = np.asarray(visit_table(*args, None))
     assert [(started[1] == g).sum() for g in range(32)] == [1] * 32
     assert sum((fixed[1] == g).sum() for g in range(32)) == 48
@@ -1130,7 +1134,7 @@ def test_interpreted_warp_specialization_needs_a_client_thread_per_warpgroup(mon
     with pytest.raises(ValueError, match="2 threads here.*NPROC=5"):
         config.from_tiling((64, 64, 128, 3, 2), problem, interpret=True)
     with pytest.raises(ValueError, match="NPROC"):
-        config.from_tiling(config.BlockConfig(64, 64, 128, 3, 2), problem, interpret=True)
+        config.from_tiling(block_rules.BlockConfig(64, 64, 128, 3, 2), problem, interpret=True)
     assert config.from_tiling((64, 64, 128, 3, 2), problem).compute_warpgroups == 2
     assert config.from_tiling((64, 64, 128, 3), problem, interpret=True).stages == 3
     monkeypatch.setattr(jax_internals, "xla_cpu_client_threads", lambda: 5)
@@ -1264,7 +1268,7 @@ def test_two_programs_per_sm_take_half_the_shared_memory_each():
     # The heuristic's tiling (4 stages of 32 KiB and a 32 KiB tile) fits a program alone on
     # its SM, not one of two.
     alone = config.from_tiling((64, 128, 128, 4), problem)
-    assert config.shared_memory_bytes(alone, problem) > 233472 // 2
+    assert shared_memory.needed(alone, problem) > 233472 // 2
     with pytest.raises(ValueError, match="when 2 share an SM"):
         config.from_tiling((*alone.as_tiling(), 1, 1, 0, 2), problem)
     assert config.from_tiling((64, 64, 128, 3, 1, 1, 0), problem) == config.from_tiling(
@@ -1280,7 +1284,7 @@ def test_tiles_fitted_to_tiny_problems_keep_every_rule():
                                                 ("float32", "bfloat16")):
         for m, k, n in ((20, 24, 6), (8, 16, 8), (512, 256, 384)):
             problem = Problem(kernel, m, k, n, 3, 3, dtype, dtype, out, False)
-            config.validate(config.heuristic(problem), problem, "the heuristic's")
+            config.validate(heuristic.heuristic(problem), problem, "the heuristic's")
             candidates = tuning_space._candidates(problem)
             assert len(candidates) >= 2
             assert any(len(c) == 5 and c[4] == 2 for c in candidates)
@@ -1676,7 +1680,7 @@ def test_warp_specialized_gmm_exports_for_cuda():
     bf16 weights in both layouts, and fp8 (K-major: a transposed view of each warpgroup's
     half of the weight tile) with a gated unit's two weight tiles a step. Then Mixtral's
     forward with the contract's float32 output under the heuristic: a 128 x 256 tile stored
-    from 64-row pieces of the accumulators (config.output_tile_rows); and its gated unit."""
+    from 64-row pieces of the accumulators (shared_memory.output_tile_rows); and its gated unit."""
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
     m, k, n, experts = 8192, 2048, 768, 128
     sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
@@ -1698,8 +1702,8 @@ def test_warp_specialized_gmm_exports_for_cuda():
     m, k, n, experts = 8192, 4096, 14336, 8
     problem = Problem(Kernel.GMM, m, k, n, experts, experts, "bfloat16", "bfloat16",
                       "float32", False)
-    blocks = config.heuristic(problem)
-    assert (blocks.as_tiling(), config.output_tile_rows(blocks, problem)) == (
+    blocks = heuristic.heuristic(problem)
+    assert (blocks.as_tiling(), shared_memory.output_tile_rows(blocks, problem)) == (
         (128, 64, 256, 3, 2), 64)
     _check_mosaic_only(_exported(
         gmm, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
@@ -1730,10 +1734,10 @@ def test_warp_specialized_tgmm_exports_for_cuda():
         if tiling is None:
             problem = Problem(Kernel.TGMM, m, k, n, experts, experts, "bfloat16", "bfloat16",
                               jnp.dtype(out).name, False)
-            blocks = config.heuristic(problem)
+            blocks = heuristic.heuristic(problem)
             assert blocks.compute_warpgroups == 2
             # A float32 output's 128-row tiles stored in 64-row pieces.
-            assert config.output_tile_rows(blocks, problem) == (
+            assert shared_memory.output_tile_rows(blocks, problem) == (
                 64 if out == jnp.float32 else 128)
         _check_mosaic_only(_exported(
             lambda lhs, rhs, sizes, tiling=tiling, out=out: tgmm(

@@ -1,6 +1,6 @@
 """The GPUs' spec-sheet peaks, one table: the GPU scoreboard's roofline
 (kernelhub/_cli/bench/gpu_roofline.py) and the Mosaic GPU kernels' fp8 upcast choice
-(kernelhub/_pallas/mosaic_gpu/config.py, `upcast_pays`) both read it."""
+(kernelhub/_pallas/mosaic_gpu/roofline.py) both read it."""
 
 from __future__ import annotations
 

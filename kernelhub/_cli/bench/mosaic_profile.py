@@ -19,7 +19,7 @@ the wait for a step's tiles. Eleven probes beside the passes:
 - `forward_warp_specialized`: the forward in the tables' warp-specialized tiling (a memory
   warpgroup loading for two compute warpgroups, whose regions are the ones profiled);
   `forward_warp_specialized_float32` the same with a float32 output, which that tiling
-  stores from 64-row pieces of each accumulator (config.output_tile_rows): against the bf16
+  stores from 64-row pieces of each accumulator (shared_memory.output_tile_rows): against the bf16
   probe, what storing a piece after another costs (its TB/s counts the wider output);
 - `rhs_gradient_spans`: the weight gradient summing spans of 8 groups in one pipeline
   (group_spans.py), where a per-group pipeline of one chunk overlaps nothing (there a step
@@ -65,7 +65,7 @@ import numpy as np
 
 from kernelhub._cli.bench.gpu_roofline import OUT_BYTES, PassProblem
 from kernelhub._pallas.mosaic_gpu import profiling
-from kernelhub._pallas.mosaic_gpu.config import HOPPER_SMS
+from kernelhub._pallas.mosaic_gpu.block_rules import HOPPER_SMS
 
 # The forward probes that run a tiling of their own: the tables' warp-specialized forward at
 # DeepSeek-V3 and Mixtral (128 x 256 output tiles, two compute warpgroups of 128 columns,

@@ -9,8 +9,8 @@ split between three warpgroups of each program:
   columns into its own float32 accumulator (two for a gated unit), runs the epilogue on it,
   and stores the visit's rows of its half from its own shared-memory tile. With the tiling's
   upcast it first converts the step's 8-bit tiles it multiplies (the lhs tile, its columns of
-  the weight tiles) into copies of its own in shared memory (config.converted_dtype).
-  With scale blocks along k (config.within_scale_block) the memory warpgroup also loads each
+  the weight tiles) into copies of its own in shared memory (operand_types.converted_dtype).
+  With scale blocks along k (scale_fitting.within_scale_block) the memory warpgroup also loads each
   step's scale vectors, and each compute warpgroup sums its step into accumulators of the
   step's own, scales them by the step's row scales and its columns' scales, and adds them to
   float32 totals carried through the pipeline in registers: one warpgroup scales while the
@@ -32,21 +32,22 @@ import jax.numpy as jnp
 from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.contraction_scales import take_scale_refs
 from kernelhub._grouped_matmul.epilogue import Epilogue
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling, scale_blocks
+from kernelhub._pallas.mosaic_gpu import (block_rules, kernel_parts, operand_types, profiling,
+                                          scale_blocks)
 from kernelhub._pallas.mosaic_gpu.kernel_parts import (COMPUTE_WARPGROUPS, MEMORY_REGISTERS,
                                                        WG_AXIS)
 
 
-def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
+def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: block_rules.BlockConfig, k_tiles: int,
          n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
          paired: bool, spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
          has_bias: bool, has_existing: bool, interpret: bool, band: int,
          epilogue_fn, tile_rows: int, plan: scale_blocks.Plan = scale_blocks.NOTHING
          ) -> None:
     """The kernel body; arguments as grouped_matmul._body's, `epilogue_fn` its epilogue,
-    `tile_rows` the rows of each compute warpgroup's output tile (config.output_tile_rows:
+    `tile_rows` the rows of each compute warpgroup's output tile (shared_memory.output_tile_rows:
     block_m, or a piece of it stored after another). `plan`: scale blocks along k only (an
-    output tile in one block runs one compute warpgroup: config.within_output_block)."""
+    output tile in one block runs one compute warpgroup: scale_fitting.within_output_block)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -60,7 +61,7 @@ def body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles
     part = bn // COMPUTE_WARPGROUPS  # each compute warpgroup's columns
     shape = (bm, part)
     pieces = bm // tile_rows
-    multiplied = config.multiplied_dtype(blocks, lhs_ref.dtype, rhs_ref.dtype)
+    multiplied = operand_types.multiplied_dtype(blocks.upcast, lhs_ref.dtype, rhs_ref.dtype)
     # With upcast, each compute warpgroup converts the 8-bit tiles it multiplies into copies
     # of its own: the whole lhs tile, and its columns of each weight tile. It waits for its
     # products at every step, so one copy of each serves.

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import running_sum
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling
+from kernelhub._pallas.mosaic_gpu import block_rules, kernel_parts, operand_types, profiling
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 
 # Rows of the chunk table: a visit's group, the first row of its chunk's tiles, the rows
@@ -69,7 +69,7 @@ def chunk_tables(starts: jax.Array, ends: jax.Array, span: int, m_padded: int,
     return table, spans
 
 
-def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig,
+def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: block_rules.BlockConfig,
          spans: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
          existing: kernel_parts.Existing, interpret: bool) -> None:
     from jax.experimental import pallas as pl
@@ -85,7 +85,7 @@ def body(table_ref, spans_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConf
 
 
 def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
-          blocks: config.BlockConfig, spans: int, k_tiles: int, n_tiles: int,
+          blocks: block_rules.BlockConfig, spans: int, k_tiles: int, n_tiles: int,
           layout: ChunkLayout, interpret: bool) -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -93,7 +93,7 @@ def _loop(table_ref, spans_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_sm
     bk, bn = blocks.block_k, blocks.block_n
     shape = (bk, bn)
     multiplied = layout.multiplied(lhs_ref.dtype)
-    summed_in = jnp.dtype(config.accumulator_dtype(multiplied))
+    summed_in = jnp.dtype(operand_types.accumulator_dtype(multiplied))
 
     # Span outermost: the programs running at once read the same span's rows.
     @plgpu.nd_loop((spans, k_tiles, n_tiles), collective_axes=kernel_parts.SM_AXIS)

@@ -3,7 +3,7 @@ kernelhub/ops/grouped_matmul.py).
 
 Work: (visit, n-tile) pairs, where a visit is one segment's share of one row tile (the visit
 table of kernelhub/_grouped_matmul/visits.py, computed on the device: rows of one local group, or
-rows of none). Row tiles start at each segment's first row rounded down to config.ROW_ALIGN,
+rows of none). Row tiles start at each segment's first row rounded down to block_rules.ROW_ALIGN,
 so a group of up to block_m - 7 rows reads its weights once wherever it starts. A persistent
 grid of one program per SM walks the pairs (`plgpu.nd_loop`) in bands of BAND n-tiles
 (`kernel_parts.banded_order`): the programs running at once read the same few weight tiles of
@@ -51,9 +51,9 @@ from kernelhub._grouped_matmul.epilogue import NO_EPILOGUE, Epilogue, KernelEpil
 from kernelhub._grouped_matmul.problem import gmm_problem
 from kernelhub._grouped_matmul import polynomial_erf, visits
 from kernelhub._grouped_matmul.contraction_scales import take_scale_refs
-from kernelhub._pallas.mosaic_gpu import (config, gmm_warp_specialized, kernel_parts,
-                                          profiling, scale_blocks)
-from kernelhub._pallas.mosaic_gpu.config import round_up
+from kernelhub._pallas.mosaic_gpu import (block_rules, config, gmm_warp_specialized, kernel_parts,
+                                          operand_types, profiling, scale_blocks, shared_memory)
+from kernelhub._pallas.mosaic_gpu.block_rules import round_up
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded
 
 # n-tiles per band of the schedule (the weights' tiles read at once), where a group's rows span
@@ -101,11 +101,11 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         # Both are read as stored and the 8-bit tiles converted in shared memory (beside float32
         # weights [G, k, n] to float32 tiles, which wgmma reads K-major: those weights are
         # transposed below, as without upcast).
-        dtype = config.converted_dtype(lhs.dtype, rhs.dtype)
+        dtype = operand_types.converted_dtype(lhs.dtype, rhs.dtype)
     else:
-        dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, k)
+        dtype = operand_types.kernel_dtype(lhs.dtype, rhs.dtype, k)
         lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
-    if dtype.name in config.K_MAJOR_ONLY and not transpose_rhs:
+    if dtype.name in operand_types.K_MAJOR_ONLY and not transpose_rhs:
         rhs, transpose_rhs = jnp.swapaxes(rhs, 1, 2), True
     columns_axis, k_axis = (1, 2) if transpose_rhs else (2, 1)
     vectors = [v.astype(jnp.float32) for v in epilogue.column_vectors]
@@ -126,7 +126,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     # of 8 is copied, and with 8 experts a token none is. At least one whole tile, so that no
     # TMA box is larger than the array (a few rows' copy). The interpreter reads past an
     # array's end as an error: there the rows are padded to whole tiles.
-    rows = m_p if interpret else max(round_up(m, config.ROW_ALIGN), bm)
+    rows = m_p if interpret else max(round_up(m, block_rules.ROW_ALIGN), bm)
     lhs = padded(lhs, {0: rows, 1: k_p})
     rhs = padded(rhs, {k_axis: k_p})
     rhs = (kernel_parts.paired_rows(rhs, n_p) if paired else
@@ -140,7 +140,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     # visit. The interpreter takes no aliased output: there those rows' visits copy them.
     aliased = existing is not None and not interpret
     table = visits.visit_table(group_sizes, group_offset, local_groups, m, bm,
-                               fill_uncomputed=not aliased, row_align=config.ROW_ALIGN)
+                               fill_uncomputed=not aliased, row_align=block_rules.ROW_ALIGN)
     num_visits = table.shape[1]
     n_tiles = n_p // bn
     band = band_width(n_tiles, m, problem.num_groups, bm)
@@ -155,7 +155,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     else:
         body = functools.partial(
             gmm_warp_specialized.body, **shared, plan=plan, epilogue_fn=_epilogue,
-            tile_rows=config.output_tile_rows(blocks, problem, 1 if spec.glu is None else 2))
+            tile_rows=shared_memory.output_tile_rows(blocks, problem, 1 if spec.glu is None else 2))
     copied = () if existing is None or aliased else (existing,)
     out = kernel_parts.launch(body, (table, lhs, rhs, *scale_arrays, *row_scale, *vectors,
                                      *copied),
@@ -166,7 +166,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
     return out if (rows, n_p) == (m, n_out) else out[:m, :n_out]
 
 
-def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tiles: int,
+def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: block_rules.BlockConfig, k_tiles: int,
           n_tiles: int, num_visits: int, n_half: int, halves: int, transpose_rhs: bool,
           paired: bool, spec: Epilogue, plain: bool, has_row_scale: bool, has_column_scale: bool,
           has_bias: bool, has_existing: bool, interpret: bool, band: int,
@@ -183,7 +183,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
                                       has_existing))
     bm, bn = blocks.block_m, blocks.block_n
     shape = (bm, bn)
-    multiplied = config.multiplied_dtype(blocks, lhs_ref.dtype, rhs_ref.dtype)
+    multiplied = operand_types.multiplied_dtype(blocks.upcast, lhs_ref.dtype, rhs_ref.dtype)
 
     @plgpu.nd_loop((num_visits * n_tiles,), collective_axes=kernel_parts.SM_AXIS)
     def _work(info):
@@ -272,7 +272,7 @@ def _body(table_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, k_tile
             pl.run_scoped(scope, plgpu.SMEM(shape, out_ref.dtype), plgpu.Barrier())
 
 
-def _multiply(accs, rows_lhs_ref, rhs_views, column_tiles, blocks: config.BlockConfig,
+def _multiply(accs, rows_lhs_ref, rhs_views, column_tiles, blocks: block_rules.BlockConfig,
               k_tiles: int, transpose_rhs: bool, multiplied, interpret: bool,
               step_scales=(None, None), tile_scales=None):
     """The float32 sums of the row tile times each of `rhs_views` (the group's weights for one
@@ -307,7 +307,7 @@ def _multiply(accs, rows_lhs_ref, rhs_views, column_tiles, blocks: config.BlockC
 
 
 def _multiply_with(accs, rows_lhs_ref, rhs_views, column_tiles,
-                   blocks: config.BlockConfig, k_tiles: int, transpose_rhs: bool, multiplied,
+                   blocks: block_rules.BlockConfig, k_tiles: int, transpose_rhs: bool, multiplied,
                    interpret: bool, step_scales, tile_scales, scratch=None,
                    lhs_converted=None, rhs_converted=None):
     """`_multiply`'s pipeline; `scratch` as kernel_parts.transposed_operand takes it; with

@@ -19,7 +19,7 @@ import numpy as np
 
 from kernelhub._core import jax_internals
 from kernelhub._grouped_matmul import visits
-from kernelhub._pallas.mosaic_gpu import config, profiling
+from kernelhub._pallas.mosaic_gpu import block_rules, operand_types, profiling
 
 # In interpret mode every simulated program is a thread on this host: two still run the
 # persistent loop's hand-over of work from one program to the next.
@@ -83,13 +83,13 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
 
 
 def _sm_count() -> int:
-    """The SMs of this host's GPU; config.HOPPER_SMS when lowering without one (export)."""
+    """The SMs of this host's GPU; block_rules.HOPPER_SMS when lowering without one (export)."""
     try:
         device = jax.devices()[0]
     except RuntimeError:
-        return config.HOPPER_SMS
+        return block_rules.HOPPER_SMS
     count = getattr(device, "core_count", None) if device.platform == "gpu" else None
-    return int(count) if count else config.HOPPER_SMS
+    return int(count) if count else block_rules.HOPPER_SMS
 
 
 def transposed_operand(smem, scratch):
@@ -136,7 +136,7 @@ def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, grou
     at output[group, first_row:first_row + rows, columns] through `tile_smem` by TMA, without
     waiting for the store; only a previous store still reading `tile_smem` is waited for. A
     `tile_smem` of fewer rows than the tile takes it a piece at a time
-    (config.output_tile_rows), each piece's store waited for before the next is written."""
+    (shared_memory.output_tile_rows), each piece's store waited for before the next is written."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -159,7 +159,7 @@ def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, grou
 
 def widened(values: jax.Array, dtype) -> jax.Array:
     """8-bit tile values as `dtype`, float16, bfloat16 or float32 (exact,
-    config.converted_dtype): Hopper converts fp8 to float16 or float32 only, so fp8 goes to
+    operand_types.converted_dtype): Hopper converts fp8 to float16 or float32 only, so fp8 goes to
     bfloat16 through float32."""
     if dtype == jnp.bfloat16 and jnp.issubdtype(values.dtype, jnp.floating):
         values = values.astype(jnp.float32)
@@ -178,11 +178,11 @@ def converted(tile_smem, copy, column_scales: jax.Array | None = None):
 
 
 def accumulator(shape: tuple[int, int], multiplied):
-    """A wgmma accumulator for tiles of the `multiplied` dtype (config.accumulator_dtype), for
-    `pl.run_scoped`."""
+    """A wgmma accumulator for tiles of the `multiplied` dtype (operand_types.accumulator_dtype),
+    for `pl.run_scoped`."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    return plgpu.ACC(shape, jnp.dtype(config.accumulator_dtype(multiplied)))
+    return plgpu.ACC(shape, jnp.dtype(operand_types.accumulator_dtype(multiplied)))
 
 
 def sums(acc) -> jax.Array:
@@ -303,12 +303,12 @@ def load_vector_through(src, smem, barrier):
 
 def visit_rows(table_ref, visit):
     """(group, first_row, start, end) of a gmm work item's visit (visits.py's table): the
-    group (or visits.FILL), its row tile's first row (a multiple of config.ROW_ALIGN), and the
+    group (or visits.FILL), its row tile's first row (a multiple of block_rules.ROW_ALIGN), and the
     rows [start, end) inside that tile it stores."""
     from jax.experimental import pallas as pl
 
     group = table_ref[visits.GROUP, visit]
-    first_row = pl.multiple_of(table_ref[visits.FIRST_ROW, visit], config.ROW_ALIGN)
+    first_row = pl.multiple_of(table_ref[visits.FIRST_ROW, visit], block_rules.ROW_ALIGN)
     return group, first_row, table_ref[visits.START, visit], table_ref[visits.END, visit]
 
 

@@ -5,20 +5,20 @@ Three kinds run in the kernels:
 - Blocks along k (ContractionScales: the forward of a call with scale blocks). Each step lies
   inside one block of every scaled operand; its sums, in accumulators of their own, are
   multiplied by the step's row scales (lhs) and column scales (the group's rhs) and added to
-  float32 totals carried in registers (config.within_scale_block), in one compute warpgroup
+  float32 totals carried in registers (scale_fitting.within_scale_block), in one compute warpgroup
   or in each of two (gmm_warp_specialized.py). The other two run in one compute warpgroup:
 - Blocks of the weights along gmm's output columns (OutputBlockScales' rhs: the lhs gradient of
   such a call, whose weights meet the cotangent along their other axis). An output tile lies
-  inside one block (config.within_output_block), so the weights' scales for it vary along k
+  inside one block (scale_fitting.within_output_block), so the weights' scales for it vary along k
   only: each step's lhs tile, in float32, is multiplied by the block's scales for the step as it
   is copied to shared memory, and the 8-bit weights are multiplied as stored (converted per
   tile to float32 where the tiling's `upcast` applies).
-- In tgmm, blocks of lhs along k, its output rows (OutputBlockScales' lhs: the weight gradient
-  of such a call, the activations transposed [k, m] meeting the cotangent). An output tile's
-  rows lie inside one block (config.within_output_block), so its activations' scales vary along
-  the summed rows only: each chunk's 8-bit lhs tile, converted to float32 (the tiling's
-  upcast), is multiplied by its block's scales for the chunk's rows in the pass that selects
-  them, beside the cotangent in float32.
+- In tgmm, blocks of lhs along k, its output rows (OutputBlockScales' lhs: the weight gradient of
+  such a call, the activations transposed [k, m] meeting the cotangent). An output tile's rows lie
+  inside one block (scale_fitting.within_output_block), so its activations' scales vary along the
+  summed rows only: each chunk's 8-bit lhs tile, converted to float32 (the tiling's upcast), is
+  multiplied by its block's scales for the chunk's rows in the pass that selects them, beside the
+  cotangent in float32.
 Every other case is widened to float32 before the kernel (contraction_scales.dequantized):
 blocks along gmm lhs's rows, tgmm's blocks along the summed rows or of rhs, blocks of both kinds
 in one call, and blocks shorter than a wgmma step or than an output tile's least rows or
@@ -38,7 +38,7 @@ from kernelhub._grouped_matmul import contraction_scales
 from kernelhub._grouped_matmul.contraction_scales import (NO_SCALES, ContractionScales,
                                                           OutputBlockScales)
 from kernelhub._grouped_matmul.problem import Problem
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu import kernel_parts, scale_fitting
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded
 
 
@@ -93,7 +93,7 @@ def planned(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | None,
     problem = problem_of(lhs, rhs)
     if not along_k:
         return lhs, rhs, problem, WIDENED if across else NOTHING
-    if config.scale_steps_fit(problem, scales.common_block):
+    if scale_fitting.scale_steps_fit(problem, scales.common_block):
         return lhs, rhs, problem, Plan(scales)
     lhs, rhs = contraction_scales.dequantized(lhs, rhs, scales, tgmm=False,
                                               transpose_rhs=transpose_rhs)
@@ -109,7 +109,7 @@ def _output_columns(lhs, rhs, output_blocks: OutputBlockScales, transpose_rhs: b
     if jnp.dtype(lhs.dtype).itemsize == 1:
         return None, lhs
     wide = lhs.astype(jnp.float32)
-    if not config.output_block_fits(problem_of(wide, rhs), output_blocks.rhs_block):
+    if not scale_fitting.output_block_fits(problem_of(wide, rhs), output_blocks.rhs_block):
         return None, lhs
     # [G, column blocks, k], whichever way the weights lie.
     tile_scales = output_blocks.rhs.astype(jnp.float32)
@@ -133,7 +133,7 @@ def planned_tgmm(lhs: jax.Array, rhs: jax.Array, scales: ContractionScales | Non
             and jnp.issubdtype(rhs.dtype, jnp.floating) and jnp.dtype(rhs.dtype).itemsize > 1):
         wide = rhs.astype(jnp.float32)
         problem = problem_of(lhs, wide)
-        if config.output_block_fits(problem, output_blocks.lhs_block):
+        if scale_fitting.output_block_fits(problem, output_blocks.lhs_block):
             return lhs, wide, problem, Plan(NO_SCALES, output_blocks.lhs_block,
                                             output_blocks.lhs.astype(jnp.float32))
     lhs, rhs = contraction_scales.dequantized(lhs, rhs, output_blocks, tgmm=True)
@@ -190,5 +190,5 @@ def added_step(totals: tuple, multiply: Callable[[tuple], None], shape: tuple[in
 
 def _per_step(scale: jax.Array, axis: int, block: int, k_tiles: int, bk: int) -> jax.Array:
     """A scale array with blocks along `axis`, as one float32 vector per contraction step
-    (each step lies inside one block: config.within_scale_block)."""
+    (each step lies inside one block: scale_fitting.within_scale_block)."""
     return jnp.take(scale.astype(jnp.float32), np.arange(k_tiles) * bk // block, axis=axis)

@@ -20,7 +20,7 @@ tgmm sums lhs[:, rows] @ rhs[rows, :] over chunks of block_m rows: wgmma's A is 
   an 8-bit rhs is transposed at its own width, not widened first.
 
 Where a group's chunks start: with 16-bit values both tiles hold the rows along their major
-axis, which TMA cuts in groups of config.ROW_ALIGN rows, so the chunks start at the group's
+axis, which TMA cuts in groups of block_rules.ROW_ALIGN rows, so the chunks start at the group's
 first row rounded down to such a multiple and follow every block_m rows; a chunk that would
 pass the padded rows is moved back to end there, summing only the rows after the chunk before
 it. A group of r rows then takes ceil(r / block_m) chunks, one more only where the rounding
@@ -39,14 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub._grouped_matmul import visits
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts
+from kernelhub._pallas.mosaic_gpu import block_rules, kernel_parts, operand_types
 
 
 @dataclasses.dataclass(frozen=True)
 class ChunkLayout:
     """The layouts of one kernel dtype: 16-bit (lhs read [m, k], rhs [m, n] as stored) or one
     whose wgmma reads both operands K-major (lhs [k, m] as stored, rhs transposed to [n, m]).
-    `converted` (the tiling's upcast, config.converted_dtype): the layout of that type, each
+    `converted` (the tiling's upcast, operand_types.converted_dtype): the layout of that type, each
     8-bit operand's tiles converted to it in shared memory (16-bit: every operand read as
     stored; float32: an 8-bit rhs is transposed as stored, at its own width)."""
 
@@ -55,18 +55,18 @@ class ChunkLayout:
 
     @classmethod
     def for_dtype(cls, dtype) -> ChunkLayout:
-        return cls(jnp.dtype(dtype).name in config.K_MAJOR_ONLY)
+        return cls(jnp.dtype(dtype).name in operand_types.K_MAJOR_ONLY)
 
     @classmethod
     def converting(cls, lhs_dtype, rhs_dtype) -> ChunkLayout:
-        converted = config.converted_dtype(lhs_dtype, rhs_dtype)
-        return cls(converted.name in config.K_MAJOR_ONLY, converted)
+        converted = operand_types.converted_dtype(lhs_dtype, rhs_dtype)
+        return cls(converted.name in operand_types.K_MAJOR_ONLY, converted)
 
     def multiplied(self, stored) -> np.dtype:
         """The dtype wgmma multiplies: `converted`, else the operands' own (`stored`)."""
         return jnp.dtype(stored) if self.converted is None else self.converted
 
-    def step_scratch(self, blocks: config.BlockConfig, lhs_dtype, rhs_dtype,
+    def step_scratch(self, blocks: block_rules.BlockConfig, lhs_dtype, rhs_dtype,
                      interpret: bool) -> dict:
         """A one-warpgroup step's shared memory beside the pipeline, by the names
         `masked_tiles` and `operands` take it: with `converted`, two copies of each 8-bit
@@ -105,7 +105,7 @@ class ChunkLayout:
 
     def row_align(self, block_m: int) -> int:
         """The multiple of rows a group's chunks start at (module docstring)."""
-        return config.ROW_ALIGN if self.lhs_rows_major else block_m
+        return block_rules.ROW_ALIGN if self.lhs_rows_major else block_m
 
     def chunk_count(self, start, end, block_m: int) -> jax.Array:
         """How many chunks the group of rows [start, end) takes (0 when it is empty)."""
@@ -131,7 +131,7 @@ class ChunkLayout:
 
         return end, self.chunk_count(start, end, block_m), rows_of
 
-    def specs(self, blocks: config.BlockConfig, k_tile, n_tile,
+    def specs(self, blocks: block_rules.BlockConfig, k_tile, n_tile,
               row_of: Callable[[jax.Array], jax.Array], delay_release: int = 1) -> list:
         """The pipeline's specs of the lhs and rhs tiles of step c's chunk, whose first row is
         `row_of(c)` (a multiple of `row_align`); a step's buffers are refilled `delay_release`
@@ -142,7 +142,7 @@ class ChunkLayout:
         bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
         if self.lhs_rows_major:  # rows along the major axis: any multiple of ROW_ALIGN
             def rows(c):
-                return pl.multiple_of(row_of(c), config.ROW_ALIGN)
+                return pl.multiple_of(row_of(c), block_rules.ROW_ALIGN)
 
             return [plgpu.BlockSpec((pl.Element(bm), bk), lambda c: (rows(c), k_tile),
                                     delay_release=delay_release),
@@ -224,7 +224,7 @@ class ChunkLayout:
                  else rhs_smem)
         return left, right
 
-    def scratch(self, blocks: config.BlockConfig, dtype, interpret: bool,
+    def scratch(self, blocks: block_rules.BlockConfig, dtype, interpret: bool,
                 columns: int | None = None, copies: int | None = None):
         """The shared-memory tile the interpreter transposes the transposed operand through
         (None when compiled: a transposed view instead), for B of `columns` columns (block_n

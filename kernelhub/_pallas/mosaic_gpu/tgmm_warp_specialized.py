@@ -30,17 +30,17 @@ import functools
 
 import jax
 
-from kernelhub._pallas.mosaic_gpu import config, kernel_parts, profiling
+from kernelhub._pallas.mosaic_gpu import block_rules, kernel_parts, profiling
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub._pallas.mosaic_gpu.kernel_parts import (COMPUTE_WARPGROUPS, MEMORY_REGISTERS,
                                                        WG_AXIS)
 
 
-def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
+def body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: block_rules.BlockConfig, groups: int,
          rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
          existing: kernel_parts.Existing, interpret: bool, tile_rows: int) -> None:
     """The kernel body; arguments as transposed_grouped_matmul._body's, `tile_rows` the rows
-    of each compute warpgroup's output tile (config.output_tile_rows: block_k, or a piece of
+    of each compute warpgroup's output tile (shared_memory.output_tile_rows: block_k, or a piece of
     it stored after another)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu

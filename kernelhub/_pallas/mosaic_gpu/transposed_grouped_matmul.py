@@ -29,10 +29,11 @@ import jax.numpy as jnp
 
 from kernelhub._grouped_matmul.groups import local_bounds
 from kernelhub._grouped_matmul.problem import tgmm_problem
-from kernelhub._pallas.mosaic_gpu import (config, group_spans, kernel_parts, profiling,
-                                          scale_blocks, tgmm_warp_specialized)
+from kernelhub._pallas.mosaic_gpu import (block_rules, config, group_spans, kernel_parts,
+                                          operand_types, profiling, scale_blocks, shared_memory,
+                                          tgmm_warp_specialized)
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
-from kernelhub._pallas.mosaic_gpu.config import round_up
+from kernelhub._pallas.mosaic_gpu.block_rules import round_up
 from kernelhub._pallas.mosaic_gpu.kernel_parts import padded
 
 
@@ -58,7 +59,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         # Both read as stored, the 8-bit tiles converted in shared memory.
         layout = ChunkLayout.converting(lhs.dtype, rhs.dtype)
     else:
-        dtype = config.kernel_dtype(lhs.dtype, rhs.dtype, m)
+        dtype = operand_types.kernel_dtype(lhs.dtype, rhs.dtype, m)
         layout = ChunkLayout.for_dtype(dtype)
         lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
     lhs, rhs = layout.arranged(lhs, rhs)
@@ -67,7 +68,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     # those reads with zeros) and sums only its group's rows; at least one whole chunk. Rows
     # along a minor axis are cut in 128-byte swizzle rows: padded to whole chunks, as they are
     # interpreted.
-    rows = (max(round_up(m, config.ROW_ALIGN), bm) if layout.lhs_rows_major and not interpret
+    rows = (max(round_up(m, block_rules.ROW_ALIGN), bm) if layout.lhs_rows_major and not interpret
             else m_p)
     lhs_sizes, rhs_sizes = layout.padding(rows, k_p, n_p)
     lhs, rhs = padded(lhs, lhs_sizes), padded(rhs, rhs_sizes)
@@ -94,7 +95,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
         else:
             body = functools.partial(tgmm_warp_specialized.body, groups=groups,
                                      rows_padded=m_p, **tiles,
-                                     tile_rows=config.output_tile_rows(blocks, problem))
+                                     tile_rows=shared_memory.output_tile_rows(blocks, problem))
         tables = (jnp.stack([starts, ends]).astype(jnp.int32),)
     tile_scales = () if plan.tile_scales is None else (padded(plan.tile_scales, {1: m_p}),)
     out = kernel_parts.launch(body, (*tables, lhs, rhs, *tile_scales, *copied),
@@ -106,7 +107,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     return out if (k_p, n_p) == (k, n) else out[:, :k, :n]
 
 
-def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, groups: int,
+def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: block_rules.BlockConfig, groups: int,
           rows_padded: int, k_tiles: int, n_tiles: int, layout: ChunkLayout,
           existing: kernel_parts.Existing, interpret: bool, row_block: int | None = None
           ) -> None:
@@ -127,7 +128,7 @@ def _body(bounds_ref, lhs_ref, rhs_ref, *refs, blocks: config.BlockConfig, group
 
 
 def _loop(bounds_ref, lhs_ref, rhs_ref, existing_ref, out_ref, tile_smem, barrier, *,
-          blocks: config.BlockConfig, groups: int, rows_padded: int, k_tiles: int,
+          blocks: block_rules.BlockConfig, groups: int, rows_padded: int, k_tiles: int,
           n_tiles: int, layout: ChunkLayout, skip_empty: bool, interpret: bool,
           scales_ref=None, row_block: int | None = None) -> None:
     """The program's share of the output tiles. One shared-memory tile holds each result

@@ -1,12 +1,12 @@
 """The Mosaic GPU kernels' candidate tiles for kernelhub.tuning.
 
-Around the heuristic (kernelhub/_pallas/mosaic_gpu/config.py): 64- and 128-row output tiles, 64 to
-256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight, four
+Around the heuristic (kernelhub/_pallas/mosaic_gpu/heuristic.py): 64- and 128-row output tiles, 64
+to 256 columns, one or two 128-byte rows of contraction per step, 3 to 8 stages in flight, four
 warp-specialized tilings (two compute warpgroups: gmm_warp_specialized.py,
 tgmm_warp_specialized.py), for tgmm two that sum spans of 8 groups in one pipeline (group_spans.py),
 for every kernel four to six with two to four programs per SM (each with its share of the shared
-memory), for a call with an 8-bit operand (config.upcast_applies) each tiling with and without
-upcast (config.py; tgmm's warp-specialized ones without); each fitted to the problem as the
+memory), for a call with an 8-bit operand (operand_types.upcast_applies) each tiling with and
+without upcast (config.py; tgmm's warp-specialized ones without); each fitted to the problem as the
 heuristic's own is, and kept only where it is legal.
 """
 
@@ -18,7 +18,7 @@ import functools
 from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.passes import TuningSpace
 from kernelhub._grouped_matmul.problem import Kernel, Problem
-from kernelhub._pallas.mosaic_gpu import config
+from kernelhub._pallas.mosaic_gpu import block_rules, config, heuristic, operand_types
 
 # (output rows, contraction in 128-byte rows, columns, stages, compute warpgroups). Left out
 # since the H100 tune of 2026-11-27, which timed each at four MoE shapes in every pass:
@@ -61,13 +61,13 @@ _SHARED_SM_TGMM = ((128, 1, 128, 2, 1, 2), (64, 1, 128, 2, 1, 2), (64, 1, 128, 3
 
 
 def _tiling(rows: int, contraction: int, columns: int, stages: int, warpgroups: int,
-            problem: Problem, span: int = 1, programs: int = 1) -> config.BlockConfig:
-    step = contraction * config.SWIZZLE_BYTES // config.operand_bytes(problem)
+            problem: Problem, span: int = 1, programs: int = 1) -> block_rules.BlockConfig:
+    step = contraction * block_rules.SWIZZLE_BYTES // operand_types.operand_bytes(problem)
     if problem.kernel is Kernel.TGMM:
-        return config.BlockConfig(block_m=step, block_k=rows, block_n=columns, stages=stages,
+        return block_rules.BlockConfig(block_m=step, block_k=rows, block_n=columns, stages=stages,
                                   compute_warpgroups=warpgroups, group_span=span,
                                   programs_per_sm=programs)
-    return config.BlockConfig(block_m=rows, block_k=step, block_n=columns, stages=stages,
+    return block_rules.BlockConfig(block_m=rows, block_k=step, block_n=columns, stages=stages,
                               compute_warpgroups=warpgroups, programs_per_sm=programs)
 
 
@@ -78,15 +78,15 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
         tilings += [_tiling(*c[:4], 1, problem, span=c[4]) for c in _TGMM_SPANS]
     tilings += [_tiling(*c[:4], 1, problem, span=c[4], programs=c[5])
                 for c in (_SHARED_SM_TGMM if tgmm else _SHARED_SM_GMM)]
-    fitted = [config.fitted(tiling, problem) for tiling in tilings]
-    if config.upcast_applies(problem):
+    fitted = [heuristic.fitted(tiling, problem) for tiling in tilings]
+    if operand_types.upcast_applies(problem):
         # An 8-bit operand: each tiling both ways (tgmm's warp-specialized ones copy first),
         # conversions of the tiles as stored and a copy first (the weights K-major for 8-bit
-        # wgmma, or the 8-bit operand widened); the roofline's choice, config.upcast_pays, is
+        # wgmma, or the 8-bit operand widened); the roofline's choice, roofline.upcast_pays, is
         # only an estimate.
         both = lambda tiling: (  # noqa: E731
             tiling.compute_warpgroups == 1 or problem.kernel is not Kernel.TGMM)
-        fitted = [config.fitted(dataclasses.replace(tiling, upcast=upcast), problem)
+        fitted = [heuristic.fitted(dataclasses.replace(tiling, upcast=upcast), problem)
                   for tiling in fitted
                   for upcast in ((False, True) if both(tiling) else (False,))]
     tilings = [tiling.as_tiling() for tiling in fitted]
@@ -94,7 +94,7 @@ def _candidates(problem: Problem) -> list[tuple[int, ...]]:
 
 
 def _default(problem: Problem, warp_specialize: bool = True) -> tuple[int, ...]:
-    return config.heuristic(problem, warp_specialize=warp_specialize).as_tiling()
+    return heuristic.heuristic(problem, warp_specialize=warp_specialize).as_tiling()
 
 
 def _accepts(tiling: tuple[int, ...], problem: Problem, epilogue: Epilogue | None = None
@@ -115,8 +115,8 @@ def _accepts(tiling: tuple[int, ...], problem: Problem, epilogue: Epilogue | Non
     # in tiles of 128).
     columns = blocks.block_n
     pads_halves = (problem.n // 2) % columns != 0 and problem.n % columns == 0
-    return not pads_halves and (config.accumulator_elements(blocks, problem, 2)
-                                <= config.ACCUMULATOR_ELEMENTS)
+    return not pads_halves and (block_rules.accumulator_elements(blocks, problem, 2)
+                                <= block_rules.ACCUMULATOR_ELEMENTS)
 
 
 def _times_epilogue(epilogue: Epilogue, transpose_rhs: bool) -> bool:
@@ -131,7 +131,7 @@ def _times_epilogue(epilogue: Epilogue, transpose_rhs: bool) -> bool:
 
 def space(implementation: str) -> TuningSpace:
     # Interpreted, the default is the tiling the interpreted kernels' heuristic gives (one
-    # compute warpgroup: config.heuristic).
+    # compute warpgroup: heuristic.heuristic).
     default = functools.partial(_default,
                                 warp_specialize=not implementation.endswith("-interpret"))
     return TuningSpace(implementation, _candidates, default, _accepts,
