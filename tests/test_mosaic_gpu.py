@@ -938,6 +938,37 @@ def test_equivalence_harness_runs_the_interpreted_kernels():
     report.assert_ok()
 
 
+def test_calls_from_several_threads_at_once():
+    """Four threads each call the kernel at once (interpreted here: jax's interpreter keeps one
+    simulated GPU per process, and two kernels at once tore each other's shared memory down,
+    failing half the calls until launches took turns; compiled on a GPU). Each result against
+    float64."""
+    import threading
+
+    rng = np.random.default_rng(8)
+    lhs, rhs = _values(rng, (24, 16), jnp.float32), _values(rng, (3, 16, 32), jnp.float32)
+    sizes = jnp.asarray([7, 0, 13], jnp.int32)
+    gmm, start = _mosaic(GMM), threading.Barrier(4)
+    results: dict[int, object] = {}
+
+    def call(i):
+        start.wait()
+        try:
+            results[i] = np.asarray(gmm(lhs * (i + 1), rhs, sizes))
+        except Exception as error:  # noqa: BLE001 - the test reports it
+            results[i] = error
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(4):
+        assert not isinstance(results[i], Exception), results[i]
+        assert_close(results[i], reference.gmm(lhs * (i + 1), rhs, sizes), jnp.float32,
+                     contraction=16)
+
+
 # ---------------------------------------------------------------- routed by feature
 
 

@@ -1,14 +1,14 @@
 """The few private jax functions kernelhub needs, in one place.
 
-jax has no public way to trace a function into a jaxpr for given abstract values (with the
-manual mesh axes they vary over), to drop a jaxpr's dead equations, to lower a jaxpr inside a
-lowering rule, to add a configuration option that jax.jit caches on, to read a lowered
-module's operations, to add a primitive to Pallas's Triton lowering (and build Triton IR
-there), to make that lowering's pointer offsets wide enough for 8-bit arrays, to read
-Pallas's dynamic-shape export flag, or to learn how many threads XLA's CPU client runs
-computations on. Everything kernelhub takes from `jax._src` for those goes
-through this module (the Triton IR capture of kernelhub/_verify/cuda_lowering.py aside), so a
-jax upgrade that moves them breaks here. Checked with jax 0.10.2 and 0.11.
+jax has no public way to trace a function into a jaxpr for given abstract values (with the manual
+mesh axes they vary over), to drop a jaxpr's dead equations, to lower a jaxpr inside a lowering
+rule, to add a configuration option that jax.jit caches on, to read a lowered module's operations,
+to add a primitive to Pallas's Triton lowering (and build Triton IR there), to make that lowering's
+pointer offsets wide enough for 8-bit arrays, to read Pallas's dynamic-shape export flag, to type a
+host callback's result as its operands are typed under shard_map, or to learn how many threads XLA's
+CPU client runs computations on. Everything kernelhub takes from `jax._src` for those goes through
+this module (the Triton IR capture of kernelhub/_verify/cuda_lowering.py aside), so a jax upgrade
+that moves them breaks here. Checked with jax 0.10.2 and 0.11.
 """
 
 from __future__ import annotations
@@ -299,6 +299,35 @@ def mosaic_gpu_interpret_params() -> Any:
     if params is None:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as params
     return params()
+
+
+def pure_callback_like(callback: Callable[..., Any], shape: tuple[int, ...], dtype: Any,
+                       operands: Sequence[Any]) -> Any:
+    """`jax.pure_callback(callback, ShapeDtypeStruct(shape, dtype), *operands)` whose result
+    is typed as a value computed from `operands` is: on their mesh, varying over every manual
+    mesh axis one of them varies over. jax.pure_callback (0.10.2 and 0.11) types its result on
+    no mesh and varying over nothing, which inside shard_map makes a per-device result look
+    the same on every device: shard_map's transpose then sums its cotangent over the
+    devices, and a mesh-less value cannot be marked varying afterwards. No public API takes
+    the result's type whole."""
+    import jax
+    from jax._src import callback as jax_callback
+
+    like = jax.typeof(operands[0])
+    axes = frozenset().union(*(varying_axes(jax.typeof(x)) for x in operands))
+    mesh = getattr(getattr(like, "sharding", None), "mesh", None)
+    if mesh is None or not mesh.axis_names:
+        result = core.ShapedArray(shape, dtype)
+    else:
+        unsharded = jax.sharding.PartitionSpec(*([None] * len(shape)))
+        result = core.ShapedArray(shape, dtype,
+                                  sharding=jax.sharding.NamedSharding(mesh, unsharded))
+        result = varying(result, axes)
+    flat, tree = jax.tree.flatten((tuple(operands), {}))
+    (out,) = jax_callback.pure_callback_p.bind(
+        *flat, callback=jax_callback._FlatCallback(callback, tree), result_avals=(result,),
+        sharding=None, vmap_method="sequential")
+    return out
 
 
 def xla_cpu_client_threads() -> int:

@@ -24,6 +24,7 @@ import kernelhub
 import ragged_reference
 import reference
 from conftest import assert_close, call, implementation_params
+from kernelhub import testing
 
 GMM, TGMM = "grouped_matmul", "transposed_grouped_matmul"
 SIZES = np.array([3, 0, 6, 4], np.int32)  # 4 groups; rows 13.. of 16 belong to none
@@ -45,6 +46,16 @@ def _without(op: str, platform: str) -> list:
     kernel tests (the suite runs in one process, CI's time)."""
     return [param for param in implementation_params(op)
             if param.values[0].platform.value != platform or not param.values[0].interpret_only]
+
+
+def _with_mosaic_gpu(op: str) -> list:
+    """implementation_params(op) and the Mosaic GPU kernels' interpreter, which the shared
+    suites leave out for its time (tests/conftest.py, SLOW_INTERPRETERS): how the kit splits a
+    call over explicit axes is the same around every kernel, but each kernel meets its own
+    local shapes (here a few rows and columns a device, far under one tile)."""
+    mosaic = [spec for spec in testing.runnable_implementations(op)
+              if spec.platform.value == "mosaic"]
+    return implementation_params(op) + [pytest.param(spec, id="mosaic-cpu") for spec in mosaic]
 
 
 def _spec(x):
@@ -85,7 +96,7 @@ def test_lax_out_sharding_scenario(spec):
             assert "sdy.sharding_constraint" in text or "@Sharding" in text
 
 
-@pytest.mark.parametrize("spec", implementation_params(GMM))
+@pytest.mark.parametrize("spec", _with_mosaic_gpu(GMM))
 def test_grouped_matmul_rows_columns_and_experts_sharded(spec):
     """lhs rows over x, rhs columns over y, experts (with their biases) over e: each device
     cuts the group sizes to its rows and moves group_offset to its first expert; the result is
@@ -118,7 +129,7 @@ def test_grouped_matmul_rows_columns_and_experts_sharded(spec):
     assert_close(d_bias, want["bias"], jnp.float32, contraction=m)
 
 
-@pytest.mark.parametrize("spec", implementation_params(TGMM))
+@pytest.mark.parametrize("spec", _with_mosaic_gpu(TGMM))
 def test_transposed_grouped_matmul_sums_split_rows(spec):
     """The ragged contraction over x: partial products summed over the devices in float32,
     cast once to bfloat16; lhs's k over y shards the result."""
@@ -143,6 +154,41 @@ def test_transposed_grouped_matmul_sums_split_rows(spec):
     assert_close(out, reference.tgmm(lhs, rhs, SIZES), jnp.bfloat16, contraction=m)
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=k)
+
+
+@pytest.mark.parametrize("op", [GMM, TGMM])
+def test_compiled_gpu_kernels_sum_over_devices_only_what_a_replicated_operand_needs(op):
+    """Lowered for cuda from this host, forward and gradients under explicit axes: each GPU
+    kernel's output varies over the mesh axes its operands do, so the program holds only the
+    collectives the layout needs, the same for the Mosaic GPU kernels as for the Triton ones
+    and the XLA loops (gmm: d rhs summed over the rows' devices; tgmm: the split contraction
+    summed, forward and d lhs's partial sums). Typed the same on every device, as plgpu.kernel
+    types its output, the Mosaic GPU forward's cotangent was first summed over the devices:
+    one all-reduce more, and every gradient wrong (values: the interpreted cases above)."""
+    m, k, n = 256, 128, 128
+    sizes = jnp.asarray(np.array([64, 0, 100, 60], np.int32))
+    put = jax.device_put
+    counts = {}
+    with jax.set_mesh(_mesh((2,), ("x",))):
+        for platform, backend in (("xla", None), ("triton", "gpu"), ("mosaic", "gpu")):
+            call = kernelhub.get(op, platform=platform, backend=backend)
+            if op == GMM:
+                operands = (put(jnp.ones((m, k), jnp.bfloat16), P("x", None)),
+                            jnp.ones((4, k, n), jnp.bfloat16))
+                cotangent = put(jnp.ones((m, n), jnp.float32), P("x", None))
+            else:
+                operands = (put(jnp.ones((k, m), jnp.bfloat16), P(None, "x")),
+                            put(jnp.ones((m, n), jnp.bfloat16), P("x", None)))
+                cotangent = jnp.ones((4, k, n), jnp.float32)
+
+            def step(a, b, d_out, call=call):
+                out, pullback = jax.vjp(lambda a, b: call(a, b, sizes), a, b)
+                return out, *pullback(d_out)
+
+            lowered = jax.jit(step).trace(*operands, cotangent).lower(
+                lowering_platforms=("cuda",) if backend else ("cpu",))
+            counts[platform] = lowered.as_text().count("all_reduce")
+    assert counts["mosaic"] == counts["triton"] == counts["xla"] >= 1, counts
 
 
 @pytest.mark.parametrize("spec", _without("ragged_dot_general", "triton"))

@@ -83,3 +83,26 @@ def test_replicated_block_artifact_runs_on_the_cpu_mesh():
         value, out, _ = jax.export.deserialize(exported.serialize()).call(tokens, weights, params)
     np.testing.assert_allclose(np.asarray(out), moe_reference(problem), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(float(value), np.sum(moe_reference(problem) ** 2), rtol=1e-4)
+
+
+def test_mosaic_gpu_kernels_in_a_block_hold_the_collectives_the_triton_kernels_do():
+    """The replicated block's gradients lowered for cuda with each GPU kernel forced: the same
+    all-reduces. plgpu.kernel types its output the same on every device; untyped by the
+    kernels, the expert outputs' cotangents were summed over the devices once more (one
+    all-reduce more, wrong gradients in expert-parallel training on the Mosaic GPU kernels)."""
+    problem = moe_problem(seed=5, tokens=32, experts=8)
+    mesh = _mesh()
+    tokens, expert_ids, weights, params = problem.jax_inputs()
+    all_reduces = {}
+    for platform in ("triton", "mosaic"):
+        experts = mlp_experts(gmm=kernelhub.get("grouped_matmul", platform=platform,
+                                                backend="gpu"))
+
+        def block(tokens, weights, params, experts=experts):
+            return parallel.replicated_tokens(experts, tokens, expert_ids, weights, params,
+                                              mesh=mesh, axis_name="expert", reduce="psum")
+
+        lowered = jax.jit(_loss_and_grads(block)).trace(tokens, weights, params).lower(
+            lowering_platforms=("cuda",))
+        all_reduces[platform] = lowered.as_text().count("all_reduce")
+    assert all_reduces["mosaic"] == all_reduces["triton"] > 0, all_reduces

@@ -1,16 +1,19 @@
 """What the Mosaic GPU kernels share: the persistent launch, padding to whole tiles, vectors
 loaded beside a tile, the store of a tile's rows, and gmm's refs in launch order.
 
-Every tile is whole: operands are padded with zeros to multiples of the blocks where their
-sizes are not (a copy, only then; the MoE shapes kernelhub is tuned for need none). TMA would
-fill reads past an array's end with zeros by itself, but Mosaic GPU's interpret mode, where
-CI runs these kernels, reads such a tile as an error: padding keeps one behaviour on both.
+Operands are padded with zeros to whole blocks along k and n where their sizes are not (a
+copy, only then; the MoE shapes kernelhub is tuned for need none). Along the rows, compiled,
+only to a multiple of 8 and at least one tile: a last row tile reading past the array's end
+gets zeros from TMA, and no row past m reaches a result. Mosaic GPU's interpret mode, where
+CI runs these kernels, reads past an array's end as an error, so there rows are padded to
+whole tiles too.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import threading
 from collections.abc import Callable, Sequence
 
 import jax
@@ -18,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub._core import jax_internals
+from kernelhub._core.manual_axes import varying_like
 from kernelhub._grouped_matmul import visits
 from kernelhub._pallas.mosaic_gpu import block_rules, operand_types, profiling
 
@@ -31,6 +35,10 @@ COMPUTE_WARPGROUPS = 2
 # Registers the memory warpgroup keeps (it only issues copies): the rest go to the others.
 MEMORY_REGISTERS = 40
 WG_AXIS = "wg"
+# jax's Mosaic GPU interpreter simulates one GPU per process (its shared memory is a module
+# global): two interpreted kernels at once, from two threads or from the devices of one
+# sharded program, tear down each other's. Interpreted launches take turns.
+_INTERPRETER_TURN = threading.Lock()
 
 
 def launch(body: Callable[..., None], operands: Sequence[jax.Array],
@@ -73,13 +81,20 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
         **threads,
     )
     if not interpret:
-        return kernel(*operands)
+        # Under shard_map the output varies over the manual mesh axes its operands vary over;
+        # plgpu.kernel types it as invariant (the same on every device), and shard_map's
+        # transpose would then sum its cotangent over the devices.
+        return varying_like(kernel(*operands), *operands)
     # The interpreter simulates the GPU through ordered host callbacks, an effect that
     # kernelhub's primitive cannot carry through its custom VJP. The kernel is a pure function
     # of its operands, so it runs as one: a host call that runs the interpreted kernel.
     interpreted = jax.jit(kernel)
-    return jax.pure_callback(lambda *arrays: np.asarray(interpreted(*arrays)), out_type,
-                             *operands, vmap_method="sequential")
+
+    def run_interpreted(*arrays):
+        with _INTERPRETER_TURN:
+            return np.asarray(interpreted(*arrays))
+
+    return jax_internals.pure_callback_like(run_interpreted, out_shape, out_dtype, operands)
 
 
 def _sm_count() -> int:
