@@ -157,20 +157,21 @@ def test_transposed_grouped_matmul_sums_split_rows(spec):
 
 
 @pytest.mark.parametrize("op", [GMM, TGMM])
-def test_compiled_gpu_kernels_sum_over_devices_only_what_a_replicated_operand_needs(op):
-    """Lowered for cuda from this host, forward and gradients under explicit axes: each GPU
+def test_compiled_kernels_sum_over_devices_only_what_a_replicated_operand_needs(op):
+    """Lowered from this host for each target, forward and gradients under explicit axes: each
     kernel's output varies over the mesh axes its operands do, so the program holds only the
-    collectives the layout needs, the same for the Mosaic GPU kernels as for the Triton ones
-    and the XLA loops (gmm: d rhs summed over the rows' devices; tgmm: the split contraction
-    summed, forward and d lhs's partial sums). Typed the same on every device, as plgpu.kernel
-    types its output, the Mosaic GPU forward's cotangent was first summed over the devices:
-    one all-reduce more, and every gradient wrong (values: the interpreted cases above)."""
+    collectives the layout needs, the same for the Mosaic GPU kernels as for the Triton and Pallas
+    TPU ones and the XLA loops (gmm: d rhs summed over the rows' devices; tgmm: the split
+    contraction summed, forward and d lhs's partial sums). Typed the same on every device, as
+    plgpu.kernel types its output, the Mosaic GPU forward's cotangent was first summed over the
+    devices: one all-reduce more, and every gradient wrong (values: the interpreted cases above)."""
     m, k, n = 256, 128, 128
     sizes = jnp.asarray(np.array([64, 0, 100, 60], np.int32))
     put = jax.device_put
     counts = {}
     with jax.set_mesh(_mesh((2,), ("x",))):
-        for platform, backend in (("xla", None), ("triton", "gpu"), ("mosaic", "gpu")):
+        for platform, backend, target in (("xla", None, "cpu"), ("pallas", "tpu", "tpu"),
+                                          ("triton", "gpu", "cuda"), ("mosaic", "gpu", "cuda")):
             call = kernelhub.get(op, platform=platform, backend=backend)
             if op == GMM:
                 operands = (put(jnp.ones((m, k), jnp.bfloat16), P("x", None)),
@@ -186,9 +187,9 @@ def test_compiled_gpu_kernels_sum_over_devices_only_what_a_replicated_operand_ne
                 return out, *pullback(d_out)
 
             lowered = jax.jit(step).trace(*operands, cotangent).lower(
-                lowering_platforms=("cuda",) if backend else ("cpu",))
+                lowering_platforms=(target,))
             counts[platform] = lowered.as_text().count("all_reduce")
-    assert counts["mosaic"] == counts["triton"] == counts["xla"] >= 1, counts
+    assert counts["mosaic"] == counts["triton"] == counts["pallas"] == counts["xla"] >= 1, counts
 
 
 @pytest.mark.parametrize("spec", _without("ragged_dot_general", "triton"))
