@@ -620,7 +620,8 @@ def test_kernel_counters_cases_launch_one_kernel_each_and_the_csv_becomes_rows()
         kinds.append((platform, ran["kernel"]))
     assert kinds == [("mosaic", "gmm"), ("triton", "gmm"), ("mosaic", "gmm_t"),
                      ("mosaic", "gmm"), ("mosaic", "gmm_t"), ("triton", "gmm_t"),
-                     ("mosaic", "gmm_t"), ("triton", "gmm_t"), ("mosaic", "tgmm"), ("triton", "tgmm")]
+                     ("mosaic", "gmm_t"), ("triton", "gmm_t"), ("mosaic", "tgmm"),
+                     ("triton", "tgmm")]
 
     header = NCU_HEADER
     rows = [

@@ -31,7 +31,8 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.lib.mlir import ir
 
 
-def trace(fn: Callable[..., Sequence[Any]], avals: Sequence[core.AbstractValue]) -> core.ClosedJaxpr:
+def trace(fn: Callable[..., Sequence[Any]],
+          avals: Sequence[core.AbstractValue]) -> core.ClosedJaxpr:
     """The jaxpr of `fn(*args)` (flat arrays in, a flat sequence out) for abstract `avals`."""
     debug = api_util.debug_info("kernelhub", fn, tuple(avals), {})
     traced = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=debug), list(avals))
@@ -46,7 +47,8 @@ def without_dead_code(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
     return core.ClosedJaxpr(jaxpr, closed.consts)
 
 
-def lower_jaxpr(ctx: mlir.LoweringRuleContext, closed: core.ClosedJaxpr, *args: Any) -> Sequence[Any]:
+def lower_jaxpr(ctx: mlir.LoweringRuleContext, closed: core.ClosedJaxpr,
+                *args: Any) -> Sequence[Any]:
     """Emits `closed` inline at the lowering rule's insertion point, for `ctx`'s platforms."""
     module = ctx.module_context
     if ctx.platforms is not None:  # one branch of a multi-platform lowering
