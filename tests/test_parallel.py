@@ -33,6 +33,10 @@ def test_multidevice_suite():
            if not k.startswith(("KERNELHUB_", "PYTEST_"))}
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {EIGHT_DEVICES_FLAG}".strip()
     env["JAX_PLATFORMS"] = "cpu"
+    # The Mosaic GPU interpreter's kernels take turns, each of the 8 devices' waiting calls
+    # holding one of XLA's CPU client threads (kernelhub/_pallas/mosaic_gpu/config.py,
+    # interpreter_threads): 12 covers a warp-specialized kernel launched from all 8.
+    env["NPROC"] = str(max(int(env.get("NPROC") or 0), 12))
     child = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/multidevice", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -10,6 +10,7 @@ replicated input's gradient needs.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -51,3 +52,12 @@ def shape_dtype_like(shape: tuple[int, ...], dtype: Any, like: jax.Array) -> jax
     if manual is not None:
         return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=manual)
     return jax.ShapeDtypeStruct(shape, dtype, vma=varying_axes(like))
+
+
+def concurrent_devices(value: Any) -> int:
+    """How many devices run the computation `value` is traced in at once: all of its mesh's
+    under shard_map (the body runs on each), else 1."""
+    mesh = getattr(jax.typeof(value).sharding, "mesh", None)
+    if mesh is None or not getattr(mesh, "manual_axes", ()):
+        return 1
+    return math.prod(mesh.axis_sizes)

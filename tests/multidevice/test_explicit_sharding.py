@@ -40,14 +40,6 @@ def _normal(rng, shape):
     return rng.normal(size=shape).astype(np.float32)
 
 
-def _without(op: str, platform: str) -> list:
-    """implementation_params(op) less one interpreter: the explicit-sharding rules are the
-    kit's, the same around every kernel; each interpreter still runs two of this file's four
-    kernel tests (the suite runs in one process, CI's time)."""
-    return [param for param in implementation_params(op)
-            if param.values[0].platform.value != platform or not param.values[0].interpret_only]
-
-
 def _with_mosaic_gpu(op: str) -> list:
     """implementation_params(op) and the Mosaic GPU kernels' interpreter, which the shared
     suites leave out for its time (tests/conftest.py, SLOW_INTERPRETERS): how the kit splits a
@@ -56,6 +48,16 @@ def _with_mosaic_gpu(op: str) -> list:
     mosaic = [spec for spec in testing.runnable_implementations(op)
               if spec.platform.value == "mosaic"]
     return implementation_params(op) + [pytest.param(spec, id="mosaic-cpu") for spec in mosaic]
+
+
+def _without(op: str, platform: str) -> list:
+    """_with_mosaic_gpu(op) less one interpreter: the explicit-sharding rules are the kit's,
+    the same around every kernel; the Pallas and Triton interpreters each still run two of
+    this file's four kernel tests (the suite runs in one process, CI's time), the Mosaic GPU
+    interpreter all four (its launches take turns across the devices: ragged_dot_general's
+    test, with the most kernels in one program, is the one that hung on too few threads)."""
+    return [param for param in _with_mosaic_gpu(op)
+            if param.values[0].platform.value != platform or not param.values[0].interpret_only]
 
 
 def _spec(x):
@@ -154,6 +156,20 @@ def test_transposed_grouped_matmul_sums_split_rows(spec):
     assert_close(out, reference.tgmm(lhs, rhs, SIZES), jnp.bfloat16, contraction=m)
     assert_close(d_lhs, want_lhs, jnp.float32, contraction=n)
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=k)
+
+
+def test_the_mosaic_gpu_interpreter_on_more_devices_than_threads_is_refused(monkeypatch):
+    """Interpreted launches take turns, each device's waiting call holding one of XLA's CPU
+    client threads: with too few threads the calls wait forever (8 devices on 8 threads hung),
+    so such a call is a ValueError saying how many threads to give the client."""
+    monkeypatch.setenv("NPROC", "8")
+    gmm = kernelhub.get(GMM, platform="mosaic")
+    rng = np.random.default_rng(4)
+    with jax.set_mesh(_mesh()):
+        lhs = jax.device_put(_normal(rng, (16, 8)), P("x", None))
+        with pytest.raises(ValueError, match=r"from 8 devices at once .* set NPROC=10 or more"):
+            jax.jit(lambda a: gmm(a, jnp.asarray(_normal(rng, (4, 8, 8))),
+                                  jnp.asarray(SIZES)))(lhs)
 
 
 @pytest.mark.parametrize("op", [GMM, TGMM])

@@ -211,6 +211,13 @@ def from_tiling(tiling: Any, problem: Problem, weight_tiles: int = 1, *,
     return _upcast_decided(config, problem, weight_tiles)
 
 
+def interpreter_threads(warpgroups: int, devices: int = 1) -> int:
+    """The XLA CPU client threads an interpreted kernel of `warpgroups` warpgroups a program
+    needs, launched from `devices` devices at once: one turn at a time (kernel_parts.launch),
+    each waiting device's call holding a thread, and the kernel's own warpgroups and callers."""
+    return devices - 1 + warpgroups + INTERPRETER_CALLERS
+
+
 def check_interpretable(config: BlockConfig, tiling: Any) -> None:
     """Raises ValueError where this host's interpreter could not finish `config`'s program.
 
@@ -223,7 +230,7 @@ def check_interpretable(config: BlockConfig, tiling: Any) -> None:
         return
     from kernelhub._core.jax_internals import xla_cpu_client_threads
 
-    needed = config.compute_warpgroups + 1 + INTERPRETER_CALLERS
+    needed = interpreter_threads(config.compute_warpgroups + 1)
     threads = xla_cpu_client_threads()
     if threads < needed:
         raise ValueError(
@@ -232,6 +239,25 @@ def check_interpretable(config: BlockConfig, tiling: Any) -> None:
             f"on XLA's CPU client, which has {threads} threads here (the NPROC environment "
             f"variable, else the cores): set NPROC={needed} or more before jax starts, or "
             f"take compute_warpgroups=1")
+
+
+def check_interpreted_devices(devices: int, warpgroups: int) -> None:
+    """Raises ValueError where an interpreted kernel launched from `devices` devices at once
+    (under shard_map) could not finish: jax's interpreter simulates one GPU per process, so
+    launches take turns, and each device's call waits holding one of XLA's CPU client
+    threads; with too few left for the running kernel, every call waits forever (8 devices on
+    8 threads hung): refused rather than hung."""
+    from kernelhub._core.jax_internals import xla_cpu_client_threads
+
+    needed = interpreter_threads(warpgroups, devices)
+    threads = xla_cpu_client_threads()
+    if devices > 1 and threads < needed:
+        raise ValueError(
+            f"the Mosaic GPU interpreter is launched here from {devices} devices at once "
+            f"(under shard_map), one kernel at a time, each waiting call holding one of XLA's "
+            f"CPU client threads, of which there are {threads} (the NPROC environment "
+            f"variable, else the cores): set NPROC={needed} or more before jax starts, use "
+            f"fewer devices, or another interpreter (platform='pallas' or 'triton')")
 
 
 def _upcast_decided(config: BlockConfig, problem: Problem, weight_tiles: int) -> BlockConfig:

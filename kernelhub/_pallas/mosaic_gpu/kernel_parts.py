@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub._core import jax_internals
-from kernelhub._core.manual_axes import varying_like
+from kernelhub._core.manual_axes import concurrent_devices, varying_like
 from kernelhub._grouped_matmul import visits
-from kernelhub._pallas.mosaic_gpu import block_rules, operand_types, profiling
+from kernelhub._pallas.mosaic_gpu import block_rules, config, operand_types, profiling
 
 # In interpret mode every simulated program is a thread on this host: two still run the
 # persistent loop's hand-over of work from one program to the next.
@@ -85,6 +85,8 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
         # plgpu.kernel types it as invariant (the same on every device), and shard_map's
         # transpose would then sum its cotangent over the devices.
         return varying_like(kernel(*operands), *operands)
+    config.check_interpreted_devices(concurrent_devices(operands[0]),
+                                     COMPUTE_WARPGROUPS + 1 if warp_specialized else 1)
     # The interpreter simulates the GPU through ordered host callbacks, an effect that
     # kernelhub's primitive cannot carry through its custom VJP. The kernel is a pure function
     # of its operands, so it runs as one: a host call that runs the interpreted kernel.
