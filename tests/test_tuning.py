@@ -27,9 +27,10 @@ from kernelhub.tuning import _autotune
 M, K, N = 96, 48, 40
 SIZES = np.array([0, 37, 5, 41, 7], np.int32)  # an empty group, unaligned sizes, sum 90 < 96
 OFFSET = 1  # local groups 1..3 of 5
-# The TuningSpace name of each implementation that runs here.
-SPACES = {("xla", "any"): "xla", ("pallas", "cpu"): "pallas-interpret",
-          ("triton", "cpu"): "triton-interpret"}
+# The TuningSpace name of each implementation, wherever the suite runs it.
+SPACES = {("xla", "any"): "xla", ("pallas", "cpu"): "pallas-interpret", ("pallas", "tpu"): "pallas",
+          ("triton", "cpu"): "triton-interpret", ("triton", "gpu"): "triton",
+          ("mosaic", "cpu"): "mosaic-interpret", ("mosaic", "gpu"): "mosaic"}
 
 
 def _operands(seed: int = 0):
