@@ -417,6 +417,38 @@ def test_lowers_for_cuda(shape, op):
     assert seconds < 60, f"lowering {name} {op} with its VJP took {seconds:.1f}s"
 
 
+def test_lowering_for_cuda_without_a_gpu_names_one_inside_kernelhub_calls_only():
+    """jax 0.11's Pallas Triton lowering asks the host or an abstract mesh which GPU it compiles
+    for and refuses where none is named (jax 0.10.2 assumed an H100): kernelhub's calls lower
+    for cuda from this GPU-less host as on 0.10.2, while a Pallas Triton kernel of the user's
+    own keeps jax's rule (on 0.11, its RuntimeError)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pltriton
+
+    if jax.devices()[0].platform == "gpu":
+        pytest.skip("the host names its GPU")
+    specs = [jax.ShapeDtypeStruct((64, 32), jnp.float32),
+             jax.ShapeDtypeStruct((2, 32, 16), jnp.float32),
+             jax.ShapeDtypeStruct((2,), jnp.int32)]
+    gmm = kernelhub.get(GMM, platform="triton", backend="gpu")
+    assert cuda_export.count_triton_calls(_lower(gmm, specs)) == 1
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def users_kernel(x):
+        return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              compiler_params=pltriton.CompilerParams())(x)
+
+    try:
+        from jax._src.pallas.triton import gpu_info  # noqa: F401
+    except ImportError:  # jax 0.10.2 assumes the GPU for every kernel
+        assert cuda_export.count_triton_calls(_lower(users_kernel, specs[:1])) == 1
+    else:
+        with pytest.raises(RuntimeError, match="No supported GPU devices"):
+            _lower(users_kernel, specs[:1])
+
+
 def test_lowers_for_cuda_with_existing_out_and_transposed_rhs():
     gmm = kernelhub.get(GMM, platform="triton", backend="gpu")
     m, k, n, groups = 1000, 520, 200, 7

@@ -4,11 +4,12 @@ jax has no public way to trace a function into a jaxpr for given abstract values
 mesh axes they vary over), to drop a jaxpr's dead equations, to lower a jaxpr inside a lowering
 rule, to add a configuration option that jax.jit caches on, to read a lowered module's operations,
 to add a primitive to Pallas's Triton lowering (and build Triton IR there), to make that lowering's
-pointer offsets wide enough for 8-bit arrays, to read Pallas's dynamic-shape export flag, to type a
-host callback's result as its operands are typed under shard_map, or to learn how many threads XLA's
-CPU client runs computations on. Everything kernelhub takes from `jax._src` for those goes through
-this module (the Triton IR capture of kernelhub/_verify/cuda_lowering.py aside), so a jax upgrade
-that moves them breaks here. Checked with jax 0.10.2 and 0.11.
+pointer offsets wide enough for 8-bit arrays, to name the GPU it compiles for on a host without one,
+to read Pallas's dynamic-shape export flag, to type a host callback's result as its operands are
+typed under shard_map, or to learn how many threads XLA's CPU client runs computations on.
+Everything kernelhub takes from `jax._src` for those goes through this module (the Triton IR capture
+of kernelhub/_verify/cuda_lowering.py aside), so a jax upgrade that moves them breaks here. Checked
+with jax 0.10.2 and 0.11.2.
 """
 
 from __future__ import annotations
@@ -330,6 +331,55 @@ def pure_callback_like(callback: Callable[..., Any], shape: tuple[int, ...], dty
         *flat, callback=jax_callback._FlatCallback(callback, tree), result_avals=(result,),
         sharding=None, vmap_method="sequential")
     return out
+
+
+# Set while kernelhub lowers a call for a GPU target: a Pallas Triton kernel lowered then on a
+# host whose devices name no GPU is compiled for the GPU jax 0.10.2 assumed (compute capability
+# 9.0), not refused.
+_LOWERING_FOR_GPU = contextvars.ContextVar("kernelhub_lowering_for_gpu", default=False)
+
+
+@contextlib.contextmanager
+def lowering_for(target: str) -> Iterator[None]:
+    """Lowers the kernels of a kernelhub call for `target` ("cpu", "cuda", "rocm", "tpu").
+
+    jax 0.11's Pallas Triton lowering asks the abstract mesh's device, else the default device,
+    which GPU it compiles for, and raises where neither is a GPU, so `jax.export` for cuda from
+    a CPU or TPU host failed; jax 0.10.2 assumed an H100 there. For cuda and rocm the question
+    gets that answer again, inside kernelhub's calls only (another Pallas Triton kernel keeps
+    jax's rule); a GPU that the host or an abstract mesh names still answers for itself. A
+    no-op where jax does not ask (0.10.2)."""
+    if target not in ("cuda", "rocm"):
+        yield
+        return
+    _answer_gpu_info_when_lowering_for_gpu()
+    token = _LOWERING_FOR_GPU.set(True)
+    try:
+        yield
+    finally:
+        _LOWERING_FOR_GPU.reset(token)
+
+
+def _answer_gpu_info_when_lowering_for_gpu() -> None:
+    try:
+        from jax._src.pallas.triton import gpu_info  # noqa: PLC0415
+    except ImportError:  # jax 0.10.2: its lowering does not ask
+        return
+    asked = gpu_info.get_gpu_info
+    if getattr(asked, "_kernelhub_answers", False):
+        return
+
+    @functools.wraps(asked)
+    def get_gpu_info():
+        try:
+            return asked()
+        except ValueError:  # no GPU named: what Pallas turns into its RuntimeError
+            if not _LOWERING_FOR_GPU.get():
+                raise
+            return gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H100)
+
+    get_gpu_info._kernelhub_answers = True
+    gpu_info.get_gpu_info = get_gpu_info
 
 
 def xla_cpu_client_threads() -> int:

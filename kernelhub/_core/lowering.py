@@ -393,7 +393,7 @@ def _lowering_rule(target: str):
     def lower(ctx, *args, op, choices, layout, pullbacks, batch, stage):
         spec = choices.of(target)
         avals = [internals.invariant(aval) for aval in ctx.avals_in]
-        with internals.unchecked_manual_axes():
+        with internals.unchecked_manual_axes(), internals.lowering_for(target):
             alternates = choices.alternates_for(target)
             if alternates:
                 def trace(candidate: KernelSpec) -> None:
