@@ -266,7 +266,9 @@ def expand_scale(scale: jax.Array, axis: int, block_size: int | None, size: int)
     """`scale` repeated over its blocks along `axis`, cut to `size`: broadcastable to values."""
     if block_size is None:
         return scale
-    repeated = jnp.repeat(scale, block_size, axis=axis, total_repeat_length=scale.shape[axis] * block_size)
+    # Without total_repeat_length: a scalar count is then a broadcast, where with it jnp.repeat
+    # takes a running sum, which jax 0.11 lowers for cuda to a composite whose fallback loops.
+    repeated = jnp.repeat(scale, block_size, axis=axis)
     return jax.lax.slice_in_dim(repeated, 0, size, axis=axis)
 
 

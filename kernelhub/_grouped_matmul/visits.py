@@ -118,8 +118,8 @@ def spread(table: jax.Array) -> jax.Array:
     computing = ~fill & ~idle
     fills = jnp.maximum(jnp.sum(fill), 1).astype(jnp.float32)
     computes = jnp.maximum(jnp.sum(computing), 1).astype(jnp.float32)
-    rank_fill = (jnp.cumsum(fill) - 1).astype(jnp.float32)
-    rank_computing = (jnp.cumsum(computing) - 1).astype(jnp.float32)
+    rank_fill = (running_sum(fill.astype(jnp.int32)) - 1).astype(jnp.float32)
+    rank_computing = (running_sum(computing.astype(jnp.int32)) - 1).astype(jnp.float32)
     place = jnp.where(fill, (rank_fill + 0.5) / fills, (rank_computing + 0.5) / computes)
     place = jnp.where(idle, 2.0, place)  # after every live visit
     order = jnp.argsort(place, stable=True)

@@ -44,6 +44,7 @@ from kernelhub._cli._group_sizes import group_sizes
 from kernelhub._cli.bench.gpu_measurement import Measurement, Shape, relative_error
 from kernelhub._cli.bench.timing import best_medians, median_seconds
 from kernelhub._grouped_matmul import names
+from kernelhub._grouped_matmul.groups import running_sum
 
 GMM = names.GROUPED_MATMUL
 PLATFORM = "xla"  # this benchmark's implementation unless --platform says otherwise
@@ -152,7 +153,7 @@ POLICY_VARIANT = VARIANTS[0]
 def row_groups(sizes: jax.Array, group_offset: int, local_groups: int,
                m: int) -> tuple[jax.Array, jax.Array]:
     """(each row's local group, clipped into range; whether the row belongs to a local group)."""
-    ends = jnp.cumsum(sizes)
+    ends = running_sum(sizes)
     groups = jnp.searchsorted(ends, jnp.arange(m), side="right") - group_offset
     local = (groups >= 0) & (groups < local_groups)
     return jnp.clip(groups, 0, local_groups - 1), local
