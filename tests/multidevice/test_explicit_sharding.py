@@ -158,6 +158,25 @@ def test_transposed_grouped_matmul_sums_split_rows(spec):
     assert_close(d_rhs, want_rhs, jnp.float32, contraction=k)
 
 
+@pytest.mark.parametrize("sizes", [[3, 2**31 - 1, 2**31 - 1, 4], [10, 2**31 - 1, 5, 2**31 - 1]])
+def test_split_rows_of_sizes_whose_int32_sums_wrap(sizes):
+    """Each device cuts traced group sizes to its rows with sums that saturate at the rows, as
+    an unsharded call's bounds do: a wrapped int32 sum would end a group before the first row
+    (until 2026-11-29 each device took a running sum that wrapped: 10.5 absolute error)."""
+    rng = np.random.default_rng(2)
+    m, k, n = 16, 8, 8
+    lhs, rhs, d_out = _normal(rng, (m, k)), _normal(rng, (4, k, n)), _normal(rng, (m, n))
+    sizes = np.array(sizes, np.int32)
+    gmm = kernelhub.get(GMM, platform="xla")
+    tgmm = kernelhub.get(TGMM, platform="xla")
+    with jax.set_mesh(_mesh((2,), ("x",))):
+        out, tgmm_out = jax.jit(lambda a, t, b, d, s: (gmm(a, b, s), tgmm(t, d, s)))(
+            jax.device_put(lhs, P("x", None)), jax.device_put(lhs.T, P(None, "x")), rhs,
+            jax.device_put(d_out, P("x", None)), jnp.asarray(sizes))
+    assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, contraction=k)
+    assert_close(tgmm_out, reference.tgmm(lhs.T, d_out, sizes), jnp.float32, contraction=m)
+
+
 def test_the_mosaic_gpu_interpreter_on_more_devices_than_threads_is_refused(monkeypatch):
     """Interpreted launches take turns, each device's waiting call holding one of XLA's CPU
     client threads: with too few threads the calls wait forever (8 devices on 8 threads hung),
