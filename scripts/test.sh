@@ -22,3 +22,7 @@ JAX_COMPILATION_CACHE_DIR=$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 JAX_PLATFORMS=cpu \
   PYTHONPYCACHEPREFIX=$cache/python PYTHONDONTWRITEBYTECODE= \
   .venv-test/bin/python -m pytest -n 2 --dist loadgroup "$@"
+# The whole run (no arguments) also runs the lowering and export tests on jax 0.11.
+if [ $# -eq 0 ]; then
+  bash scripts/test_newest_jax.sh
+fi
