@@ -373,8 +373,9 @@ def _answer_gpu_info_when_lowering_for_gpu() -> None:
     def get_gpu_info():
         try:
             return asked()
-        except ValueError:  # no GPU named: what Pallas turns into its RuntimeError
-            if not _LOWERING_FOR_GPU.get():
+        except ValueError:  # what Pallas turns into its RuntimeError
+            # A GPU that is named but unknown to jax stays refused.
+            if not _LOWERING_FOR_GPU.get() or gpu_info.get_device_platform() == "gpu":
                 raise
             return gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H100)
 
