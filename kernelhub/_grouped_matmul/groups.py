@@ -50,10 +50,12 @@ def running_sum(values: Int[Array, "..."], axis: int = 0, *, limit: int | None =
     return windowed(capped, lambda a, b: a + jnp.minimum(b, limit - a))
 
 
-def group_bounds(group_sizes: Int[Array, "G"], rows: int) -> tuple[Int[Array, "G"], Int[Array, "G"]]:
-    """(starts, ends): group g owns rows [starts[g], ends[g]), clamped into [0, rows]."""
-    ends = running_sum(group_sizes.astype(jnp.int32), limit=rows)
-    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+def group_bounds(group_sizes: Int[Array, "*batch G"],
+                 rows: int) -> tuple[Int[Array, "*batch G"], Int[Array, "*batch G"]]:
+    """(starts, ends): group g owns rows [starts[g], ends[g]), clamped into [0, rows]; groups
+    along the last axis, each leading index a call of its own."""
+    ends = running_sum(group_sizes.astype(jnp.int32), group_sizes.ndim - 1, limit=rows)
+    starts = jnp.concatenate([jnp.zeros_like(ends[..., :1]), ends[..., :-1]], axis=-1)
     return starts, ends
 
 

@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from kernelhub._core import explicit_sharding
 from kernelhub._core.explicit_sharding import Split, as_partition_spec, spec_of
 from kernelhub._grouped_matmul import names
-from kernelhub._grouped_matmul.groups import running_sum
+from kernelhub._grouped_matmul.groups import group_bounds
 from kernelhub._grouped_matmul.ragged_modes import Mode, kernel_dtype, plan
 from kernelhub.ops import ragged_dot as ragged_contract
 from kernelhub.quantization import QuantizedArray
@@ -71,10 +71,8 @@ class PerDevice:
             operand, dim, axes = self.ragged
             extent = jnp.shape(arguments[operand])[dim]
             first = jax.lax.axis_index(axes) * extent
-            # Saturating at the rows, as every implementation's bounds do (groups.group_bounds):
-            # sizes whose int32 sum wraps end at the last row, not before the first.
-            ends = running_sum(sizes, sizes.ndim - 1, limit=extent * jax.lax.psum(1, axes))
-            starts = jnp.concatenate([jnp.zeros_like(ends[..., :1]), ends[..., :-1]], axis=-1)
+            # The unsharded call's bounds: sums that would wrap int32 saturate at the rows.
+            starts, ends = group_bounds(sizes, extent * jax.lax.psum(1, axes))
             sizes = (jnp.clip(ends, first, first + extent)
                      - jnp.clip(starts, first, first + extent))
         arguments["group_sizes"] = sizes
