@@ -4,8 +4,8 @@
 # (this host's Python 3.11 gets no newer jax); 0.11 moved what kernelhub's shims lean on
 # (_core/jax_internals.py) and how it lowers for cuda: until 2026-11-29 every Triton kernel's
 # export for cuda from a CPU host failed there, unseen by a suite on 0.10.2. The selection is
-# what lowers for another target than the host (cuda, tpu, export): 80 tests, under 2 minutes on
-# 2 cores. Needs a Python 3.12 or newer beside the 3.11 (on these hosts, pyenv's): without one it
+# what lowers for another target than the host (cuda, tpu, export): 65 tests, about 1.5 minutes
+# on 2 cores. The symbolic-export tests stay out for CI's 20 minutes (they passed on 0.11.2). Needs a Python 3.12 or newer beside the 3.11 (on these hosts, pyenv's): without one it
 # says so and runs nothing. Its own venv, .venv-test-jax0.11.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +34,4 @@ JAX_COMPILATION_CACHE_DIR=$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 JAX_PLATFORMS=cpu \
   PYTHONPYCACHEPREFIX=$cache/python PYTHONDONTWRITEBYTECODE= \
   "$venv/bin/python" -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider \
-  -k "cuda or export or lower" "$@"
+  -k "cuda or export or lower" --ignore=tests/test_symbolic_export.py "$@"
