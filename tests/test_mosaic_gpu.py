@@ -11,6 +11,7 @@ platform="mosaic" resolves to the compiled kernels and the same tests run them.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -30,8 +31,8 @@ from kernelhub._grouped_matmul import visits
 from kernelhub._grouped_matmul.epilogue import Epilogue
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas.mosaic_gpu import (block_rules, config, group_spans, grouped_matmul,
-                                          heuristic, operand_types, roofline, scale_fitting,
-                                          shared_memory, tuning_space)
+                                          heuristic, interpreter_programs, operand_types,
+                                          roofline, scale_fitting, shared_memory, tuning_space)
 from kernelhub._pallas.mosaic_gpu.tgmm_chunks import ChunkLayout
 from kernelhub import quantization
 from kernelhub.quantization import quantize
@@ -967,6 +968,48 @@ def test_calls_from_several_threads_at_once():
         assert not isinstance(results[i], Exception), results[i]
         assert_close(results[i], reference.gmm(lhs * (i + 1), rhs, sizes), jnp.float32,
                      contraction=16)
+
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's programs; a GPU runs the compiled kernels")
+def test_kernels_that_trace_alike_share_one_interpreter_program(monkeypatch):
+    """Rows that pad to the same tiles, and the forward traced again inside its VJP, run the
+    interpreter program compiled first (each trace compiled its own: half a second, and code
+    mapped for as long as the call's executable lives). Values against float64."""
+    programs = collections.OrderedDict()
+    monkeypatch.setattr(interpreter_programs, "_PROGRAMS", programs)
+    rng = np.random.default_rng(9)
+    rhs, sizes = _values(rng, (3, 16, 32), jnp.float32), jnp.asarray([5, 0, 6], jnp.int32)
+    gmm = _mosaic(GMM)
+    for m in (13, 17):
+        lhs = _values(rng, (m, 16), jnp.float32)
+        assert_close(gmm(lhs, rhs, sizes), reference.gmm(lhs, rhs, sizes), jnp.float32,
+                     contraction=16)
+    assert len(programs) == 1
+    d_out = _values(rng, (17, 32), jnp.float32)
+    _, (d_lhs, d_rhs) = jitted_vjp(lambda a, b: gmm(a, b, sizes), (lhs, rhs), d_out)
+    expected_lhs, expected_rhs, _ = reference.gmm_vjp(lhs, rhs, sizes, d_out)
+    assert_close(d_lhs, expected_lhs, jnp.float32, contraction=32)
+    assert_close(d_rhs, expected_rhs, jnp.float32, contraction=17)
+    assert len(programs) == 3  # the gradients' two kernels; the forward's was shared
+
+
+def test_interpreter_programs_differ_by_literal_and_are_not_shared_through_a_callback():
+    """A program's jaxpr text names its literals, not the Python function a host callback
+    runs: programs that differ only in a callback are compiled apart."""
+    x = np.arange(4, dtype=np.float32)
+
+    def plus(value):
+        return lambda a: a + value
+
+    def called_back(value):
+        return lambda a: jax.pure_callback(lambda b: (b + value).astype(np.float32),
+                                           jax.ShapeDtypeStruct(a.shape, a.dtype), a)
+
+    for make in (plus, called_back):
+        for value in (np.float32(1), np.float32(2)):
+            program = interpreter_programs.compiled(make(value), [x])
+            np.testing.assert_array_equal(np.asarray(program(x)), x + value)
 
 
 # ---------------------------------------------------------------- routed by feature

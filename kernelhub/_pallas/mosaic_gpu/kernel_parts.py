@@ -23,7 +23,8 @@ import numpy as np
 from kernelhub._core import jax_internals
 from kernelhub._core.manual_axes import concurrent_devices, varying_like
 from kernelhub._grouped_matmul import visits
-from kernelhub._pallas.mosaic_gpu import block_rules, config, operand_types, profiling
+from kernelhub._pallas.mosaic_gpu import (block_rules, config, interpreter_programs, operand_types,
+                                          profiling)
 
 # In interpret mode every simulated program is a thread on this host: two still run the
 # persistent loop's hand-over of work from one program to the next.
@@ -89,12 +90,15 @@ def launch(body: Callable[..., None], operands: Sequence[jax.Array],
                                      COMPUTE_WARPGROUPS + 1 if warp_specialized else 1)
     # The interpreter simulates the GPU through ordered host callbacks, an effect that
     # kernelhub's primitive cannot carry through its custom VJP. The kernel is a pure function
-    # of its operands, so it runs as one: a host call that runs the interpreted kernel.
-    interpreted = jax.jit(kernel)
+    # of its operands, so it runs as one: a host call that runs the interpreted kernel,
+    # compiled at its first run (outside any trace) or shared with a kernel that traced alike.
+    program: list[Callable[..., jax.Array]] = []
 
     def run_interpreted(*arrays):
         with _INTERPRETER_TURN:
-            return np.asarray(interpreted(*arrays))
+            if not program:
+                program.append(interpreter_programs.compiled(kernel, arrays))
+            return np.asarray(program[0](*arrays))
 
     return jax_internals.pure_callback_like(run_interpreted, out_shape, out_dtype, operands)
 
