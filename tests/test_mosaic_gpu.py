@@ -11,11 +11,12 @@ platform="mosaic" resolves to the compiled kernels and the same tests run them.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
+import gc
 import itertools
 import re
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -976,7 +977,7 @@ def test_kernels_that_trace_alike_share_one_interpreter_program(monkeypatch):
     """Rows that pad to the same tiles, and the forward traced again inside its VJP, run the
     interpreter program compiled first (each trace compiled its own: half a second, and code
     mapped for as long as the call's executable lives). Values against float64."""
-    programs = collections.OrderedDict()
+    programs = {}  # every program compiled, held (the module holds them weakly)
     monkeypatch.setattr(interpreter_programs, "_PROGRAMS", programs)
     rng = np.random.default_rng(9)
     rhs, sizes = _values(rng, (3, 16, 32), jnp.float32), jnp.asarray([5, 0, 6], jnp.int32)
@@ -1010,6 +1011,16 @@ def test_interpreter_programs_differ_by_literal_and_are_not_shared_through_a_cal
         for value in (np.float32(1), np.float32(2)):
             program = interpreter_programs.compiled(make(value), [x])
             np.testing.assert_array_equal(np.asarray(program(x)), x + value)
+
+
+def test_a_shared_interpreter_program_lives_only_while_a_call_holds_it():
+    x = np.arange(4, dtype=np.float32)
+    program = interpreter_programs.compiled(lambda a: a * 3, [x])
+    assert interpreter_programs.compiled(lambda a: a * 3, [x]) is program
+    held = weakref.ref(program)
+    del program
+    gc.collect()
+    assert held() is None
 
 
 # ---------------------------------------------------------------- routed by feature
