@@ -76,21 +76,28 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Mosaic GPU's interpreter simulates every warpgroup, barrier and TMA copy on this host: a call
-# takes seconds, too slow for the shared property suites at their example counts. Its kernels'
-# contract runs in interpret mode in tests/test_mosaic_gpu.py (chosen cases); on a Hopper GPU
-# (mosaic, gpu) is runnable and the shared suites run it in full.
+# takes most of a second, too slow for every shared suite at its example counts. The contract
+# suite (tests/test_contract.py: drawn problems, forward and gradients against float64, and the
+# contract's edges) runs it, about 30 s of CPU; the other shared suites leave it out, and its
+# kernels' paths run in tests/test_mosaic_gpu.py (chosen cases). On a Hopper GPU (mosaic, gpu)
+# is runnable and every shared suite runs it in full.
 SLOW_INTERPRETERS = frozenset({("mosaic", "cpu")})
 
 
-def runnable_implementations(op) -> list:
-    """kernelhub.testing's runnable implementations, but for SLOW_INTERPRETERS."""
+def runnable_implementations(op, slow_interpreters: bool = False) -> list:
+    """kernelhub.testing's runnable implementations, but for SLOW_INTERPRETERS unless asked."""
     return [spec for spec in testing.runnable_implementations(op)
-            if (spec.platform.value, spec.backend.value) not in SLOW_INTERPRETERS]
+            if slow_interpreters or (spec.platform.value, spec.backend.value) not in SLOW_INTERPRETERS]
 
 
-def implementation_params(op: str) -> list:
+def implementation_params(op: str, slow_interpreters: bool = False) -> list:
     return [pytest.param(spec, id=f"{spec.platform.value}-{spec.backend.value}")
-            for spec in runnable_implementations(op)]
+            for spec in runnable_implementations(op, slow_interpreters)]
+
+
+def every_implementation_param(op: str) -> list:
+    """implementation_params(op) with the slow interpreters too."""
+    return implementation_params(op, slow_interpreters=True)
 
 
 def quantized_implementations(op: str) -> list:

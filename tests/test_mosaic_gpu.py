@@ -3,9 +3,10 @@ interpret mode against the float64 reference, gradients, fp8 with one scale per 
 fused epilogues, calls routed elsewhere by feature, tiles, registration, and lowering for CUDA
 at MoE shapes on a host without a GPU.
 
-The interpreter simulates every warpgroup, barrier and TMA copy (seconds per call), so the
-shared property suites leave (mosaic, cpu) out (tests/conftest.py, SLOW_INTERPRETERS) and the
-cases here are few and small, each chosen to cross several edges at once. On a Hopper GPU
+The interpreter simulates every warpgroup, barrier and TMA copy (most of a second per call),
+so of the shared suites only the contract suite runs (mosaic, cpu) (tests/conftest.py,
+SLOW_INTERPRETERS), and the cases here are few and small, each chosen to cross several of the
+kernels' paths and edges at once. On a Hopper GPU
 platform="mosaic" resolves to the compiled kernels and the same tests run them.
 """
 

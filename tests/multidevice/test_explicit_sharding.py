@@ -23,8 +23,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import kernelhub
 import ragged_reference
 import reference
-from conftest import assert_close, call, implementation_params
-from kernelhub import testing
+from conftest import assert_close, call, every_implementation_param
 
 GMM, TGMM = "grouped_matmul", "transposed_grouped_matmul"
 SIZES = np.array([3, 0, 6, 4], np.int32)  # 4 groups; rows 13.. of 16 belong to none
@@ -40,23 +39,15 @@ def _normal(rng, shape):
     return rng.normal(size=shape).astype(np.float32)
 
 
-def _with_mosaic_gpu(op: str) -> list:
-    """implementation_params(op) and the Mosaic GPU kernels' interpreter, which the shared
-    suites leave out for its time (tests/conftest.py, SLOW_INTERPRETERS): how the kit splits a
-    call over explicit axes is the same around every kernel, but each kernel meets its own
-    local shapes (here a few rows and columns a device, far under one tile)."""
-    mosaic = [spec for spec in testing.runnable_implementations(op)
-              if spec.platform.value == "mosaic"]
-    return implementation_params(op) + [pytest.param(spec, id="mosaic-cpu") for spec in mosaic]
-
-
 def _without(op: str, platform: str) -> list:
-    """_with_mosaic_gpu(op) less one interpreter: the explicit-sharding rules are the kit's,
-    the same around every kernel; the Pallas and Triton interpreters each still run two of
-    this file's four kernel tests (the suite runs in one process, CI's time), the Mosaic GPU
-    interpreter all four (its launches take turns across the devices: ragged_dot_general's
-    test, with the most kernels in one program, is the one that hung on too few threads)."""
-    return [param for param in _with_mosaic_gpu(op)
+    """Every implementation, the Mosaic GPU interpreter too, less one interpreter: the
+    explicit-sharding rules are the kit's, the same around every kernel, but each kernel meets
+    its own local shapes (a few rows and columns a device, far under one tile). The Pallas and
+    Triton interpreters each still run two of this file's four kernel tests (the suite runs in
+    one process, CI's time), the Mosaic GPU interpreter all four (its launches take turns
+    across the devices: ragged_dot_general's test, with the most kernels in one program, is
+    the one that hung on too few threads)."""
+    return [param for param in every_implementation_param(op)
             if param.values[0].platform.value != platform or not param.values[0].interpret_only]
 
 
@@ -98,7 +89,7 @@ def test_lax_out_sharding_scenario(spec):
             assert "sdy.sharding_constraint" in text or "@Sharding" in text
 
 
-@pytest.mark.parametrize("spec", _with_mosaic_gpu(GMM))
+@pytest.mark.parametrize("spec", every_implementation_param(GMM))
 def test_grouped_matmul_rows_columns_and_experts_sharded(spec):
     """lhs rows over x, rhs columns over y, experts (with their biases) over e: each device
     cuts the group sizes to its rows and moves group_offset to its first expert; the result is
@@ -131,7 +122,7 @@ def test_grouped_matmul_rows_columns_and_experts_sharded(spec):
     assert_close(d_bias, want["bias"], jnp.float32, contraction=m)
 
 
-@pytest.mark.parametrize("spec", _with_mosaic_gpu(TGMM))
+@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
 def test_transposed_grouped_matmul_sums_split_rows(spec):
     """The ragged contraction over x: partial products summed over the devices in float32,
     cast once to bfloat16; lhs's k over y shards the result."""
