@@ -86,8 +86,8 @@ SLOW_INTERPRETERS = frozenset({("mosaic", "cpu")})
 
 def runnable_implementations(op, slow_interpreters: bool = False) -> list:
     """kernelhub.testing's runnable implementations, but for SLOW_INTERPRETERS unless asked."""
-    return [spec for spec in testing.runnable_implementations(op)
-            if slow_interpreters or (spec.platform.value, spec.backend.value) not in SLOW_INTERPRETERS]
+    return [spec for spec in testing.runnable_implementations(op) if slow_interpreters
+            or (spec.platform.value, spec.backend.value) not in SLOW_INTERPRETERS]
 
 
 def implementation_params(op: str, slow_interpreters: bool = False) -> list:
