@@ -122,7 +122,8 @@ def transposed_operand(smem, scratch):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     if scratch is None:
-        return plgpu.transpose_ref(smem, (1, 0))
+        # The ref's own view (plgpu.transpose_ref, which jax 0.11 deprecates, returns the same).
+        return smem.transpose((1, 0))
     scratch[...] = smem[...].T
     plgpu.commit_smem()
     return scratch
