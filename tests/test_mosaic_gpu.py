@@ -6,8 +6,8 @@ at MoE shapes on a host without a GPU.
 The interpreter simulates every warpgroup, barrier and TMA copy (most of a second per call),
 so of the shared suites only the contract suite runs (mosaic, cpu) (tests/conftest.py,
 SLOW_INTERPRETERS), and the cases here are few and small, each chosen to cross several of the
-kernels' paths and edges at once. On a Hopper GPU
-platform="mosaic" resolves to the compiled kernels and the same tests run them.
+kernels' paths and edges at once. On a Hopper GPU platform="mosaic" resolves to the compiled
+kernels and the same tests run them.
 """
 
 from __future__ import annotations
@@ -970,7 +970,6 @@ def test_calls_from_several_threads_at_once():
         assert not isinstance(results[i], Exception), results[i]
         assert_close(results[i], reference.gmm(lhs * (i + 1), rhs, sizes), jnp.float32,
                      contraction=16)
-
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's programs; a GPU runs the compiled kernels")
