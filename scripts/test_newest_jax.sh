@@ -5,8 +5,9 @@
 # (_core/jax_internals.py) and how it lowers for cuda: until 2026-11-29 every Triton kernel's
 # export for cuda from a CPU host failed there, unseen by a suite on 0.10.2. The selection is
 # what lowers for another target than the host (cuda, tpu, export): 65 tests, about 1.5 minutes
-# on 2 cores. The symbolic-export tests stay out for CI's 20 minutes (they passed on 0.11.2). Needs a Python 3.12 or newer beside the 3.11 (on these hosts, pyenv's): without one it
-# says so and runs nothing. Its own venv, .venv-test-jax0.11.
+# on 2 cores. The symbolic-export tests stay out for CI's 20 minutes (they passed on 0.11.2).
+# Needs a Python 3.12 or newer beside the 3.11 (on these hosts, pyenv's): without one it says so
+# and runs nothing. Its own venv, .venv-test-jax0.11.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -25,7 +25,7 @@ import ragged_reference
 from conftest import implementation_params
 from kernelhub import testing
 from kernelhub._verify import tpu_ahead_of_time as ahead_of_time
-from strategies import normal
+from strategies import PATTERNS, normal, sizes_for
 
 GENERAL = "ragged_dot_general"
 Numbers = lax.RaggedDotDimensionNumbers
@@ -148,8 +148,8 @@ def drawn_layout(rng: np.random.Generator, mode: int) -> testing.Case:
     """A layout of `mode` no list above names: 0 to 2 batch dims (at least 1 in mode 3), 1 or 2
     contracting dims, free dims on each side (the ragged one among lhs's in mode 1), every dim
     of each operand in a random order, pairs matched in a random order; sizes over lax's prefix
-    axes or not, summing to the ragged axis, below it or past it; group_offset or not; f32 or
-    bf16."""
+    axes or not, in the contract suite's patterns (tests/strategies.py), sometimes past the
+    ragged axis; group_offset or not; f32 or bf16."""
     dims = {"batch": [int(rng.integers(1, 5)) for _ in range(rng.integers(int(mode == 3), 3))],
             "contract": [int(rng.integers(1, 5)) for _ in range(rng.integers(1, 3))],
             "lhs_free": [int(rng.integers(1, 5)) for _ in range(rng.integers(int(mode == 1), 3))],
@@ -182,10 +182,9 @@ def drawn_layout(rng: np.random.Generator, mode: int) -> testing.Case:
     prefix_shape = tuple(lhs_shape[a] for a in prefix) if prefix and rng.random() < 0.4 else ()
     sizes = np.zeros(prefix_shape + (groups,), np.int32)
     for index in np.ndindex(*prefix_shape):
-        total = int(rng.choice([extent, rng.integers(0, extent + 1), extent + rng.integers(1, 5)],
-                               p=[0.6, 0.3, 0.1]))
-        cuts = np.sort(rng.integers(0, total + 1, groups - 1))
-        sizes[index] = np.diff(np.concatenate([[0], cuts, [total]]))
+        sizes[index] = sizes_for(str(rng.choice(PATTERNS)), extent, groups, rng)
+        if rng.random() < 0.15:  # past the ragged axis: lax drops the excess
+            sizes[index][rng.integers(groups)] += int(rng.integers(1, 5))
     dtype = jnp.bfloat16 if rng.random() < 0.25 else jnp.float32
     return testing.Case(
         jnp.asarray(normal(rng, lhs_shape, dtype)), jnp.asarray(normal(rng, rhs_shape, dtype)),
