@@ -70,8 +70,8 @@ if ! "$PYTHON" -c "import tokamax, beartype" 2>/dev/null && ls .gpu-wheels/*.whl
     --target /tmp/kernelhub-wheels .gpu-wheels/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/kernelhub-wheels"
 fi
-# tokamax 0.0.13 imports xprof's kernel-stats tool for its own benchmarking, which the
-# scoreboard does not use; xprof (32 MB, with cloud-storage dependencies) is not on the GPU
+# tokamax (0.0.13 to 0.0.17) imports xprof's kernel-stats tool for its own benchmarking, which
+# the scoreboard does not use; xprof (32 MB, with cloud-storage dependencies) is not on the GPU
 # image. A stand-in module lets `import tokamax` through; calling the tool says why it fails.
 if ! "$PYTHON" -c "import xprof" 2>/dev/null; then
   mkdir -p /tmp/kernelhub-stand-ins/xprof/cli

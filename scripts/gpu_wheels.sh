@@ -6,21 +6,21 @@
 #
 # Pinned: the versions the CPU test environment holds (tokamax needs qwix and pydantic; the
 # GPU image has absl-py, flax, numpy, protobuf, tqdm, jaxtyping and typing-extensions).
-# Python 3.12 x86-64 wheels, as the GPU image's python3 takes them. About 5 MB.
+# Python 3.12 x86-64 wheels, as the GPU image's python3 takes them. About 7 MB.
 #
-# tokamax: PyPI's newest, 0.0.12, runs on jax 0.10 only. On the GPU image's jax 0.11.2 (the
-# H100 run of 2026-11-27) its Triton kernel calls pl.dot, which jax 0.11 removed, and its
-# Mosaic kernel passes plgpu.Mesh an out_shape it no longer takes. tokamax's GitHub main
-# (0.0.13, requiring jax>=0.11) is built into a wheel instead when TOKAMAX_SOURCE names a
-# checkout of it (github.com/openxla/tokamax; this machine has PyPI but no GitHub):
+# tokamax: PyPI's newest release, 0.0.17 (it asks for jax>=0.11.1: the GPU image's 0.11.2). Its
+# Python files import flax (on the image) and xprof, which gpu_bench.sh stands in for. Until
+# 0.0.14 PyPI had only 0.0.12, which jax 0.11 breaks, and the scoreboard ran GitHub main (0.0.13);
+# TOKAMAX_SOURCE still builds a wheel from a checkout instead (e.g. to compare against unreleased
+# main; this machine has PyPI but no GitHub: `git clone` the `fetch` mirror of openxla/tokamax):
 #   TOKAMAX_SOURCE=/path/to/tokamax scripts/gpu_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TOKAMAX=tokamax==0.0.12
+TOKAMAX=tokamax==0.0.17
+rm -f .gpu-wheels/tokamax-*.whl
 if [ -n "${TOKAMAX_SOURCE:-}" ]; then
   # A pure-Python wheel; this host's python may be older than the >=3.12 it asks for.
-  rm -f .gpu-wheels/tokamax-*.whl
   "${PYTHON:-python3}" -m pip wheel --no-deps --ignore-requires-python -w .gpu-wheels \
     "$TOKAMAX_SOURCE"
   TOKAMAX=
@@ -28,7 +28,7 @@ fi
 
 WHEELS=(${TOKAMAX} qwix==0.1.8 pydantic==2.14.4 pydantic-core==2.50.5
         annotated-types==0.8.0 typing-inspection==0.4.5 einshape==1.0 immutabledict==4.3.1
-        tensorboardX==2.6.5 typeguard==2.13.3 beartype==0.23.1)
+        tensorboardX==2.6.5 beartype==0.23.1)
 
 mkdir -p .gpu-wheels
 "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \

@@ -165,6 +165,63 @@ def test_a_pass_is_checked_against_the_reference_and_tokamax_against_its_vjp():
     assert measured["tokamax:xla"][1].endswith("the kernel call tokamax's VJP makes for this pass")
 
 
+def test_a_tokamax_implementation_missing_here_says_which_import_failed(monkeypatch):
+    """tokamax registers an implementation only where its module imports (0.0.17's Triton ragged
+    dot needs jax-triton) and otherwise says only "Unknown implementation": the row names the
+    import that failed. A tokamax laid out otherwise is left to report for itself."""
+    import importlib
+    import types
+
+    from kernelhub._cli.bench import gpu_scoreboard_calls, gpu_tokamax
+
+    package = "tokamax._src.ops.ragged_dot"
+    api = types.SimpleNamespace(IMPLEMENTATIONS={"xla": None, "mosaic_gpu": None})
+    real_import = importlib.import_module
+
+    def import_module(name, *args):
+        if name == f"{package}.api":
+            return api
+        if name == f"{package}.triton":  # found, but its own import fails
+            raise ModuleNotFoundError("No module named 'jax_triton'", name="jax_triton")
+        if name.startswith(package):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args)
+
+    monkeypatch.setattr(gpu_tokamax.importlib, "import_module", import_module)
+    tokamax = types.SimpleNamespace(__version__="0.0.17")
+    assert gpu_tokamax.unavailable(tokamax, "mosaic") is None  # registered as mosaic_gpu
+    assert gpu_tokamax.unavailable(tokamax, "xla") is None
+    assert gpu_tokamax.unavailable(tokamax, "triton") == (
+        "tokamax 0.0.17 has no triton implementation here "
+        "(ModuleNotFoundError: No module named 'jax_triton')")
+    monkeypatch.setattr(gpu_tokamax, "load", lambda: (tokamax, None))
+    operands = gpu_scoreboard_calls.make_operands(SMOKE_SHAPES[0], "balanced")
+    (triton,) = gpu_scoreboard_calls.calls(operands, "forward", "bf16", ("triton",),
+                                           only=("tokamax:triton",))
+    assert triton.fn is None and "No module named 'jax_triton'" in triton.note
+
+    api.IMPLEMENTATIONS = None  # not a layout this check knows: the call speaks for itself
+    assert gpu_tokamax.unavailable(tokamax, "triton") is None
+
+
+def test_the_vjp_check_finds_kernels_on_a_mesh_as_well_as_on_a_grid():
+    """tokamax's Hopper kernels are Mosaic GPU kernels on a mesh (plgpu.kernel, which traces to
+    mpmd_map), not pallas_calls: the check of its gradient passes against its VJP found no
+    kernel in either (H100, 2026-11-28: "runs 0 kernel call(s), its VJP 0")."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from kernelhub._cli.bench import gpu_tokamax
+
+    def add_one(x_ref, out_ref):
+        out_ref[...] = x_ref[...] + 1
+
+    kernel = plgpu.kernel(add_one, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                          grid=(2,), grid_names=("i",), kernel_name="add_one")
+    calls = gpu_tokamax.kernel_calls(jax.jit(lambda x: kernel(x) * 2), jnp.zeros(128))
+    assert [call[1:] for call in calls] == [("add_one", "((2,),)", "float32[128]")]
+
+
 def test_peers_given_the_local_rows_say_what_they_do_not_write():
     """At a shard (2 of 8 experts at an offset) the peers get the local rows only: their notes
     say how many MB of the output's other rows, which the roofline counts and kernelhub's

@@ -365,6 +365,9 @@ def tokamax_calls(ops: Operands, pass_name: str, dtype: str, operands: PassOpera
     calls = []
     for name in names:
         implementation = f"tokamax:{name}"
+        if (absent := gpu_tokamax.unavailable(tokamax, name)) is not None:
+            calls.append(Call(implementation, note=absent))
+            continue
         call = gpu_tokamax.pass_function(tokamax, name, pass_name)
         if dtype == "bf16":
             fn = jax.jit(call)

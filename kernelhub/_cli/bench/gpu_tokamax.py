@@ -6,15 +6,17 @@ so scripts/gpu_bench.sh installs the wheel carried in .gpu-wheels/ (scripts/gpu_
 it here; docs/gpu.md). Where it cannot be imported, or an implementation refuses the call (no
 GPU, an unsupported architecture, an API its jax lacks), the row carries the reason instead.
 
-tokamax 0.0.12 takes no group_offset, so it gets the local rows and experts, as
-jax.lax.ragged_dot does. Its VJP computes d lhs as a ragged dot of the cotangent with the
-weights' last two axes contracted (`(([1], [2]), ...)`, which its kernels run on the transposed
-weights) and d rhs as a ragged dot whose contraction (the rows) is ragged.
+tokamax gets the local rows and experts, as jax.lax.ragged_dot does (its group_offset, where an
+implementation takes it, leaves the other experts' rows unwritten unless zero_initialize). Its VJP
+computes d lhs as a ragged dot of the cotangent with the weights' last two axes contracted
+(`(([1], [2]), ...)`, which its kernels run on the transposed weights) and d rhs as a ragged dot
+whose contraction (the rows) is ragged.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +59,36 @@ def load() -> tuple[Any, str | None]:
 
 def version(tokamax: Any) -> str:
     return str(getattr(tokamax, "__version__", "?"))
+
+
+# tokamax registers an implementation only where its module imports (its Triton ragged dot, a
+# jax-triton kernel since 0.0.15, needs jax-triton 0.4 and Triton 3.7); asked for one it lacks,
+# it says only "Unknown implementation". The module's own import error says why; its name is
+# the implementation's, with or without tokamax's "pallas_" and "_gpu".
+_MODULE_NAMES = ("{}", "pallas_{}", "pallas_{}_gpu")
+
+
+def unavailable(tokamax: Any, implementation: str) -> str | None:
+    """Why this tokamax has no `implementation` here, or None where it has it (or where its
+    layout is not the one this function knows: the call then says for itself)."""
+    try:
+        api = importlib.import_module("tokamax._src.ops.ragged_dot.api")
+        registered = set(api.IMPLEMENTATIONS)
+    except Exception:  # noqa: BLE001 - another layout: the call reports its own failure
+        return None
+    if not registered.isdisjoint((implementation, f"{implementation}_gpu")):
+        return None
+    reasons = []
+    for module in (name.format(implementation) for name in _MODULE_NAMES):
+        try:
+            importlib.import_module(f"tokamax._src.ops.ragged_dot.{module}")
+        except ModuleNotFoundError as error:
+            if error.name != f"tokamax._src.ops.ragged_dot.{module}":
+                reasons.append(_reason(error))
+        except Exception as error:  # noqa: BLE001 - the import's failure is the reason
+            reasons.append(_reason(error))
+    return (f"tokamax {version(tokamax)} has no {implementation} implementation here"
+            + (f" ({'; '.join(reasons)})" if reasons else ""))
 
 
 def pass_function(tokamax: Any, implementation: str, pass_name: str,
@@ -116,9 +148,10 @@ def vjp_check(tokamax: Any, implementation: str, pass_name: str, x: jax.Array, w
             f"its VJP {len(theirs)}")
 
 
-# Primitives that are one kernel call: Pallas kernels (Triton and Mosaic GPU alike) and XLA's
-# ragged dot (tokamax's xla implementation).
-_KERNEL_PRIMITIVES = ("pallas_call", "ragged_dot_general")
+# Primitives that are one kernel call: Pallas kernels of a grid (pallas_call: Triton, and Mosaic
+# GPU's pallas_call), Pallas kernels of a mesh (mpmd_map, core_map: Mosaic GPU's plgpu.kernel,
+# tokamax's Hopper kernels among them), and XLA's ragged dot (tokamax's xla implementation).
+_KERNEL_PRIMITIVES = ("pallas_call", "mpmd_map", "core_map", "ragged_dot_general")
 
 
 def kernel_calls(fn: Callable[..., Any], *args: Any) -> list[tuple[str, ...]]:
@@ -132,8 +165,11 @@ def _walk(jaxpr: Any):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _KERNEL_PRIMITIVES:
             params = eqn.params
-            name = params.get("name_and_src_info", params.get("name", ""))
-            grid = getattr(params.get("grid_mapping"), "grid", None)
+            meshes = params.get("meshes", (params["mesh"],) if "mesh" in params else ())
+            name = params.get("name_and_src_info", params.get("name")) or next(
+                (mesh.kernel_name for mesh in meshes if getattr(mesh, "kernel_name", None)), "")
+            grid = getattr(params.get("grid_mapping"), "grid", None) or tuple(
+                getattr(mesh, "grid", getattr(mesh, "shape", None)) for mesh in meshes) or None
             layout = params.get("ragged_dot_dimension_numbers", grid)
             yield (eqn.primitive.name, str(getattr(name, "name", name)), str(layout),
                    " ".join(str(v.aval) for v in eqn.outvars))
