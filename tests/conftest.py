@@ -76,33 +76,33 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Mosaic GPU's interpreter simulates every warpgroup, barrier and TMA copy on this host: a call
-# takes most of a second, too slow for every shared suite at its example counts. The contract
-# suite (tests/test_contract.py: drawn problems, forward and gradients against float64, and the
-# contract's edges) runs it, about 30 s of CPU; the other shared suites leave it out, and its
-# kernels' paths run in tests/test_mosaic_gpu.py (chosen cases). On a Hopper GPU (mosaic, gpu)
-# is runnable and every shared suite runs it in full.
+# takes a fraction of a second to a few seconds, though kernels that trace alike share one
+# compiled interpreter program (kernelhub/_pallas/mosaic_gpu/interpreter_programs.py). The shared
+# suites run it as every other implementation here, but for the few cases a test leaves out
+# (`slow_interpreters=False`), each saying why and where what it checks runs instead. On a
+# Hopper GPU (mosaic, gpu) is runnable and every shared suite runs it in full.
 SLOW_INTERPRETERS = frozenset({("mosaic", "cpu")})
 
 
-def runnable_implementations(op, slow_interpreters: bool = False) -> list:
-    """kernelhub.testing's runnable implementations, but for SLOW_INTERPRETERS unless asked."""
-    return [spec for spec in testing.runnable_implementations(op) if slow_interpreters
-            or (spec.platform.value, spec.backend.value) not in SLOW_INTERPRETERS]
+def runnable_implementations(op, slow_interpreters: bool = True,
+                             features: frozenset[str] = frozenset()) -> list:
+    """kernelhub.testing's runnable implementations of `op` that have `features`, and, unless
+    asked to leave them out, the SLOW_INTERPRETERS."""
+    return [spec for spec in testing.runnable_implementations(op)
+            if features <= spec.features and (
+                slow_interpreters
+                or (spec.platform.value, spec.backend.value) not in SLOW_INTERPRETERS)]
 
 
-def implementation_params(op: str, slow_interpreters: bool = False) -> list:
+def implementation_params(op: str, slow_interpreters: bool = True,
+                          features: frozenset[str] = frozenset()) -> list:
     return [pytest.param(spec, id=f"{spec.platform.value}-{spec.backend.value}")
-            for spec in runnable_implementations(op, slow_interpreters)]
+            for spec in runnable_implementations(op, slow_interpreters, features)]
 
 
-def every_implementation_param(op: str) -> list:
-    """implementation_params(op) with the slow interpreters too."""
-    return implementation_params(op, slow_interpreters=True)
-
-
-def quantized_implementations(op: str) -> list:
+def quantized_implementations(op: str, slow_interpreters: bool = True) -> list:
     """implementation_params(op) of the implementations that take quantized operands."""
-    return [p for p in implementation_params(op) if "quantized" in p.values[0].features]
+    return implementation_params(op, slow_interpreters, frozenset({"quantized"}))
 
 
 def call(spec: kernelhub.KernelSpec):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import assert_close, call, every_implementation_param, max_examples
+from conftest import assert_close, call, implementation_params, max_examples
 from kernelhub import testing
 from strategies import PATTERNS, Problem, normal, problems, sizes_for
 
@@ -59,7 +59,7 @@ def gmm_exact_rows(arguments, out) -> None:
     np.testing.assert_array_equal(np.asarray(out)[~computed], kept[~computed])
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_gmm_forward_and_gradients(spec):
     report = testing.check_implementations(
         GMM, gmm_reference, problems(patterns=itertools.cycle(PATTERNS)).map(gmm_case), reference_vjp=gmm_reference_vjp,
@@ -101,7 +101,7 @@ def tgmm_exact_empty_groups(arguments, out) -> None:
             np.testing.assert_array_equal(np.asarray(out[j]), np.broadcast_to(kept, out[j].shape))
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_tgmm_forward_and_gradients(spec):
     report = testing.check_implementations(
         TGMM, tgmm_reference, problems(transposable=False, patterns=itertools.cycle(PATTERNS)).map(tgmm_case),
@@ -110,7 +110,7 @@ def test_tgmm_forward_and_gradients(spec):
     report.assert_ok()
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 @pytest.mark.parametrize("shards", [2, 4])
 def test_gmm_shard_chain_equals_unsharded(spec, shards):
     """Experts split over shards, each adding its rows through existing_out, give the full result."""
@@ -129,7 +129,7 @@ def test_gmm_shard_chain_equals_unsharded(spec, shards):
     assert_close(out, np.asarray(whole), jnp.float32, jnp.float32, contraction=k)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_tgmm_shards_concatenate_to_unsharded(spec):
     rng = np.random.default_rng(3)
     m, k, n, experts, shards = 53, 12, 16, 8, 4
@@ -142,7 +142,7 @@ def test_tgmm_shards_concatenate_to_unsharded(spec):
                  contraction=m)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_gmm_under_jit_with_traced_offset(spec):
     rng = np.random.default_rng(5)
     m, k, n, experts = 40, 16, 8, 6
@@ -162,7 +162,7 @@ def test_gmm_under_jit_with_traced_offset(spec):
 
 # The Mosaic GPU interpreter multiplies tiles with numpy, which warns of the NaN it is given.
 @pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_gmm_nan_stays_in_its_rows(spec):
     rng = np.random.default_rng(7)
     m, k, n = 32, 8, 8
@@ -177,7 +177,7 @@ def test_gmm_nan_stays_in_its_rows(spec):
     assert (out[22:] == 0).all()
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_tgmm_nan_past_the_groups_reaches_nothing(spec):
     rng = np.random.default_rng(8)
     k, m, n = 8, 30, 8
@@ -191,7 +191,7 @@ def test_tgmm_nan_past_the_groups_reaches_nothing(spec):
     assert (out[2] == 0).all()
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 @pytest.mark.parametrize("sizes", [[180, 97, 0], [3, 290, 7], [3, 903, 7], [300, 1100, 5],
                                    [512, 1024, 0]])
 def test_tgmm_few_large_groups(spec, sizes):
@@ -210,7 +210,7 @@ def test_tgmm_few_large_groups(spec, sizes):
     assert_close(out, reference.tgmm(lhs, rhs, sizes), jnp.float32, jnp.float32, contraction=m)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 @pytest.mark.parametrize("with_existing", [False, True])
 def test_tgmm_many_groups_and_two_large_ones(spec, with_existing):
     """Many small groups (the xla kernel sums every group's first rows in one batched matmul)
@@ -231,7 +231,7 @@ def test_tgmm_many_groups_and_two_large_ones(spec, with_existing):
 
 # Each group size with one dtype, not both: the sizes place the tiles, the dtype only what a
 # tile holds (the pairs crossed until 2026-11-29).
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 @pytest.mark.parametrize("dtype, sizes", [(jnp.float32, [613, 0, 80]),
                                           (jnp.bfloat16, [903, 0, 90])])
 def test_gmm_few_large_groups(spec, dtype, sizes):
@@ -244,7 +244,7 @@ def test_gmm_few_large_groups(spec, dtype, sizes):
     assert_close(out, reference.gmm(lhs, rhs, sizes), jnp.float32, dtype, contraction=k)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 @pytest.mark.parametrize("sizes, spare_rows", [([592, 5, 17, 130, 0, 64, 12, 16], 3),
                                                ([3, 70, 9], 0), ([1, 0, 6], 0)])
 def test_gmm_every_kind_of_rest(spec, sizes, spare_rows):
@@ -264,7 +264,7 @@ def test_gmm_every_kind_of_rest(spec, sizes, spare_rows):
     assert_close(out, want, jnp.float32, jnp.float32, contraction=k)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_gmm_under_vmap(spec):
     """A batch of independent problems, each with its own group sizes."""
     rng = np.random.default_rng(13)
@@ -278,7 +278,7 @@ def test_gmm_under_vmap(spec):
                      contraction=k)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_tgmm_under_vmap(spec):
     rng = np.random.default_rng(14)
     batch, k, m, n = 2, 8, 24, 8
@@ -300,7 +300,7 @@ def _normal(rng, shape):
 
 @pytest.mark.parametrize("with_existing", [False, True])
 @pytest.mark.parametrize("m, k, n", [(0, 8, 6), (12, 0, 6), (12, 8, 0)])
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_gmm_with_an_empty_axis(spec, m, k, n, with_existing):
     """Every output element is still fixed: the computed rows of an empty sum are 0, every other
     row existing_out's (or 0); gradients likewise. Two local groups of three, offset 1."""
@@ -324,7 +324,7 @@ def test_gmm_with_an_empty_axis(spec, m, k, n, with_existing):
 
 @pytest.mark.parametrize("with_existing", [False, True])
 @pytest.mark.parametrize("k, m, n", [(8, 0, 6), (0, 12, 6), (8, 12, 0)])
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_tgmm_with_an_empty_axis(spec, k, m, n, with_existing):
     rng = np.random.default_rng(k + 10 * m + 100 * n)
     sizes = [0, 0, 0] if m == 0 else [4, 0, 5]
@@ -361,7 +361,7 @@ def _big(shape, seed):
 
 
 @pytest.mark.parametrize("operand", ["rhs", "lhs"])
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_gmm_reads_past_element_2_31(spec, operand):
     """rhs: 16 rows past the sum, the last two of 130 groups of weights [4096, 4096] computed.
     lhs: 2**31 elements, rows of two groups; only the last TAIL rows are the local group's
@@ -386,7 +386,7 @@ def test_gmm_reads_past_element_2_31(spec, operand):
     assert_close(out[rows], expected, jnp.float32, contraction=BIG_K)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_tgmm_reads_past_element_2_31(spec):
     """lhs x.T of x [2**31 / 4096, 4096] (a weight gradient's), the last TAIL rows the one
     local group's (group_offset 1, num_actual_groups 1)."""

@@ -3,10 +3,10 @@ interpret mode against the float64 reference, gradients, fp8 with one scale per 
 fused epilogues, calls routed elsewhere by feature, tiles, registration, and lowering for CUDA
 at MoE shapes on a host without a GPU.
 
-The interpreter simulates every warpgroup, barrier and TMA copy (most of a second per call),
-so of the shared suites only the contract suite runs (mosaic, cpu) (tests/conftest.py,
-SLOW_INTERPRETERS), and the cases here are few and small, each chosen to cross several of the
-kernels' paths and edges at once. On a Hopper GPU platform="mosaic" resolves to the compiled
+The interpreter simulates every warpgroup, barrier and TMA copy (a fraction of a second to a
+few seconds per call): the shared suites run (mosaic, cpu) but for the cases they leave out
+with a reason (tests/conftest.py, SLOW_INTERPRETERS), and the cases here are few and small,
+each chosen to cross several of the kernels' paths and edges at once. On a Hopper GPU platform="mosaic" resolves to the compiled
 kernels and the same tests run them.
 """
 
@@ -565,6 +565,21 @@ def test_scale_blocks_cut_the_tiling():
                                     wider_than_key=True)
         assert (shared_memory.needed(fitted, lhs_gradient)
                 <= shared_memory.limit(fitted)), tiling
+
+
+def test_int8_pairs_multiply_in_int8_only_while_their_int32_sums_cannot_wrap():
+    """int8 x int8 tiles take int8 wgmma (int32 sums) up to quantization.MAX_EXACT_INT32_TERMS
+    terms of the contraction, the bound the XLA loops share; one term more, or a contraction
+    unknown when traced, and they are multiplied widened, summed in float32. (The shared
+    suite's 131200-term sums, tests/test_quantization.py, leave this interpreter out.)"""
+    int8, bound = np.dtype(np.int8), quantization.MAX_EXACT_INT32_TERMS
+    assert bound * 128 * 128 <= np.iinfo(np.int32).max  # -128 * -128, `bound` times
+    assert operand_types.kernel_dtype(int8, int8, bound) == int8
+    assert operand_types.accumulator_dtype(int8) == np.int32
+    assert operand_types.kernel_dtype(int8, int8, bound + 1) == np.dtype(jnp.bfloat16)
+    (symbolic,) = jax.export.symbolic_shape("k")
+    assert operand_types.kernel_dtype(int8, int8, symbolic) == np.dtype(jnp.bfloat16)
+    assert operand_types.accumulator_dtype(jnp.bfloat16) == np.float32
 
 
 def test_which_tiles_are_converted_per_tile():

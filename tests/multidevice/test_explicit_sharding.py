@@ -23,7 +23,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import kernelhub
 import ragged_reference
 import reference
-from conftest import assert_close, call, every_implementation_param
+from conftest import assert_close, call, implementation_params
 
 GMM, TGMM = "grouped_matmul", "transposed_grouped_matmul"
 SIZES = np.array([3, 0, 6, 4], np.int32)  # 4 groups; rows 13.. of 16 belong to none
@@ -47,7 +47,7 @@ def _without(op: str, platform: str) -> list:
     one process, CI's time), the Mosaic GPU interpreter all four (its launches take turns
     across the devices: ragged_dot_general's test, with the most kernels in one program, is
     the one that hung on too few threads)."""
-    return [param for param in every_implementation_param(op)
+    return [param for param in implementation_params(op)
             if param.values[0].platform.value != platform or not param.values[0].interpret_only]
 
 
@@ -89,7 +89,7 @@ def test_lax_out_sharding_scenario(spec):
             assert "sdy.sharding_constraint" in text or "@Sharding" in text
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(GMM))
+@pytest.mark.parametrize("spec", implementation_params(GMM))
 def test_grouped_matmul_rows_columns_and_experts_sharded(spec):
     """lhs rows over x, rhs columns over y, experts (with their biases) over e: each device
     cuts the group sizes to its rows and moves group_offset to its first expert; the result is
@@ -122,7 +122,7 @@ def test_grouped_matmul_rows_columns_and_experts_sharded(spec):
     assert_close(d_bias, want["bias"], jnp.float32, contraction=m)
 
 
-@pytest.mark.parametrize("spec", every_implementation_param(TGMM))
+@pytest.mark.parametrize("spec", implementation_params(TGMM))
 def test_transposed_grouped_matmul_sums_split_rows(spec):
     """The ragged contraction over x: partial products summed over the devices in float32,
     cast once to bfloat16; lhs's k over y shards the result."""
