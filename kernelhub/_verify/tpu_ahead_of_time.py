@@ -18,8 +18,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-# A 2x2 slice of each generation: compiling for one chip of it is what a kernel sees.
-TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
+# A 2x2 slice of each generation: compiling for one chip of it is what a kernel sees. Keys are
+# the generations as pltpu.ChipVersion spells them ("7x": TPU v7x, Ironwood, whose chip's two
+# TensorCores are two jax devices; libtpu names its topologies "tpu7x").
+TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2",
+              "7x": "tpu7x:2x2x1"}
 
 MOSAIC_CALL = "tpu_custom_call"
 

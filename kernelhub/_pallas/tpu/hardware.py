@@ -68,7 +68,8 @@ def target_chip() -> Chip:
 
 
 def chip_named(name: str) -> Chip:
-    """The chip of a generation name as `ChipVersion` spells it ("v4", "v5e", "v5p", "v6e")."""
+    """The chip of a generation name as `ChipVersion` spells it ("v4", "v5e", "v5p", "v6e",
+    "7x")."""
     from jax.experimental.pallas import tpu as pltpu
 
     try:
