@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -391,6 +392,60 @@ def test_other_dtypes_compile_for_tpu(dtype):
     _assert_compiled(ahead_of_time.compile_for("v5e", ahead_of_time.SHAPES["odd"], dtype))
 
 
+@needs_libtpu
+def test_fp8_tiles_multiply_as_stored_only_where_the_fp8_mxu_is_faster():
+    """fp8 x fp8 of one kind reaches the MXU as stored on v7x (its fp8 rate twice bf16's) and
+    in interpret mode (so the suites' float64 checks run that path); on v6e, whose fp8 rate is
+    its bf16 rate, and for two kinds, the tiles are widened to bf16. Read from the kernel's
+    traced dots, for a chip of each generation."""
+    from jax.experimental import topologies
+
+    from kernelhub._pallas.tpu import grouped_matmul, transposed_grouped_matmul
+
+    def multiplied(lhs_dtype, rhs_dtype, device=None, tgmm=False):
+        """The operand dtypes of the kernel's dots: compiled for `device`'s chip, or
+        interpreted without one."""
+        interpret = device is None
+        if tgmm:  # lhs [k, m], rhs [m, n]
+            shapes = (512, 256), (256, 128)
+
+            def kernel(lhs, rhs, sizes, offset):
+                return transposed_grouped_matmul.transposed_grouped_matmul(
+                    lhs, rhs, sizes, jnp.bfloat16, None, offset, 4, None, interpret=interpret)
+        else:
+            shapes = (256, 512), (4, 512, 128)
+
+            def kernel(lhs, rhs, sizes, offset):
+                return grouped_matmul.grouped_matmul(lhs, rhs, sizes, jnp.bfloat16, None, offset,
+                                                     None, False, interpret=interpret)
+        args = (jax.ShapeDtypeStruct(shapes[0], lhs_dtype),
+                jax.ShapeDtypeStruct(shapes[1], rhs_dtype),
+                jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
+        with contextlib.nullcontext() if interpret else jax.default_device(device):
+            closed = jax.make_jaxpr(kernel)(*args)
+        return {tuple(v.aval.dtype.name for v in eqn.invars) for eqn in _equations(closed.jaxpr)
+                if eqn.primitive.name == "dot_general"}
+
+    e4m3, e5m2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+    chips = {g: topologies.get_topology_desc(topology_name=ahead_of_time.TOPOLOGIES[g],
+                                             platform="tpu").devices[0] for g in ("v6e", "7x")}
+    assert multiplied(e5m2, e5m2, chips["7x"]) == {("float8_e5m2", "float8_e5m2")}
+    assert multiplied(e4m3, e4m3, chips["7x"], tgmm=True) == {("float8_e4m3fn", "float8_e4m3fn")}
+    assert multiplied(e4m3, e5m2, chips["7x"]) == {("bfloat16", "bfloat16")}
+    assert multiplied(e4m3, e4m3, chips["v6e"]) == {("bfloat16", "bfloat16")}
+    assert multiplied(e4m3, e4m3) == {("float8_e4m3fn", "float8_e4m3fn")}  # interpreted
+
+
+def _equations(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
+
+
 def test_int8_tiles_use_the_int8_mxu_only_where_there_is_one():
     from kernelhub._pallas.tpu import hardware, kernel_parts
 
@@ -447,12 +502,14 @@ def test_e2m1_codes_decode_to_their_values_in_the_kernels():
     ("v6e", jnp.float8_e4m3fn, "odd", 128, True), ("v5e", jnp.int8, "odd", 128, True),
     # 4-bit and MX formats: int4 x int4 on v5e's int4 MXU; e2m1 decoded from its codes per
     # tile, with NVFP4's scale blocks of 16 along k inside the forward kernel.
-    ("v5e", jnp.int4, "qwen3-moe", None, True), ("v6e", "nvfp4", "odd", None, True)])
+    ("v5e", jnp.int4, "qwen3-moe", None, True), ("v6e", "nvfp4", "odd", None, True),
+    # e5m2 x e5m2 on v7x's fp8 MXU, as stored (test_fp8_tiles_multiply_as_stored_...).
+    ("7x", jnp.float8_e5m2, "odd", None, True)])
 def test_quantized_operands_compile_for_tpu(generation, quantized, shape, block_size,
                                             quantized_lhs):
     """Quantized tiles in the Mosaic kernels, forward and VJP: int8 x int8 on the int8 MXU
     of v5e, v5p and v6e, widened to bf16 on v4, which has none (Mosaic rejects an int8 matmul
-    there). One scale per row and column is applied around the kernels; 1x128 blocks along k
+    there); fp8 x fp8 on v7x's fp8 MXU. One scale per row and column is applied around the kernels; 1x128 blocks along k
     inside the forward kernel (the odd shape's k=520 ends in a partial block). A 4-bit operand
     is read packed (64-row tiles) and widened per tile in VMEM where the MXU does not take it."""
     _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape],

@@ -165,7 +165,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         operands.append(existing_out)
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
-    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu)
+    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu,
+                            options.fp8_mxu)
     if output_blocks.arrays:  # tiles dequantized in VMEM
         compute = jnp.float32
     blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)

@@ -27,6 +27,7 @@ class Chip:
     cores: int = 1  # TensorCores sharing one kernel (megacore v4/v5p split its parallel axes)
     int8_flops: float = 0.0  # 0: no int8 MXU (v4), so int8 tiles are widened to bf16
     int4_flops: float = 0.0  # 0: no int4 MXU, so int4 tiles are widened to int8 or bf16
+    fp8_flops: float = 0.0  # the fp8 MXU's rate; above bf16's (v7x) fp8 tiles multiply as fp8
 
     @property
     def tile_budget_bytes(self) -> int:
@@ -54,6 +55,7 @@ def chip_from_tpu_info(info) -> Chip:
         cores=int(info.num_cores),
         int8_flops=float(getattr(info, "int8_ops_per_second", 0) or 0),
         int4_flops=float(getattr(info, "int4_ops_per_second", 0) or 0),
+        fp8_flops=float(getattr(info, "fp8_ops_per_second", 0) or 0),
     )
 
 

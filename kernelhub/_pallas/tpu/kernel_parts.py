@@ -23,6 +23,7 @@ class CallOptions:
     interpret: Any
     int8_mxu: bool  # int8 x int8 tiles multiply as int8 with int32 sums
     int4_mxu: bool = False  # int4 x int4 tiles multiply as int4 with int32 sums
+    fp8_mxu: bool = False  # fp8 x fp8 tiles of one kind multiply as fp8 with float32 sums
 
     def with_tile(self, name: str, size: int) -> CallOptions:
         """These options with one tile (`name`: "tm", "tk" or "tn") set to `size`."""
@@ -48,11 +49,14 @@ def call_options(problem: Problem, tiling: Any, interpret: Any) -> CallOptions:
         tiles = tiling_lib.resolve(tiling, problem, tiling_lib.default_for_interpret)
         # XLA:CPU has no int4 dot ("custom element sizes"): interpret mode multiplies int4
         # tiles as int8, which ahead-of-time compiles for TPUs do not (test_pallas_tpu.py).
-        return CallOptions(tiles, None, interpret, int8_mxu=True, int4_mxu=False)
+        return CallOptions(tiles, None, interpret, int8_mxu=True, int4_mxu=False,
+                           fp8_mxu=True)
     chip = hardware.target_chip()
     tiles = tiling_lib.resolve(tiling, problem, lambda p: tiling_lib.default_for_chip(p, chip))
+    # fp8 tiles widened to bf16 multiply at bf16's rate, the same as fp8's on v5p and v6e;
+    # only a faster fp8 MXU (v7x, twice) is worth its own path.
     return CallOptions(tiles, chip.vmem_limit_bytes, False, int8_mxu=chip.int8_flops > 0,
-                       int4_mxu=chip.int4_flops > 0)
+                       int4_mxu=chip.int4_flops > 0, fp8_mxu=chip.fp8_flops > chip.bf16_flops)
 
 
 KERNEL_NAME_PATTERN = r"kernelhub_(gmm|gmm_t|tgmm)_(\d+)x(\d+)x(\d+)"
@@ -77,15 +81,19 @@ def needs_widening(*dtypes: Any) -> bool:
 
 _INT4, _INT8, _E2M1 = jnp.dtype(jnp.int4), jnp.dtype(jnp.int8), jnp.dtype(jnp.float4_e2m1fn)
 _INTEGER_MXU = (_INT8, _INT4)
+_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 
 
 def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False,
-                  int4_mxu: bool = False) -> Any:
+                  int4_mxu: bool = False, fp8_mxu: bool = False) -> Any:
     """The MXU takes bf16 x bf16 as is, int4 x int4 where it has int4 (v5e, v5p, v6e), and
     int8 x int8 where it has int8 (the same three), int4 tiles beside int8 ones widened to int8
-    (int32 sums in both); other int8, fp8 or 4-bit tiles are widened to bf16 exactly; any other
-    pair is multiplied in float32."""
+    (int32 sums in both), and fp8 x fp8 of one kind where its fp8 rate passes bf16's (v7x;
+    float32 sums of exact products, as widened); other int8, fp8 or 4-bit tiles are widened
+    to bf16 exactly; any other pair is multiplied in float32."""
     lhs_dtype, rhs_dtype = jnp.dtype(lhs_dtype), jnp.dtype(rhs_dtype)
+    if fp8_mxu and lhs_dtype == rhs_dtype and lhs_dtype in _FP8:
+        return lhs_dtype
     if int4_mxu and lhs_dtype == rhs_dtype == _INT4:
         return jnp.int4
     if int8_mxu and lhs_dtype in _INTEGER_MXU and rhs_dtype in _INTEGER_MXU:

@@ -119,7 +119,8 @@ def transposed_grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
         operands.append(existing_out)
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
-    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu)
+    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu,
+                            options.fp8_mxu)
     if output_blocks.arrays:  # tiles dequantized in VMEM
         compute = jnp.float32
     kernel = functools.partial(
