@@ -4,7 +4,7 @@
 - a few cases in the TPU memory simulator, which flags data races and reads of memory no one
   wrote (it fills fresh buffers with NaN);
 - tiling rules and defaults;
-- ahead-of-time compilation for TPU v4, v5e, v5p and v6e at real MoE shapes (needs libtpu,
+- ahead-of-time compilation for TPU v4, v5e, v5p, v6e and v7x at real MoE shapes (needs libtpu,
   the `tpu` extra; marked slow).
 """
 
