@@ -6,8 +6,8 @@ at MoE shapes on a host without a GPU.
 The interpreter simulates every warpgroup, barrier and TMA copy (a fraction of a second to a
 few seconds per call): the shared suites run (mosaic, cpu) but for the cases they leave out
 with a reason (tests/conftest.py, SLOW_INTERPRETERS), and the cases here are few and small,
-each chosen to cross several of the kernels' paths and edges at once. On a Hopper GPU platform="mosaic" resolves to the compiled
-kernels and the same tests run them.
+each chosen to cross several of the kernels' paths and edges at once. On a Hopper GPU
+platform="mosaic" resolves to the compiled kernels and the same tests run them.
 """
 
 from __future__ import annotations

@@ -509,9 +509,10 @@ def test_quantized_operands_compile_for_tpu(generation, quantized, shape, block_
                                             quantized_lhs):
     """Quantized tiles in the Mosaic kernels, forward and VJP: int8 x int8 on the int8 MXU
     of v5e, v5p and v6e, widened to bf16 on v4, which has none (Mosaic rejects an int8 matmul
-    there); fp8 x fp8 on v7x's fp8 MXU. One scale per row and column is applied around the kernels; 1x128 blocks along k
-    inside the forward kernel (the odd shape's k=520 ends in a partial block). A 4-bit operand
-    is read packed (64-row tiles) and widened per tile in VMEM where the MXU does not take it."""
+    there); fp8 x fp8 on v7x's fp8 MXU. One scale per row and column is applied around the
+    kernels; 1x128 blocks along k inside the forward kernel (the odd shape's k=520 ends in a
+    partial block). A 4-bit operand is read packed (64-row tiles) and widened per tile in VMEM
+    where the MXU does not take it."""
     _assert_compiled(ahead_of_time.compile_for(generation, ahead_of_time.SHAPES[shape],
                                                quantized=quantized, block_size=block_size,
                                                quantized_lhs=quantized_lhs))
