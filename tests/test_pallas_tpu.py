@@ -446,28 +446,61 @@ def _equations(jaxpr):
                     yield from _equations(inner)
 
 
-def test_int8_tiles_use_the_int8_mxu_only_where_there_is_one():
-    from kernelhub._pallas.tpu import hardware, kernel_parts
+def test_the_cost_model_rates_tiles_at_the_unit_that_multiplies_them():
+    """tiling.estimated_seconds counts a tile's products at the rate of what multiplies them
+    (mxu.compute_dtype's choice for the chip). It once counted every tile but bf16 x bf16 as
+    float32 products, a quarter of bf16's rate: int8 at Mixtral's shape on v5e got 64-row
+    tiles, which read each expert's weights 16 times, where its int8 MXU is twice bf16's."""
+    from kernelhub._pallas.tpu import mxu
 
-    assert kernel_parts.compute_dtype(jnp.int8, jnp.int8, int8_mxu=True) == jnp.int8
+    e4m3, rate = jnp.float8_e4m3fn, mxu.products_per_second
+    v5e, v6e, v7x = (hardware.chip_named(g) for g in ("v5e", "v6e", "7x"))
+    assert rate(jnp.int8, jnp.int8, v5e) == v5e.int8_flops == 2 * v5e.bf16_flops
+    assert rate(jnp.int4, jnp.int4, v5e) == v5e.int4_flops
+    assert rate(jnp.bfloat16, jnp.int8, v5e) == v5e.bf16_flops  # widened to bf16
+    assert rate(e4m3, e4m3, v7x) == v7x.fp8_flops > 1.9 * v7x.bf16_flops
+    assert rate(e4m3, e4m3, v6e) == v6e.bf16_flops  # widened: the same rate there
+    assert rate(jnp.float32, jnp.bfloat16, v6e) == v6e.bf16_flops / 4
+    # So two 8-bit operands, half bf16's bytes at bf16's rate or faster, are never estimated
+    # slower than bf16 under their default tilings, on any generation, shape or kernel.
+    for generation in ahead_of_time.TOPOLOGIES:
+        chip = hardware.chip_named(generation)
+        for s in ahead_of_time.SHAPES.values():
+            for kernel, (m, k, n) in ((Kernel.GMM, (s.m, s.k, s.n)),
+                                      (Kernel.GMM_TRANSPOSED_RHS, (s.m, s.n, s.k)),
+                                      (Kernel.TGMM, (s.m, s.k, s.n))):
+                def estimate(dtype):
+                    problem = Problem(kernel, m, k, n, s.experts, s.local_experts, dtype, dtype,
+                                      jnp.bfloat16, True)
+                    tiles = tiling.default_for_chip(problem, chip)
+                    return tiling.estimated_seconds(tiles, problem, chip)
+
+                bf16 = estimate(jnp.bfloat16)
+                assert estimate(jnp.int8) <= bf16 and estimate(e4m3) <= bf16, (generation, s, kernel)
+
+
+def test_int8_tiles_use_the_int8_mxu_only_where_there_is_one():
+    from kernelhub._pallas.tpu import hardware, kernel_parts, mxu
+
+    assert mxu.compute_dtype(jnp.int8, jnp.int8, int8_mxu=True) == jnp.int8
     assert kernel_parts.accumulator_dtype(jnp.int8) == jnp.int32
-    assert kernel_parts.compute_dtype(jnp.int8, jnp.int8, int8_mxu=False) == jnp.bfloat16
-    assert kernel_parts.compute_dtype(jnp.float8_e4m3fn, jnp.bfloat16) == jnp.bfloat16
-    assert kernel_parts.compute_dtype(jnp.float32, jnp.int8, int8_mxu=True) == jnp.float32
+    assert mxu.compute_dtype(jnp.int8, jnp.int8, int8_mxu=False) == jnp.bfloat16
+    assert mxu.compute_dtype(jnp.float8_e4m3fn, jnp.bfloat16) == jnp.bfloat16
+    assert mxu.compute_dtype(jnp.float32, jnp.int8, int8_mxu=True) == jnp.float32
     assert hardware.chip_named("v4").int8_flops == 0
     assert all(hardware.chip_named(name).int8_flops > 0 for name in ("v5e", "v5p", "v6e"))
 
 
 def test_four_bit_tiles_use_the_int4_mxu_only_where_there_is_one():
-    from kernelhub._pallas.tpu import hardware, kernel_parts
+    from kernelhub._pallas.tpu import hardware, kernel_parts, mxu
 
-    assert kernel_parts.compute_dtype(jnp.int4, jnp.int4, int8_mxu=True, int4_mxu=True) == jnp.int4
+    assert mxu.compute_dtype(jnp.int4, jnp.int4, int8_mxu=True, int4_mxu=True) == jnp.int4
     assert kernel_parts.accumulator_dtype(jnp.int4) == jnp.int32
     # int4 beside int8 multiplies as int8; without an int8 MXU, and beside bf16, as bf16.
-    assert kernel_parts.compute_dtype(jnp.int4, jnp.int8, int8_mxu=True) == jnp.int8
-    assert kernel_parts.compute_dtype(jnp.int4, jnp.int4, int8_mxu=True) == jnp.int8
-    assert kernel_parts.compute_dtype(jnp.int4, jnp.int4) == jnp.bfloat16
-    assert kernel_parts.compute_dtype(jnp.bfloat16, jnp.float4_e2m1fn) == jnp.bfloat16
+    assert mxu.compute_dtype(jnp.int4, jnp.int8, int8_mxu=True) == jnp.int8
+    assert mxu.compute_dtype(jnp.int4, jnp.int4, int8_mxu=True) == jnp.int8
+    assert mxu.compute_dtype(jnp.int4, jnp.int4) == jnp.bfloat16
+    assert mxu.compute_dtype(jnp.bfloat16, jnp.float4_e2m1fn) == jnp.bfloat16
     assert hardware.chip_named("v4").int4_flops == 0
     assert all(hardware.chip_named(name).int4_flops > 0 for name in ("v5e", "v5p", "v6e"))
 

@@ -29,7 +29,7 @@ _FEATURES = (QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES, BIAS,
 
 def _raw(interpret: Any) -> tuple:
     # Quantized operands: the kernels multiply the int8/fp8/int4/e2m1 values (int8 and int4 on
-    # the MXU where it has them, else widened per tile in VMEM: kernel_parts.compute_dtype) and
+    # the MXU where it has them, else widened per tile in VMEM: mxu.compute_dtype) and
     # apply scale blocks along the contraction; one scale per row or column is applied around
     # them (fold_scales).
     return (functools.partial(_raw_grouped_matmul, interpret=interpret),

@@ -20,11 +20,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernelhub._core.manual_axes import shape_dtype_like
-from kernelhub._pallas.tpu import epilogue_tiles, scale_blocks
+from kernelhub._pallas.tpu import epilogue_tiles, mxu, scale_blocks
 from kernelhub._pallas.tpu import schedule as schedule_lib
 from kernelhub._pallas.tpu import tiling as tiling_lib
 from kernelhub._pallas.tpu.kernel_parts import (
-    accumulator_dtype, call_options, compute_dtype, contraction_precision, keep_first, kernel_name,
+    accumulator_dtype, call_options, contraction_precision, keep_first, kernel_name,
     kernel_operand, needs_widening, result_dtype, row_mask, tile_product, tile_values, widened)
 from kernelhub._pallas.tpu.schedule import GmmField
 from kernelhub._pallas.tpu.tiling import LANES
@@ -165,8 +165,8 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
         operands.append(existing_out)
         if options.alias_existing:  # the index counts the prefetched schedule table
             aliases = {len(operands): 0}
-    compute = compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu,
-                            options.fp8_mxu)
+    compute = mxu.compute_dtype(lhs.dtype, rhs.dtype, options.int8_mxu, options.int4_mxu,
+                                options.fp8_mxu)
     if output_blocks.arrays:  # tiles dequantized in VMEM
         compute = jnp.float32
     blocks = tuple(s.block for s in (lhs_scales, rhs_scales) if s is not None)

@@ -12,8 +12,7 @@ from jax import lax
 from kernelhub import quantization
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 from kernelhub._pallas import four_bit_bits
-from kernelhub._pallas.tpu import hardware, tiling as tiling_lib
-from kernelhub.quantization import EXACT_IN_BFLOAT16
+from kernelhub._pallas.tpu import hardware, mxu, tiling as tiling_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +52,7 @@ def call_options(problem: Problem, tiling: Any, interpret: Any) -> CallOptions:
                            fp8_mxu=True)
     chip = hardware.target_chip()
     tiles = tiling_lib.resolve(tiling, problem, lambda p: tiling_lib.default_for_chip(p, chip))
-    # fp8 tiles widened to bf16 multiply at bf16's rate, the same as fp8's on v5p and v6e;
-    # only a faster fp8 MXU (v7x, twice) is worth its own path.
-    return CallOptions(tiles, chip.vmem_limit_bytes, False, int8_mxu=chip.int8_flops > 0,
-                       int4_mxu=chip.int4_flops > 0, fp8_mxu=chip.fp8_flops > chip.bf16_flops)
+    return CallOptions(tiles, chip.vmem_limit_bytes, False, **mxu.units(chip))
 
 
 KERNEL_NAME_PATTERN = r"kernelhub_(gmm|gmm_t|tgmm)_(\d+)x(\d+)x(\d+)"
@@ -79,28 +75,7 @@ def needs_widening(*dtypes: Any) -> bool:
     return any(jnp.dtype(d) == jnp.dtype(jnp.float16) for d in dtypes)
 
 
-_INT4, _INT8, _E2M1 = jnp.dtype(jnp.int4), jnp.dtype(jnp.int8), jnp.dtype(jnp.float4_e2m1fn)
-_INTEGER_MXU = (_INT8, _INT4)
-_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
-
-
-def compute_dtype(lhs_dtype: Any, rhs_dtype: Any, int8_mxu: bool = False,
-                  int4_mxu: bool = False, fp8_mxu: bool = False) -> Any:
-    """The MXU takes bf16 x bf16 as is, int4 x int4 where it has int4 (v5e, v5p, v6e), and
-    int8 x int8 where it has int8 (the same three), int4 tiles beside int8 ones widened to int8
-    (int32 sums in both), and fp8 x fp8 of one kind where its fp8 rate passes bf16's (v7x;
-    float32 sums of exact products, as widened); other int8, fp8 or 4-bit tiles are widened
-    to bf16 exactly; any other pair is multiplied in float32."""
-    lhs_dtype, rhs_dtype = jnp.dtype(lhs_dtype), jnp.dtype(rhs_dtype)
-    if fp8_mxu and lhs_dtype == rhs_dtype and lhs_dtype in _FP8:
-        return lhs_dtype
-    if int4_mxu and lhs_dtype == rhs_dtype == _INT4:
-        return jnp.int4
-    if int8_mxu and lhs_dtype in _INTEGER_MXU and rhs_dtype in _INTEGER_MXU:
-        return jnp.int8
-    if lhs_dtype in EXACT_IN_BFLOAT16 and rhs_dtype in EXACT_IN_BFLOAT16:
-        return jnp.bfloat16
-    return jnp.float32
+_E2M1 = jnp.dtype(jnp.float4_e2m1fn)
 
 
 def kernel_operand(array: jax.Array) -> jax.Array:
@@ -134,7 +109,7 @@ def accumulator_dtype(compute: Any, contraction: int = 0, out_dtype: Any = None)
     int8 MXU, through `tile_product`'s exact float32 runs)."""
     if out_dtype is not None and jnp.issubdtype(out_dtype, jnp.integer):
         return jnp.int32
-    integer = jnp.dtype(compute) in _INTEGER_MXU
+    integer = jnp.dtype(compute) in mxu.INTEGER
     exact = integer and contraction <= quantization.MAX_EXACT_INT32_TERMS
     return jnp.int32 if exact else jnp.float32
 
@@ -150,7 +125,7 @@ def tile_product(dot: Any, lhs: jax.Array, rhs: jax.Array, lhs_axis: int, rhs_ax
     values carried in bf16 (a chip without an int8 MXU) is summed in float32 over runs of at
     most EXACT_FLOAT32_INT8_TERMS along the contraction, each exact, and the runs in int32: the
     tile's own float32 sum could round past 2**24."""
-    if jnp.dtype(total_dtype) != jnp.int32 or jnp.dtype(compute) in _INTEGER_MXU:
+    if jnp.dtype(total_dtype) != jnp.int32 or jnp.dtype(compute) in mxu.INTEGER:
         return dot(lhs, rhs, accumulator_dtype(compute)).astype(total_dtype)
     size = lhs.shape[lhs_axis]
     total = None

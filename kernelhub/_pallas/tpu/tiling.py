@@ -24,6 +24,7 @@ import numpy as np
 
 from kernelhub._core.shapes import is_static
 from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas.tpu import mxu
 from kernelhub._pallas.tpu.hardware import Chip
 from kernelhub.quantization import FOUR_BIT_DTYPES
 
@@ -47,7 +48,9 @@ def row_axis_on_lanes(problem: Problem) -> bool:
 
 
 def compute_bytes(problem: Problem) -> int:
-    """The MXU multiplies bf16 x bf16 natively; every other mix is multiplied in float32."""
+    """Bytes per element of an operand tile cast for the MXU, for the VMEM estimate: bf16 x bf16
+    as loaded; any other pair counted as float32, the widest cast (mxu.compute_dtype's choice
+    depends on the chip, which the VMEM estimate does not take: it stays an upper bound)."""
     both_bf16 = np.dtype(problem.lhs_dtype) == np.dtype(problem.rhs_dtype) == np.dtype("bfloat16")
     return 2 if both_bf16 else 4
 
@@ -166,7 +169,7 @@ def estimated_seconds(tiles: Tiles, problem: Problem, chip: Chip) -> float:
     p = problem
     on_lanes = row_axis_on_lanes(p)
     mxu_fill = min(1.0, tn / chip.mxu) * min(1.0, (tm if on_lanes else tk) / chip.mxu)
-    flops_per_s = chip.bf16_flops * mxu_fill / (1 if compute_bytes(p) == 2 else 4)
+    flops_per_s = mxu.products_per_second(p.lhs_dtype, p.rhs_dtype, chip) * mxu_fill
     m_tiles = math.ceil(p.m / tm)
     items = m_tiles + p.local_groups - 1  # the schedule's length (metadata.py)
     busy = min(math.ceil(p.m * p.local_groups / p.num_groups / tm) + p.local_groups - 1, items)
