@@ -476,7 +476,8 @@ def test_the_cost_model_rates_tiles_at_the_unit_that_multiplies_them():
                     return tiling.estimated_seconds(tiles, problem, chip)
 
                 bf16 = estimate(jnp.bfloat16)
-                assert estimate(jnp.int8) <= bf16 and estimate(e4m3) <= bf16, (generation, s, kernel)
+                where = (generation, s.name, kernel)
+                assert estimate(jnp.int8) <= bf16 and estimate(e4m3) <= bf16, where
 
 
 def test_int8_tiles_use_the_int8_mxu_only_where_there_is_one():
