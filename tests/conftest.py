@@ -105,6 +105,18 @@ def quantized_implementations(op: str, slow_interpreters: bool = True) -> list:
     return implementation_params(op, slow_interpreters, frozenset({"quantized"}))
 
 
+def equations(jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs inside its equations' parameters (a call's,
+    a kernel's, each branch of a cond), depth first."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's, or a Jaxpr itself
+                if hasattr(inner, "eqns"):
+                    yield from equations(inner)
+
+
 def call(spec: kernelhub.KernelSpec):
     """The op as a user forcing this implementation's platform gets it."""
     return kernelhub.get(spec.op, platform=spec.platform)

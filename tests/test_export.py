@@ -15,7 +15,7 @@ import pytest
 import kernelhub
 import kernelhub.export
 import reference
-from conftest import assert_close
+from conftest import assert_close, equations
 from kernelhub._core import lowering
 from kernelhub._core import registry as _registry
 from strategies import normal
@@ -109,7 +109,7 @@ def test_resolve_names_what_each_platforms_lowering_uses(op):
     else:
         args = (jnp.ones((4, 8)), jnp.ones((8, 3)), jnp.array([3, 5], jnp.int32))
     jaxpr = jax.make_jaxpr(kernelhub.get(op))(*args)
-    calls = [eqn for eqn in _equations(jaxpr.jaxpr)
+    calls = [eqn for eqn in equations(jaxpr.jaxpr)
              if eqn.primitive is lowering.kernelhub_call_p]
     assert calls
     for platform in lowering.TARGETS:
@@ -118,15 +118,6 @@ def test_resolve_names_what_each_platforms_lowering_uses(op):
     assert calls[0].params["choices"].of("tpu").platform is kernelhub.Platform.PALLAS
     assert calls[0].params["choices"].of("cuda").platform is kernelhub.Platform.TRITON
     assert calls[0].params["choices"].of("cpu") == kernelhub.resolve(op)
-
-
-def _equations(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", param)
-            if hasattr(inner, "eqns"):
-                yield from _equations(inner)
 
 
 def test_a_platform_without_its_kernel_lowers_what_resolve_names():

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import kernelhub
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 import reference
-from conftest import assert_close
+from conftest import assert_close, equations
 from kernelhub._pallas.tpu import hardware, interpreted, schedule, tiling
 from kernelhub._verify import tpu_ahead_of_time as ahead_of_time
 from strategies import PATTERNS, normal, sizes_for
@@ -423,7 +423,7 @@ def test_fp8_tiles_multiply_as_stored_only_where_the_fp8_mxu_is_faster():
                 jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32))
         with contextlib.nullcontext() if interpret else jax.default_device(device):
             closed = jax.make_jaxpr(kernel)(*args)
-        return {tuple(v.aval.dtype.name for v in eqn.invars) for eqn in _equations(closed.jaxpr)
+        return {tuple(v.aval.dtype.name for v in eqn.invars) for eqn in equations(closed.jaxpr)
                 if eqn.primitive.name == "dot_general"}
 
     e4m3, e5m2 = jnp.float8_e4m3fn, jnp.float8_e5m2
@@ -434,16 +434,6 @@ def test_fp8_tiles_multiply_as_stored_only_where_the_fp8_mxu_is_faster():
     assert multiplied(e4m3, e5m2, chips["7x"]) == {("bfloat16", "bfloat16")}
     assert multiplied(e4m3, e4m3, chips["v6e"]) == {("bfloat16", "bfloat16")}
     assert multiplied(e4m3, e4m3) == {("float8_e4m3fn", "float8_e4m3fn")}  # interpreted
-
-
-def _equations(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner)
 
 
 def test_the_cost_model_rates_tiles_at_the_unit_that_multiplies_them():
