@@ -27,8 +27,8 @@ from strategies import normal
 GMM = "grouped_matmul"
 TGMM = "transposed_grouped_matmul"
 FORMATS = ["mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4", "int4", "int4-blocks"]
-# The implementations that take 4-bit values, which each test's formats include; the others
-# (the Mosaic GPU kernels) refuse such calls by feature (tests/test_mosaic_gpu.py).
+# The implementations that take 4-bit values, which each test's formats include (every one
+# registered now; a backend without the feature would refuse such calls by it).
 FOUR_BIT = frozenset({"quantized_4bit"})
 E2M1_MAGNITUDES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 MANTISSA_BITS = {"float8_e4m3fn": 3, "float8_e5m2": 2, "float4_e2m1fn": 1}
@@ -255,7 +255,8 @@ def test_tgmm_on_formats_along_m(spec):
 def test_four_bit_bits_computed_on_the_cpu_are_the_bitcasts(dtype):
     """four_bit_bits computes on the CPU what a bitcast gives on an accelerator: code i is the
     value whose bits are i (both zeros, every sign), and a pair's byte holds the first value
-    in its low half; e4m3_of_codes undoes e2m1's codes exactly (the sign of zero included)."""
+    in its low half; e4m3_of_codes and float16_of_codes undo e2m1's codes exactly (the sign of
+    zero included)."""
     codes = np.arange(16, dtype=np.uint8)
     values = jax.lax.bitcast_convert_type(jnp.asarray(codes).astype(jnp.uint4), dtype)
     pairs = jnp.stack([jnp.repeat(values, 16), jnp.tile(values, 16)], axis=-1)
@@ -269,6 +270,12 @@ def test_four_bit_bits_computed_on_the_cpu_are_the_bitcasts(dtype):
         np.testing.assert_array_equal(
             np.asarray(jax.lax.bitcast_convert_type(unpacked, jnp.uint8)),
             np.asarray(jax.lax.bitcast_convert_type(values.astype(jnp.float8_e4m3fn), jnp.uint8)))
+        # As the Mosaic GPU kernels convert the uint4 codes: the float16 bits jax's conversion
+        # gives.
+        halves = jax.jit(four_bit_bits.float16_of_codes)(jnp.asarray(codes).astype(jnp.uint4))
+        np.testing.assert_array_equal(
+            np.asarray(jax.lax.bitcast_convert_type(halves, jnp.uint16)),
+            np.asarray(jax.lax.bitcast_convert_type(values.astype(jnp.float16), jnp.uint16)))
 
 
 @pytest.mark.parametrize("platform", ["triton", "pallas"])

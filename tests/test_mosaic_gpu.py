@@ -368,11 +368,18 @@ def _quantized_unless_wide(values, dtype, axis):
     pytest.param(jnp.float8_e4m3fn, jnp.float8_e5m2, False, 0, marks=GPU_RUN_ONLY),
     (jnp.int8, jnp.float32, False, 1),
     pytest.param(jnp.int8, jnp.float32, False, 0, marks=GPU_RUN_ONLY),
+    (jnp.bfloat16, jnp.int4, False, 1),
+    (jnp.bfloat16, jnp.float4_e2m1fn, True, 1),
+    pytest.param(jnp.float4_e2m1fn, jnp.float32, False, 1, marks=GPU_RUN_ONLY),
+    pytest.param(jnp.float8_e4m3fn, jnp.int4, False, 1, marks=GPU_RUN_ONLY),
+    pytest.param(jnp.bfloat16, jnp.float4_e2m1fn, False, 0, marks=GPU_RUN_ONLY),
 ])
-def test_gmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
+def test_gmm_8bit_and_4bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
         lhs_dtype, rhs_dtype, transpose_rhs, upcast):
-    """Weight-only quantization (bf16 activations, int8 or e4m3 weights with one scale per
-    column), a mixed 8-bit pair, and 8-bit activations beside float32 weights [G, k, n]
+    """Weight-only quantization (bf16 activations, int8, e4m3, int4 or e2m1 weights with one
+    scale per column; e2m1 read as its codes, whose float16 bits the kernel builds), a mixed
+    8-bit pair, 8-bit beside 4-bit, and 8-bit or 4-bit activations beside float32 weights
+    [G, k, n]
     (which float32 wgmma reads after a transpose; the float32 x int8 lhs gradient is
     test_gradients_of_a_quantized_call's), both ways (the tiling's upcast): the 8-bit tiles
     converted per step in shared memory (to bf16 beside bf16, float16 beside 8-bit, float32
@@ -776,17 +783,17 @@ def test_tgmm_fp8_masks_other_groups_rows(dtype):
 # once each, beside bf16. A span's chunks are the per-group body's in each layout.
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype, tiling", [
     pytest.param(lhs, rhs, tiling, id=f"{jnp.dtype(lhs).name}-{jnp.dtype(rhs).name}-{name}",
-                 marks=[] if name == "heuristic" or (lhs, rhs) == (jnp.int8, jnp.bfloat16)
-                 else [GPU_RUN_ONLY])
+                 marks=[] if (name == "heuristic" and (lhs, rhs) != (jnp.bfloat16, jnp.int4))
+                 or (lhs, rhs) == (jnp.int8, jnp.bfloat16) else [GPU_RUN_ONLY])
     for lhs, rhs in ((jnp.int8, jnp.bfloat16), (jnp.bfloat16, jnp.float8_e4m3fn),
-                     (jnp.float8_e4m3fn, jnp.float8_e5m2), (jnp.int8, jnp.float32))
+                     (jnp.float8_e4m3fn, jnp.float8_e5m2), (jnp.int8, jnp.float32),
+                     (jnp.float4_e2m1fn, jnp.bfloat16), (jnp.bfloat16, jnp.int4))
     for name, tiling in (("heuristic", None), ("spans", (64, 64, 64, 2, 1, 8, 1)),
                          ("widened", (64, 64, 64, 2, 1, 1, 0)))])
-def test_tgmm_8bit_tiles_beside_another_type_converted_per_tile_or_widened_first(lhs_dtype,
-                                                                                rhs_dtype,
-                                                                                tiling):
-    """tgmm of 8-bit activations beside a bf16 operand (and the reverse, and a mixed 8-bit
-    pair), as a caller computing a weight gradient from quantized activations, and beside a
+def test_tgmm_8bit_and_4bit_tiles_beside_another_type_converted_per_tile_or_widened_first(
+        lhs_dtype, rhs_dtype, tiling):
+    """tgmm of 8-bit or 4-bit activations beside a bf16 operand (and the reverse, and a mixed
+    8-bit pair), as a caller computing a weight gradient from quantized activations, and beside a
     float32 one (a quantized call's weight gradient: the float32 layouts, both operands read
     K-major): the 8-bit tiles converted per chunk in shared memory, their other groups' rows
     zeroed in the same select (the heuristic's choice), over spans of groups too, or the
@@ -1043,7 +1050,6 @@ def test_a_shared_interpreter_program_lives_only_while_a_call_holds_it():
 
 @pytest.mark.parametrize("form, feature", [
     (dict(dtype=jnp.float8_e4m3fn, block_size=4), "quantized_odd_blocks"),
-    (dict(dtype=jnp.int4), "quantized_4bit"),
 ])
 def test_forced_on_a_feature_it_lacks_names_the_feature(form, feature):
     lhs = jnp.ones((64, 64), jnp.float32)
@@ -1581,6 +1587,75 @@ def _kernel_operand_types(exported) -> list[list[str]]:
              if "custom_call @mosaic_gpu_v2(" in line]
     return [re.findall(r"tensor<[^>]*>", call.rsplit(" : ", 1)[-1].split("->")[0])
             for call in calls]
+
+
+@pytest.mark.parametrize("dtype, block_size, transpose_rhs", [
+    (jnp.int4, None, False), (jnp.int4, 128, False), (jnp.float4_e2m1fn, None, True)])
+def test_four_bit_weights_export_read_as_stored(dtype, block_size, transpose_rhs):
+    """bf16 activations beside 4-bit weights (int4 per column and in 128-blocks along k, e2m1
+    per column [G, n, k]) at DeepSeek-V3's shape: the forward's one Mosaic GPU kernel reads the
+    4-bit weights as stored (e2m1 as its uint4 codes: Hopper converts no e2m1 value, so the
+    kernel builds float16 bits from them), and no op of the program widens them. The lhs
+    gradient of int4 weights [G, k, n] reads them as stored too, beside the float32 cotangent
+    (the 128-blocks' scales along its output columns scaling its lhs tiles); weights [G, n, k],
+    which float32 wgmma would read transposed there, are widened first, as 8-bit ones are."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    shape = (local, n, k) if transpose_rhs else (local, k, n)
+    stored = "x".join(map(str, shape)) + ("xi4" if dtype == jnp.int4 else "xui4")
+
+    def forward(lhs, rhs, sizes, offset):
+        weights = quantize(rhs, dtype, axis=2 if transpose_rhs else 1, block_size=block_size)
+        return gmm(lhs, weights, sizes, group_offset=offset, transpose_rhs=transpose_rhs,
+                   preferred_element_type=jnp.bfloat16)
+
+    def lhs_gradient(lhs, rhs, sizes, offset, d_out):
+        return jax.vjp(lambda x: forward(x, rhs, sizes, offset), lhs)[1](d_out)
+
+    args = [jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct(shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct((experts,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)]
+    exported = _exported(forward, *args)
+    # (quantize's own blocks reshape through a pad of nothing: no kernel operand is padded.)
+    _check_mosaic_only(exported, 1, unpadded=block_size is None)
+    (operands,) = _kernel_operand_types(exported)
+    assert operands[1:3] == [f"tensor<{m}x{k}xbf16>", f"tensor<{stored}>"], operands
+    whole = re.escape(stored[:-len(stored.rsplit("x", 1)[-1])])
+    assert not re.findall(r"stablehlo\.convert [^\n]*\(tensor<" + whole + r"(?:i4|ui4|f4E2M1FN)>"
+                          r"\) -> tensor<[^>]*x(?:bf16|f16|f32)>", exported.mlir_module())
+    if not transpose_rhs:
+        exported = _exported(lhs_gradient, *args, jax.ShapeDtypeStruct((m, n), jnp.bfloat16))
+        # Beside the forward's kernel (and a weight gradient's of the bf16 rhs the weights are
+        # quantized from), the lhs gradient's: the float32 cotangent and the 4-bit weights.
+        cotangent = f"tensor<{m}x{n}xf32>"
+        (gradient,) = [t for t in _kernel_operand_types(exported) if t[1] == cotangent]
+        assert gradient[2] == f"tensor<{stored}>", gradient
+
+
+def test_converted_weight_tiles_keep_64_rows():
+    """A tile converted in shared memory (the tiling's upcast) needs 64 rows or more: Mosaic
+    GPU's layout inference finds no layout for converting fewer (lowering MXFP8's 32-blocks
+    along k of weights [G, k, n], whose tiles have block_k = 32 rows, failed). The heuristic
+    widens such weights first instead, which lowers; a tiling asking for upcast there is a
+    ValueError naming block_k; weights [G, n, k] (tiles of block_n rows) convert."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+
+    def forward(tiling, transpose_rhs, lhs, rhs, sizes):
+        weights = quantize(rhs, "mxfp8", axis=2 if transpose_rhs else 1)
+        return gmm(lhs, weights, sizes, tiling=tiling, transpose_rhs=transpose_rhs,
+                   preferred_element_type=jnp.bfloat16)
+
+    args = [jax.ShapeDtypeStruct((m, k), jnp.bfloat16), None,
+            jax.ShapeDtypeStruct((local,), jnp.int32)]
+    for transpose_rhs in (False, True):
+        args[1] = jax.ShapeDtypeStruct((local, n, k) if transpose_rhs else (local, k, n),
+                                       jnp.bfloat16)
+        _check_mosaic_only(_exported(functools.partial(forward, None, transpose_rhs), *args), 1)
+    _check_mosaic_only(_exported(functools.partial(forward, (64, 64, 64, 4, 1, 1, 1), True),
+                                 *args), 1)
+    args[1] = jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16)
+    with pytest.raises(ValueError, match="block_k of at least 64"):
+        _exported(functools.partial(forward, (64, 64, 64, 4, 1, 1, 1), False), *args)
 
 
 def test_gradients_of_an_int8_call_export_reading_the_int8_values_as_stored():

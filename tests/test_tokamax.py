@@ -117,10 +117,9 @@ def _test_class(spec: kernelhub.KernelSpec) -> type:
     return Test
 
 
-# Not on Mosaic GPU's interpreter (slow_interpreters=False): test_quantized's int4 cases are
-# 4-bit values, which the Mosaic GPU kernels route elsewhere by feature (tests/test_mosaic_gpu.py
-# checks the refusal), and test_vjp's bf16 products are the contract suite's ground, which runs it.
-for _spec in runnable_implementations(GMM, slow_interpreters=False):
+# Every implementation here, Mosaic GPU's interpreter included (9 tests, about 25 s on two
+# workers), whose int4 cases read 4-bit values since it takes them.
+for _spec in runnable_implementations(GMM):
     _cls = _test_class(_spec)
     globals()[_cls.__name__] = _cls
 del _spec, _cls

@@ -1,6 +1,7 @@
 """The bits of 4-bit values (int4, float4_e2m1fn), as the Pallas kernels take them: a 4-bit code
-per value (TPU's e2m1 operands) or two values to a byte (the Triton kernels' operands); and
-e2m1 codes as the e4m3 values they equal, as the Triton kernels unpack them.
+per value (TPU's and Mosaic GPU's e2m1 operands) or two values to a byte (the Triton kernels'
+operands); and e2m1 codes as the e4m3 values they equal, as the Triton kernels unpack them, or
+as float16, as the Mosaic GPU kernels convert them (Hopper converts no e2m1 value itself).
 
 On an accelerator these are bitcasts. XLA:CPU, which runs the kernels in interpret mode, gets
 the same bits by arithmetic instead: its elemental fusion emitter (taken with
@@ -47,6 +48,25 @@ def e4m3_of_codes(codes: jax.Array) -> jax.Array:
     half = sign | (mantissa * jnp.uint8(_E4M3_FIELD_OF_HALF << 3))
     bits = jnp.where(field == jnp.uint8(0), half, normal)
     return lax.bitcast_convert_type(bits, jnp.float8_e4m3fn)
+
+
+# float16's exponent field for 0.5 (bias 15), shifted past its 10 mantissa bits minus one: e2m1's
+# code for 1.0 (2) plus this, shifted left by 9, is 1.0's float16 bits, and every normal code
+# after it follows (its exponent and mantissa bits line up with float16's top ones).
+_FLOAT16_HALF_FIELD = 28
+_FLOAT16_HALF = 0x3800
+
+
+def float16_of_codes(codes: jax.Array) -> jax.Array:
+    """e2m1 `codes` (any unsigned integer dtype, uint4 in the Mosaic GPU kernels' tiles) as the
+    float16 values they equal, built as float16 bits in int32 arithmetic (Mosaic GPU has no
+    pointwise 8-bit or 4-bit arithmetic and, on Hopper, no e2m1 conversion)."""
+    code = codes.astype(jnp.int32)
+    magnitude = code & 7
+    bits = jnp.where(magnitude >= 2, lax.shift_left(magnitude + _FLOAT16_HALF_FIELD, 9),
+                     jnp.where(magnitude == 1, _FLOAT16_HALF, 0))
+    bits = bits | lax.shift_left(code & 8, 12)
+    return lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.float16)
 
 
 def _nibbles(values: jax.Array) -> jax.Array:

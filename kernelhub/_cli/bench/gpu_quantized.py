@@ -14,8 +14,8 @@ DeepSeek-style scale blocks of 128 along k, scaled inside the kernel; its dense 
 the per-channel one (cuBLAS has no block-scaled matmul here). Then MXFP8 x MXFP8 (e8m0 scales
 per 32 along k) beside the same per-channel fp8 floor, and 4-bit weights under bf16 activations
 (w4a16: int4 in blocks of 128, and MXFP4) beside dense bf16 only. On a Hopper GPU the Mosaic GPU
-gmm (forced) runs the 8-bit formats as a peer too: which of the two kernels a table should name
-for such calls. Quantization itself is not timed.
+gmm (forced) runs every format as a peer too: which of the two kernels a table should name for
+such calls. Quantization itself is not timed.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class Format:
     quantized_lhs: bool = True  # False: bf16 activations against quantized weights (w4a16)
     # The dense 8-bit floor's values, one scale per row and column (None: no such floor).
     floor_dtype: Any = "same"
-    on_mosaic: bool = True  # the Mosaic GPU kernels take it (not 4-bit values)
 
     @property
     def dense_8bit_dtype(self) -> Any:
@@ -63,9 +62,9 @@ FORMATS = (
     Format("mxfp8 x mxfp8, K-major weights", "mxfp8", True, floor_dtype=jnp.float8_e4m3fn),
     # 4-bit weights for serving (w4a16): against the bf16 gmm's floor only.
     Format("bf16 x int4 (blocks of 128), K-major weights", jnp.int4, True, 128,
-           quantized_lhs=False, floor_dtype=None, on_mosaic=False),
+           quantized_lhs=False, floor_dtype=None),
     Format("bf16 x mxfp4, K-major weights", "mxfp4", True, quantized_lhs=False,
-           floor_dtype=None, on_mosaic=False),
+           floor_dtype=None),
 )
 
 
@@ -101,7 +100,7 @@ def measure_quantized(shape: Shape, reps: int, warmup: int,
         ours = _gmm(kernelhub.get("grouped_matmul", platform="triton"), shape, form)
         fns = {"kernelhub": lambda f=ours, x8=x8, w8=w8: f(x8, w8, sizes),
                "dense bf16": lambda: dense_bf16(x_rows, w_first)}
-        if form.on_mosaic and _on_hopper():
+        if _on_hopper():
             mosaic = _gmm(kernelhub.get("grouped_matmul", platform="mosaic"), shape, form)
             fns["mosaic"] = lambda f=mosaic, x8=x8, w8=w8: f(x8, w8, sizes)
         if form.dense_8bit_dtype is not None:

@@ -6,9 +6,9 @@ kind's shipped table measured it faster for that call (docs/dispatch.md, "Per ca
 (mosaic, cpu), run only when forced (`platform="mosaic"` or
 KERNELHUB_PLATFORM=mosaic) to test the kernels without a GPU. Quantized operands with one
 scale per row and column run here (fp8 on fp8 wgmma, int8 on int8 wgmma), and so do scale
-blocks (scale_blocks.py); 4-bit values are not a feature of these kernels, so the registry
-sends such calls to the Triton kernels, and forcing this platform on one is a
-NoImplementationError naming the feature.
+blocks (scale_blocks.py) and 4-bit values (int4, float4_e2m1fn: read as stored, converted per
+tile to 16 bits in shared memory; operand_types.py). Every feature the registry knows is
+taken here but symbolic shapes (config.check_static).
 Pallas itself is imported when a kernel is first traced, not here. Design: docs/gpu.md.
 """
 
@@ -21,7 +21,7 @@ import jax
 from kernelhub import ops  # noqa: F401  (declares the ops registered here)
 from kernelhub._core.registry import needs_device
 from kernelhub._grouped_matmul.names import (ACTIVATION, BIAS, GLU, QUANTIZED,
-                                            QUANTIZED_BLOCKS)
+                                            QUANTIZED_4BIT, QUANTIZED_BLOCKS)
 from kernelhub._grouped_matmul.registration import register_grouped_matmuls
 from kernelhub._pallas.mosaic_gpu import tuning_space
 
@@ -58,15 +58,16 @@ def needs_hopper() -> str | None:
 
 
 def _register(backend: str, interpret: bool, **how):
-    # Quantized operands: int8 and fp8 values reach the kernels with their one scale per row
-    # or column folded around them (fold_scales): fp8 x fp8 and int8 x int8 multiply as
+    # Quantized operands: int8, fp8 and 4-bit values reach the kernels with their one scale per
+    # row or column folded around them (fold_scales): fp8 x fp8 and int8 x int8 multiply as
     # stored, other pairs converted per tile or widened exactly (config.py); scale blocks come
     # as `scales=`/`output_blocks=` (scale_blocks.py). Epilogues run on the float32 sums.
     return register_grouped_matmuls(
         "mosaic", backend, functools.partial(_raw_gmm, interpret=interpret),
         functools.partial(_raw_tgmm, interpret=interpret),
         tuning_space.space("mosaic-interpret" if interpret else "mosaic"),
-        features=(QUANTIZED, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU), fold_scales=True, **how)
+        features=(QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, BIAS, ACTIVATION, GLU),
+        fold_scales=True, **how)
 
 
 compiled = _register("gpu", interpret=False, priority=PRIORITY, requirement=needs_hopper)

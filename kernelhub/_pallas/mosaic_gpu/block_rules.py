@@ -11,6 +11,11 @@ Each rule below was found by lowering or running on an H100, but for the two cho
 - tgmm zeroes other groups' rows of its [block_m, block_n] weight-side tile in registers, in
   wgmma's operand layout, whose tiles are 64 rows: block_m is at least 64, and block_n too
   where that tile is stored K-major ([block_n, block_m]: float32, fp8 and int8);
+- a tile the tiling's upcast converts in shared memory has at least 64 rows: for fewer, Mosaic
+  GPU's layout inference finds no register layout (lowering for sm90 fails). Only gmm's 8-bit
+  or 4-bit weights [G, k, n] meet it: their tiles' rows are block_k (32 where scale blocks of
+  32 cut it), where every other converted tile's rows are a row block or columns kept at 64
+  (`converted_rows_fit`);
 - (a choice, not found by a fault) a warp-specialized tgmm's compute warpgroups each multiply
   a column half of the shared weight-side tile, kept to at least 64 columns (whole 128-byte
   swizzled rows of 16-bit values): narrower halves lower, but no GPU has run them;
@@ -135,3 +140,15 @@ def min_columns(problem: Problem, compute_warpgroups: int = 1) -> int:
         return max(MIN_BLOCK, TMA_ROW_BYTES // np.dtype(problem.out_dtype).itemsize)
     k_major = operand_types.problem_dtype(problem).name in operand_types.K_MAJOR_ONLY
     return LAYOUT_ROWS if k_major or compute_warpgroups > 1 else MIN_BLOCK
+
+
+def converted_rows_fit(config: BlockConfig, problem: Problem) -> bool:
+    """Whether each tile `config`'s upcast converts has LAYOUT_ROWS rows or more (the rule in
+    this module's docstring): gmm's 8-bit or 4-bit weights [G, k, n] converted as stored, a
+    tile of block_k rows. (Converted to float32, K-major only, they are transposed first.)"""
+    if not config.upcast or problem.kernel is not Kernel.GMM:
+        return True
+    if np.dtype(problem.rhs_dtype).itemsize != 1:
+        return True
+    converted = operand_types.converted_dtype(problem.lhs_dtype, problem.rhs_dtype)
+    return converted.name in operand_types.K_MAJOR_ONLY or config.block_k >= LAYOUT_ROWS

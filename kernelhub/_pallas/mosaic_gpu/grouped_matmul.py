@@ -102,6 +102,7 @@ def raw_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type, tiling, gr
         # weights [G, k, n] to float32 tiles, which wgmma reads K-major: those weights are
         # transposed below, as without upcast).
         dtype = operand_types.converted_dtype(lhs.dtype, rhs.dtype)
+        lhs, rhs = operand_types.read_as(lhs), operand_types.read_as(rhs)
     else:
         dtype = operand_types.kernel_dtype(lhs.dtype, rhs.dtype, k)
         lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)

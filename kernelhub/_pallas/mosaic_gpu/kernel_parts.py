@@ -23,6 +23,7 @@ import numpy as np
 from kernelhub._core import jax_internals
 from kernelhub._core.manual_axes import concurrent_devices, varying_like
 from kernelhub._grouped_matmul import visits
+from kernelhub._pallas import four_bit_bits
 from kernelhub._pallas.mosaic_gpu import (block_rules, config, interpreter_programs, operand_types,
                                           profiling)
 
@@ -180,9 +181,11 @@ def store_tile(total: jax.Array, tile_smem, barrier, existing_ref, out_ref, grou
 
 
 def widened(values: jax.Array, dtype) -> jax.Array:
-    """8-bit tile values as `dtype`, float16, bfloat16 or float32 (exact,
+    """8-bit or 4-bit tile values as `dtype`, float16, bfloat16 or float32 (exact,
     operand_types.converted_dtype): Hopper converts fp8 to float16 or float32 only, so fp8 goes to
-    bfloat16 through float32."""
+    bfloat16 through float32; e2m1 codes (operand_types.E2M1_CODES) become float16 first."""
+    if values.dtype == operand_types.E2M1_CODES:
+        values = four_bit_bits.float16_of_codes(values)
     if dtype == jnp.bfloat16 and jnp.issubdtype(values.dtype, jnp.floating):
         values = values.astype(jnp.float32)
     return values.astype(dtype)

@@ -2,17 +2,24 @@
 
 Both operands are multiplied in one type: their own where wgmma takes it (bf16, f16, float32,
 fp8 of one kind), int8 where two int8 operands' int32 sums cannot wrap, else the narrowest
-float holding both (`kernel_dtype`). An 8-bit operand beside another type can instead be read
-as stored and converted per step in shared memory (the tiling's `upcast`, `converted_dtype`).
+float holding both (`kernel_dtype`). An 8-bit or 4-bit operand beside another type can
+instead be read as stored and converted per step in shared memory (the tiling's `upcast`,
+`converted_dtype`). 4-bit operands count as 8-bit here (numpy gives int4 and float4_e2m1fn an
+itemsize of 1): every rule for 8-bit tiles holds for them, each converted to a wider type
+before any wgmma (none takes 4-bit values on Hopper); float4_e2m1fn ones are read as their
+uint4 codes (`read_as`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from kernelhub import quantization
+from kernelhub._pallas import four_bit_bits
 from kernelhub._core.shapes import is_static
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 
@@ -22,6 +29,20 @@ K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2", "int8")
 # float16 in one instruction (to bfloat16 only through float32), and float16 holds every e4m3,
 # e5m2 and int8 value exactly.
 UPCAST_DTYPE = np.dtype(np.float16)
+
+
+# What float4_e2m1fn tiles are read as: Hopper converts no e2m1 value (Mosaic GPU does so on
+# Blackwell only), so the kernels read the codes (a bitcast) and kernel_parts.widened builds
+# their float16 bits.
+E2M1_CODES = np.dtype(jnp.uint4)
+
+
+def read_as(array: jax.Array) -> jax.Array:
+    """An operand as a kernel whose tiles are converted in shared memory reads it: e2m1 values
+    as their uint4 codes (`E2M1_CODES`), any other as it is."""
+    if np.dtype(array.dtype) == np.dtype(jnp.float4_e2m1fn):
+        return four_bit_bits.as_uint4(array)
+    return array
 
 
 def converted_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype | None:

@@ -58,6 +58,7 @@ def raw_transposed_grouped_matmul(lhs, rhs, group_sizes, preferred_element_type,
     if blocks.upcast:
         # Both read as stored, the 8-bit tiles converted in shared memory.
         layout = ChunkLayout.converting(lhs.dtype, rhs.dtype)
+        lhs, rhs = operand_types.read_as(lhs), operand_types.read_as(rhs)
     else:
         dtype = operand_types.kernel_dtype(lhs.dtype, rhs.dtype, m)
         layout = ChunkLayout.for_dtype(dtype)
