@@ -1635,7 +1635,8 @@ def test_converted_weight_tiles_keep_64_rows():
     """A tile converted in shared memory (the tiling's upcast) needs 64 rows or more: Mosaic
     GPU's layout inference finds no layout for converting fewer (lowering MXFP8's 32-blocks
     along k of weights [G, k, n], whose tiles have block_k = 32 rows, failed). The heuristic
-    widens such weights first instead, which lowers; a tiling asking for upcast there is a
+    widens such weights first instead, and so does a tiling with upcast=1 whose block_k the
+    blocks cut to 32, which lowers; a tiling itself naming block_k = 32 with upcast=1 is a
     ValueError naming block_k; weights [G, n, k] (tiles of block_n rows) convert."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
@@ -1654,8 +1655,10 @@ def test_converted_weight_tiles_keep_64_rows():
     _check_mosaic_only(_exported(functools.partial(forward, (64, 64, 64, 4, 1, 1, 1), True),
                                  *args), 1)
     args[1] = jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16)
+    _check_mosaic_only(_exported(functools.partial(forward, (64, 64, 64, 4, 1, 1, 1), False),
+                                 *args), 1)
     with pytest.raises(ValueError, match="block_k of at least 64"):
-        _exported(functools.partial(forward, (64, 64, 64, 4, 1, 1, 1), False), *args)
+        _exported(functools.partial(forward, (64, 32, 64, 4, 1, 1, 1), False), *args)
 
 
 def test_gradients_of_an_int8_call_export_reading_the_int8_values_as_stored():

@@ -133,9 +133,8 @@ def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
     if not converted_rows_fit(config, problem):
         raise ValueError(f"tiling {source!r}: upcast=1 converts the {problem.rhs_dtype} "
                          f"weights' [block_k, block_n] tiles in shared memory, which takes "
-                         f"block_k of at least {LAYOUT_ROWS} (here {config.block_k}"
-                         + (", cut to the scale blocks" if config.scaled_steps else "")
-                         + "): take upcast=0, or weights [G, n, k] (transpose_rhs=True)")
+                         f"block_k of at least {LAYOUT_ROWS} (here {config.block_k}): take a "
+                         f"larger block_k, upcast=0, or weights [G, n, k] (transpose_rhs=True)")
     if config.upcast and config.compute_warpgroups != 1 and problem.kernel is Kernel.TGMM:
         raise ValueError(f"tiling {source!r}: upcast=1 in tgmm is written for one compute "
                          f"warpgroup; compute_warpgroups={config.compute_warpgroups} takes "
