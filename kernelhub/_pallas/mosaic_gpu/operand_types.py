@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelhub import quantization
-from kernelhub._pallas import four_bit_bits
 from kernelhub._core.shapes import is_static
 from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas import four_bit_bits
 
 # Types whose wgmma reads the B operand K-major only.
 K_MAJOR_ONLY = ("float32", "float8_e4m3fn", "float8_e5m2", "int8")
