@@ -31,8 +31,9 @@ import numpy as np
 Check = Callable[..., None]
 
 _lock = threading.Lock()
-# Checks waiting for device values: (check, arrays, description of the call).
-_pending: list[tuple[Check, tuple[Any, ...], str]] = []
+# Checks waiting for device values: (check, arrays, description of the call, the key that
+# remembers its pass or None).
+_pending: list[tuple[Check, tuple[Any, ...], str, tuple[Any, ...] | None]] = []
 # Host copies of device arrays read before, by id, with a weak reference that drops the entry
 # when the array is deleted.
 _host_values: dict[int, tuple[weakref.ref, np.ndarray]] = {}
@@ -70,15 +71,20 @@ def check_values(check: Check, *values: Any, call: str = "", memo: Any = None) -
                 if isinstance(array, jax.Array):
                     array.copy_to_host_async()
             with _lock:
-                _pending.append((check, values, call))
+                _pending.append((check, values, call, passed_key))
             return
         host.append(known)
     check(*host)
-    if passed_key is not None:
-        with _lock:
-            if len(_passed) >= _REMEMBERED:
-                _passed.clear()
-            _passed[passed_key] = tuple(weakref.ref(value) for value in values)
+    _remember_pass(passed_key, values)
+
+
+def _remember_pass(passed_key: tuple[Any, ...] | None, values: tuple[Any, ...]) -> None:
+    if passed_key is None:
+        return
+    with _lock:
+        if len(_passed) >= _REMEMBERED:
+            _passed.clear()
+        _passed[passed_key] = tuple(weakref.ref(value) for value in values)
 
 
 def report_arrived() -> None:
@@ -105,13 +111,15 @@ def _run(due: Callable[[tuple[Any, ...]], bool]) -> None:
         now = [entry for entry in _pending if due(entry[1])]
         _pending[:] = [entry for entry in _pending if not due(entry[1])]
     failure = None
-    for check, arrays, call in now:
+    for check, arrays, call, passed_key in now:
         try:
             check(*(_read(array) for array in arrays))
         except ValueError as error:
             failure = failure or DeferredCheckError(
                 f"{error} (found when its values were computed, after an earlier call"
                 f"{' of ' + call if call else ''} had returned)")
+        else:
+            _remember_pass(passed_key, arrays)
     if failure is not None:
         raise failure
 
