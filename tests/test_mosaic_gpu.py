@@ -1984,6 +1984,31 @@ def test_interleaved_gate_up_stored_gnk_is_read_in_place():
         _check_read_in_place(exported, weights)
 
 
+@pytest.mark.parametrize("dtype, glu_layout, transpose_rhs", [
+    (jnp.float4_e2m1fn, "interleaved", True), (jnp.int4, "concatenated", False)])
+def test_gated_unit_on_4bit_weights_converted_per_tile(dtype, glu_layout, transpose_rhs):
+    """Gate and up weights of 4-bit values with one scale per column under a gated unit with a
+    bias: e2m1 interleaved [G, 2n, k] (GPT-OSS's layout, its uint4 codes read in place as the
+    rows of a [G, n, 2k] view) and int4 concatenated [G, k, 2n], each step's 4-bit tiles
+    converted in shared memory (upcast), against float64 of the dequantized weights; rows past
+    the sum exactly 0."""
+    rng = np.random.default_rng(35)
+    m, k, n = 72, 128, 64
+    sizes = np.array([20, 0, 40], np.int32)  # rows 60.. past the sum
+    lhs = _values(rng, (m, k), jnp.bfloat16)
+    shape = (3, 2 * n, k) if transpose_rhs else (3, k, 2 * n)
+    gate_up = quantized_operand(_values(rng, shape, jnp.float32), dtype,
+                                axis=2 if transpose_rhs else 1)
+    bias = _values(rng, (3, 2 * n), jnp.float32)
+    expected = reference.gmm(lhs, as_float64(gate_up), sizes, bias=bias, glu="silu",
+                             glu_layout=glu_layout, transpose_rhs=transpose_rhs)
+    out = _mosaic(GMM)(lhs, gate_up, jnp.asarray(sizes), bias=bias, glu="silu",
+                       glu_layout=glu_layout, transpose_rhs=transpose_rhs,
+                       tiling=(64, 64, 64, 2, 1, 1, 1))
+    assert_close(out, expected, jnp.float32, contraction=k)
+    np.testing.assert_array_equal(np.asarray(out)[60:], 0.0)
+
+
 def _check_read_in_place(exported, weights: str) -> None:
     """The array of MLIR type `weights` reaches the kernel as it is (or reshaped): nothing else
     reads it (no slice, gather or concatenation making a copy)."""
