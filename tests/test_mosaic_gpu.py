@@ -2092,7 +2092,7 @@ HUGE = (17, 16384, 8192)
 
 
 def test_operands_of_2_31_elements_or_more_export_for_cuda():
-    """Weights of HUGE's 2.3e9 elements, bf16 and int8 beside bf16 activations, in both
+    """Weights of HUGE's 2.3e9 elements, bf16, int8 and int4 beside bf16 activations, in both
     layouts, and tgmm's weight gradient of as many: each lowers to one Mosaic GPU kernel (TMA
     addresses a tile by its coordinates along each axis, each far below 2^31; the GPU run
     checks the values: test_operands_of_2_31_elements_or_more)."""
@@ -2109,12 +2109,13 @@ def test_operands_of_2_31_elements_or_more_export_for_cuda():
         _check_mosaic_only(_exported(
             lambda lhs, rhs, sizes, t=transpose_rhs: gmm(lhs, rhs, sizes, transpose_rhs=t),
             lhs, jax.ShapeDtypeStruct(shape, jnp.bfloat16), sizes), 1)
-        _check_mosaic_only(_exported(
-            lambda lhs, values, scale, sizes, t=transpose_rhs, axis=axis: gmm(
-                lhs, kernelhub.QuantizedArray(values, scale, axis=axis), sizes,
-                transpose_rhs=t),
-            lhs, jax.ShapeDtypeStruct(shape, jnp.int8),
-            jax.ShapeDtypeStruct(scale, jnp.float32), sizes), 1)
+        for dtype in (jnp.int8, jnp.int4):
+            _check_mosaic_only(_exported(
+                lambda lhs, values, scale, sizes, t=transpose_rhs, axis=axis: gmm(
+                    lhs, kernelhub.QuantizedArray(values, scale, axis=axis), sizes,
+                    transpose_rhs=t),
+                lhs, jax.ShapeDtypeStruct(shape, dtype),
+                jax.ShapeDtypeStruct(scale, jnp.float32), sizes), 1)
     _check_mosaic_only(_exported(
         lambda lhs, d_out, sizes: tgmm(lhs.T, d_out, sizes,
                                        preferred_element_type=jnp.bfloat16),
@@ -2123,21 +2124,23 @@ def test_operands_of_2_31_elements_or_more_export_for_cuda():
 
 @GPU_RUN_ONLY
 def test_operands_of_2_31_elements_or_more():
-    """int8 weights of HUGE's 2.3e9 elements beside bf16 activations whose rows all belong to
-    the last expert, whose weights start 2.1e9 elements in; then tgmm's bf16 weight gradient
-    of those rows, as many elements, the last expert's block as far in and the empty experts'
-    blocks zeros. Against float64 of the values read back."""
+    """int8 and int4 weights of HUGE's 2.3e9 elements beside bf16 activations whose rows all
+    belong to the last expert, whose weights start 2.1e9 elements in (int4's 1.05e9 bytes);
+    then tgmm's bf16 weight gradient of those rows, as many elements, the last expert's block
+    as far in and the empty experts' blocks zeros. Against float64 of the values read back."""
     experts, k, n = HUGE
     m = 64
     rng = np.random.default_rng(35)
-    values = jax.random.randint(jax.random.key(35), HUGE, -127, 128, jnp.int8)
     scale = jnp.full((experts, 1, n), 1 / 64, jnp.float32)
     lhs = _values(rng, (m, k), jnp.bfloat16)
     sizes = jnp.asarray([0] * (experts - 1) + [m], jnp.int32)
-    out = _mosaic(GMM)(lhs, kernelhub.QuantizedArray(values, scale, axis=1), sizes)
-    last = np.asarray(values[-1], np.float64) / 64
-    assert_close(out, np.asarray(lhs, np.float64) @ last, jnp.float32, contraction=k)
-    del values, last
+    for dtype, bound in ((jnp.int8, 128), (jnp.int4, 8)):
+        values = jax.random.randint(jax.random.key(35), HUGE, 1 - bound, bound,
+                                    jnp.int8).astype(dtype)
+        out = _mosaic(GMM)(lhs, kernelhub.QuantizedArray(values, scale, axis=1), sizes)
+        last = np.asarray(values[-1].astype(jnp.int8), np.float64) / 64
+        assert_close(out, np.asarray(lhs, np.float64) @ last, jnp.float32, contraction=k)
+        del values, last
     d_out = _values(rng, (m, n), jnp.bfloat16)
     grad = _mosaic(TGMM)(lhs.T, d_out, sizes, preferred_element_type=jnp.bfloat16)
     assert grad.shape == HUGE
