@@ -1631,6 +1631,35 @@ def test_four_bit_weights_export_read_as_stored(dtype, block_size, transpose_rhs
         assert gradient[2] == f"tensor<{stored}>", gradient
 
 
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.float4_e2m1fn])
+def test_weight_gradient_of_4bit_activations_exports_reading_them_as_stored(dtype):
+    """The weight gradient of a call on 4-bit activations (one scale per row, folded into the
+    float32 cotangent) at DeepSeek-V3's shape: its tgmm kernel reads the activations [k, m] at
+    4 bits (int4, or e2m1's uint4 codes), beside the cotangent K-major in float32, their tiles
+    converted per chunk."""
+    m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    stored = "xi4" if dtype == jnp.int4 else "xui4"
+
+    def weight_gradient(lhs, rhs, sizes, offset, d_out):
+        def forward(rhs):
+            return gmm(quantize(lhs, dtype, axis=1), rhs, sizes, group_offset=offset,
+                       preferred_element_type=jnp.bfloat16)
+
+        return jax.vjp(forward, rhs)[1](d_out)
+
+    exported = _exported(weight_gradient, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16),
+                         jax.ShapeDtypeStruct((experts,), jnp.int32),
+                         jax.ShapeDtypeStruct((), jnp.int32),
+                         jax.ShapeDtypeStruct((m, n), jnp.bfloat16))
+    _check_mosaic_only(exported, 2)  # and the gradient of the activations, a bf16 gmm
+    tgmm_operands = [types for types in _kernel_operand_types(exported)
+                     if types[1] == f"tensor<{k}x{m}{stored}>"]
+    assert len(tgmm_operands) == 1, _kernel_operand_types(exported)
+    assert tgmm_operands[0][2] == f"tensor<{n}x{m}xf32>", tgmm_operands
+
+
 def test_converted_weight_tiles_keep_64_rows():
     """A tile converted in shared memory (the tiling's upcast) needs 64 rows or more: Mosaic
     GPU's layout inference finds no layout for converting fewer (lowering MXFP8's 32-blocks
