@@ -1381,6 +1381,23 @@ def test_two_programs_per_sm_take_half_the_shared_memory_each():
         (64, 64, 128, 3), problem)
 
 
+def test_shared_memory_holds_4bit_tiles_packed():
+    """Mosaic GPU allocates 4-bit tiles two values to a byte: a pipeline of int4 or e2m1
+    weight tiles takes half of an int8 one's bytes, and both have the same converted copies.
+    (All 4-bit tuning candidates at Qwen3-MoE's shape, forward and both gradients, lowered for
+    cuda under this count, whose limit Mosaic GPU checks there: by hand, 2026-11-29.)"""
+    blocks = block_rules.BlockConfig(64, 128, 128, stages=6, upcast=True)
+
+    def needed(rhs_dtype):
+        problem = Problem(Kernel.GMM, 8192, 2048, 768, 128, 128, "bfloat16", rhs_dtype,
+                          "bfloat16", False)
+        return shared_memory.needed(blocks, problem)
+
+    pipeline_rhs_bytes = 6 * 128 * 128
+    assert needed("int8") - needed("int4") == pipeline_rhs_bytes // 2
+    assert needed("float4_e2m1fn") == needed("int4")
+
+
 def test_tiles_fitted_to_tiny_problems_keep_every_rule():
     """The heuristic, fitted to problems smaller than any tile (the contract tests' shapes) and
     to a mid-sized one, passes every rule (validate raises on the first it breaks) for each

@@ -10,6 +10,7 @@ stages are cut (`stages_that_fit`), and a warp-specialized kernel keeps its outp
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -59,7 +60,8 @@ def fits(config: BlockConfig, problem: Problem, weight_tiles: int = 1) -> bool:
 
 def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
     """`stages` tiles of each operand (`weight_tiles` weight tiles per gmm step). With upcast, the
-    stages hold the tiles as stored, and the converted copies of a step's 8-bit tiles stay beside
+    stages hold the tiles as stored (4-bit ones packed two values to a byte, as Mosaic GPU
+    allocates them), and the converted copies of a step's 8-bit or 4-bit tiles stay beside
     them: two of each (one being converted while wgmma reads the other) with one compute warpgroup;
     warp-specialized, each compute warpgroup's own copy of the lhs tile and of its columns of the
     weight tiles (it waits for its products at every step). With scale blocks
@@ -83,13 +85,14 @@ def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) ->
     if not config.upcast:
         return scales + (stages * _step_elements(config, problem, weight_tiles)
                          * operand_types.operand_bytes(problem))
-    widths = (np.dtype(problem.lhs_dtype).itemsize, np.dtype(problem.rhs_dtype).itemsize)
+    widths = (operand_types.stored_bytes(problem.lhs_dtype),
+              operand_types.stored_bytes(problem.rhs_dtype))
     counts = _operand_step_elements(config, problem, weight_tiles)
     pipeline = stages * sum(c * w for c, w in zip(counts, widths))
     converted = operand_types.converted_dtype(problem.lhs_dtype, problem.rhs_dtype).itemsize
     copies = (2, 2) if config.compute_warpgroups == 1 else (config.compute_warpgroups, 1)
-    return scales + pipeline + converted * sum(
-        c * n for c, w, n in zip(counts, widths, copies) if w == 1)
+    return scales + math.ceil(pipeline) + converted * sum(
+        c * n for c, w, n in zip(counts, widths, copies) if w <= 1)
 
 
 def _step_elements(config: BlockConfig, problem: Problem, weight_tiles: int) -> int:
