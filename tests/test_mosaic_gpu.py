@@ -356,9 +356,9 @@ def _quantized_unless_wide(values, dtype, axis):
 
 
 # Here each conversion once: to bf16 beside bf16 in both weight layouts (e4m3's through
-# float32), to float32 beside float32; and one operand widened first, an astype before the kernel
-# for every pair. The mixed 8-bit pair's tiles both go to float16, as an fp8 pair's do
-# (test_gmm_fp8_weights_copied_or_upcast_..., e5m2).
+# float32; int4 and e2m1, e2m1's from its codes), to float32 beside float32; and one operand
+# widened first, an astype before the kernel for every pair. The mixed pairs' tiles both go to
+# float16, as an fp8 pair's do (test_gmm_fp8_weights_copied_or_upcast_..., e5m2).
 @pytest.mark.parametrize("lhs_dtype, rhs_dtype, transpose_rhs, upcast", [
     (jnp.bfloat16, jnp.int8, False, 1),
     (jnp.bfloat16, jnp.int8, False, 0),
@@ -379,9 +379,8 @@ def test_gmm_8bit_and_4bit_tiles_beside_another_type_converted_per_tile_or_widen
     """Weight-only quantization (bf16 activations, int8, e4m3, int4 or e2m1 weights with one
     scale per column; e2m1 read as its codes, whose float16 bits the kernel builds), a mixed
     8-bit pair, 8-bit beside 4-bit, and 8-bit or 4-bit activations beside float32 weights
-    [G, k, n]
-    (which float32 wgmma reads after a transpose; the float32 x int8 lhs gradient is
-    test_gradients_of_a_quantized_call's), both ways (the tiling's upcast): the 8-bit tiles
+    [G, k, n] (which float32 wgmma reads after a transpose; the float32 x int8 lhs gradient is
+    test_gradients_of_a_quantized_call's), both ways (the tiling's upcast): the narrow tiles
     converted per step in shared memory (to bf16 beside bf16, float16 beside 8-bit, float32
     beside float32; e4m3 to bf16 through float32), or the operand widened before the kernel;
     with group_offset, existing_out's rows kept elsewhere, and k = 200 ending in a partial
