@@ -1682,7 +1682,7 @@ def test_converted_weight_tiles_keep_64_rows():
     along k of weights [G, k, n], whose tiles have block_k = 32 rows, failed). The heuristic
     widens such weights first instead, and so does a tiling with upcast=1 whose block_k the
     blocks cut to 32, which lowers; a tiling itself naming block_k = 32 with upcast=1 is a
-    ValueError naming block_k; weights [G, n, k] (tiles of block_n rows) convert."""
+    ValueError naming the rows; weights [G, n, k] (tiles of block_n rows) convert."""
     m, k, n, experts, local = MOE_SHAPES["deepseek_v3"]
     gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
 
@@ -1702,7 +1702,7 @@ def test_converted_weight_tiles_keep_64_rows():
     args[1] = jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16)
     _check_mosaic_only(_exported(functools.partial(forward, (64, 64, 64, 4, 1, 1, 1), False),
                                  *args), 1)
-    with pytest.raises(ValueError, match="block_k of at least 64"):
+    with pytest.raises(ValueError, match="tiles it converts have 32 rows"):
         _exported(functools.partial(forward, (64, 32, 64, 4, 1, 1, 1), False), *args)
 
 
@@ -1872,6 +1872,37 @@ def test_exports_for_cuda_at_shapes_smaller_than_a_tile(dtype):
             with_gradients, jax.ShapeDtypeStruct((m, k), dtype),
             jax.ShapeDtypeStruct(weights, dtype), jax.ShapeDtypeStruct((m, n), jnp.float32),
             jax.ShapeDtypeStruct((), jnp.int32), sizes), 3)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.int4, jnp.float4_e2m1fn])
+def test_narrow_weights_export_for_cuda_at_shapes_smaller_than_a_tile(dtype):
+    """bf16 activations beside 8-bit or 4-bit weights with one scale per column at the contract
+    tests' tiny shape, both weight layouts, a float32 output, with its gradients; and tgmm of
+    such activations: every kernel lowers. The heuristic converts such tiles in shared memory
+    only where they keep the rules conversion takes (block_rules.conversion_problem: 64 rows, and
+    32 values along a 4-bit tile's minor axis), else widens the operand first: at this shape
+    weights [G, n, k] have tiles of 32 rows (int8 and e4m3 ones failed to lower, "Layout
+    inference failed") and 4-bit tiles 16 values along k ("async_copy requires all GMEM strides
+    except the last one to be a multiple of 16 bytes")."""
+    gmm = kernelhub.get(GMM, platform="mosaic", backend="gpu")
+    tgmm = kernelhub.get(TGMM, platform="mosaic", backend="gpu")
+    m, k, n, groups = 20, 24, 6, 3
+    sizes = jax.ShapeDtypeStruct((groups,), jnp.int32)
+    for transpose_rhs in (False, True):
+        def with_gradient(lhs, rhs, sizes, transpose_rhs=transpose_rhs):
+            weights = quantize(rhs, dtype, axis=2 if transpose_rhs else 1)
+            out, pullback = jax.vjp(
+                lambda l: gmm(l, weights, sizes, transpose_rhs=transpose_rhs), lhs)
+            return out, pullback(out)
+
+        shape = (groups, n, k) if transpose_rhs else (groups, k, n)
+        _check_mosaic_only(_exported(
+            with_gradient, jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+            jax.ShapeDtypeStruct(shape, jnp.bfloat16), sizes), 3)
+    _check_mosaic_only(_exported(
+        lambda lhs, rhs, sizes: tgmm(quantize(lhs, dtype, axis=1), rhs, sizes),
+        jax.ShapeDtypeStruct((k, m), jnp.bfloat16), jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        sizes), 1)
 
 
 def test_forward_with_fills_spread_exports_for_cuda(monkeypatch):

@@ -392,7 +392,12 @@ _OUTPUT_BLOCK_TILINGS = {
     "gmm": {"pallas": [{"lhs_gradient": (64, 128, 128), "rhs_gradient": (128, 96, 128)},
                        {"lhs_gradient": (64, 128, 384), "rhs_gradient": (128, 256, 128)}],
             "triton": [{"lhs_gradient": (32, 16, 32), "rhs_gradient": (32, 64, 16)},
-                       {"lhs_gradient": (32, 16, 128), "rhs_gradient": (32, 256, 16)}]},
+                       {"lhs_gradient": (32, 16, 128), "rhs_gradient": (32, 256, 16)}],
+            # The heuristic's lhs gradient takes 32 columns (dividing k = 416), too few rows of
+            # the fp8 weight tiles for Mosaic GPU to convert in shared memory
+            # (block_rules.conversion_problem), so it widens the weights first there; 64
+            # columns convert them.
+            "mosaic": [{"lhs_gradient": (64, 16, 64, 4, 1, 1, 1)}]},
     "tgmm": {"pallas": [{"lhs_gradient": (32, 128, 128), "rhs_gradient": (64, 128, 128)},
                         {"lhs_gradient": (256, 128, 128), "rhs_gradient": (96, 128, 128)}],
              "triton": [{"lhs_gradient": (32, 16, 16), "rhs_gradient": (64, 16, 16)},

@@ -12,10 +12,13 @@ Each rule below was found by lowering or running on an H100, but for the two cho
   wgmma's operand layout, whose tiles are 64 rows: block_m is at least 64, and block_n too
   where that tile is stored K-major ([block_n, block_m]: float32, fp8 and int8);
 - a tile the tiling's upcast converts in shared memory has at least 64 rows: for fewer, Mosaic
-  GPU's layout inference finds no register layout (lowering for sm90 fails). Only gmm's 8-bit
-  or 4-bit weights [G, k, n] meet it: their tiles' rows are block_k (32 where scale blocks of
-  32 cut it), where every other converted tile's rows are a row block or columns kept at 64
-  (`converted_rows_fit`);
+  GPU's layout inference finds no register layout (lowering for sm90 fails). gmm's 8-bit or
+  4-bit weights meet it: tiles of block_k rows from weights [G, k, n] (32 where scale blocks
+  of 32 cut it), of block_n rows (a compute warpgroup's share) from [G, n, k] (32 beside a
+  float32 output at n of 32 or less); every other converted tile's rows are a row block or
+  columns kept at 64. And a 4-bit tile read as stored has at least 32 values along its minor
+  axis: TMA's rows, and the strides of the arrays it reads, are multiples of 16 bytes
+  (`conversion_problem`);
 - (a choice, not found by a fault) a warp-specialized tgmm's compute warpgroups each multiply
   a column half of the shared weight-side tile, kept to at least 64 columns (whole 128-byte
   swizzled rows of 16-bit values): narrower halves lower, but no GPU has run them;
@@ -142,13 +145,42 @@ def min_columns(problem: Problem, compute_warpgroups: int = 1) -> int:
     return LAYOUT_ROWS if k_major or compute_warpgroups > 1 else MIN_BLOCK
 
 
-def converted_rows_fit(config: BlockConfig, problem: Problem) -> bool:
-    """Whether each tile `config`'s upcast converts has LAYOUT_ROWS rows or more (the rule in
-    this module's docstring): gmm's 8-bit or 4-bit weights [G, k, n] converted as stored, a
-    tile of block_k rows. (Converted to float32, K-major only, they are transposed first.)"""
-    if not config.upcast or problem.kernel is not Kernel.GMM:
-        return True
-    if np.dtype(problem.rhs_dtype).itemsize != 1:
-        return True
+# The least values along a 4-bit tile's minor axis: 16 bytes, TMA's least row (and the least
+# multiple of the array strides it reads).
+FOUR_BIT_ROW_VALUES = 32
+
+
+def conversion_problem(config: BlockConfig, problem: Problem) -> str | None:
+    """Why the tiles `config`'s upcast converts in shared memory break a rule of this module's
+    docstring (a converted tile of fewer than LAYOUT_ROWS rows, a 4-bit tile of fewer than
+    FOUR_BIT_ROW_VALUES values along its minor axis), or None: also without an upcast."""
+    if not config.upcast:
+        return None
+    for name, dtype, rows, minor in _stored_tiles(config, problem):
+        if np.dtype(dtype).itemsize == 1 and rows < LAYOUT_ROWS:
+            return (f"the {dtype} {name} tiles it converts have {rows} rows, and converting "
+                    f"takes {LAYOUT_ROWS} or more")
+        if operand_types.stored_bytes(dtype) < 1 and minor < FOUR_BIT_ROW_VALUES:
+            return (f"the {dtype} {name} tiles it reads have {minor} values along their minor "
+                    f"axis, and TMA takes {FOUR_BIT_ROW_VALUES} or more of 4-bit values")
+    return None
+
+
+def _stored_tiles(config: BlockConfig, problem: Problem) -> list[tuple[str, str, int, int]]:
+    """(operand, dtype, rows one compute warpgroup converts, values along the minor axis) of
+    each operand's tile as an upcast kernel reads it: gmm's weights transposed where the
+    converted type is K-major only, tgmm's operands in the layouts of tgmm_chunks.py."""
+    bm, bk, bn = config.block_m, config.block_k, config.block_n
     converted = operand_types.converted_dtype(problem.lhs_dtype, problem.rhs_dtype)
-    return converted.name in operand_types.K_MAJOR_ONLY or config.block_k >= LAYOUT_ROWS
+    k_major = converted is not None and converted.name in operand_types.K_MAJOR_ONLY
+    if problem.kernel is Kernel.TGMM:
+        lhs = (bk, bm) if k_major else (bm, bk)
+        rhs = (bn, bm) if k_major else (bm, bn)
+    else:
+        lhs = (bm, bk)
+        if problem.kernel is Kernel.GMM_TRANSPOSED_RHS or k_major:
+            rhs = (bn // config.compute_warpgroups, bk)
+        else:
+            rhs = (bk, bn)
+    return [("lhs", problem.lhs_dtype, *lhs), ("weight" if problem.kernel is not Kernel.TGMM
+                                                else "rhs", problem.rhs_dtype, *rhs)]

@@ -43,7 +43,7 @@ from kernelhub._pallas.mosaic_gpu.block_rules import (LAYOUT_ROWS, MAX_COLUMNS, 
                                                       MAX_PROGRAMS_PER_SM, MAX_STAGES, MIN_BLOCK,
                                                       MIN_STEP_BYTES, OUTPUT_ROWS, TMA_ROW_BYTES,
                                                       BlockConfig, contraction_block,
-                                                      converted_rows_fit, min_columns,
+                                                      conversion_problem, min_columns,
                                                       min_contraction, output_rows_block,
                                                       power_of_two)
 
@@ -130,11 +130,10 @@ def _check_upcast(config: BlockConfig, problem: Problem, source: Any) -> None:
             f"weights [G, k, n] only (8-bit wgmma reads those only after a copy); this is a "
             f"{problem.kernel} of {problem.lhs_dtype} x {problem.rhs_dtype}: leave it out, or "
             f"0")
-    if not converted_rows_fit(config, problem):
-        raise ValueError(f"tiling {source!r}: upcast=1 converts the {problem.rhs_dtype} "
-                         f"weights' [block_k, block_n] tiles in shared memory, which takes "
-                         f"block_k of at least {LAYOUT_ROWS} (here {config.block_k}): take a "
-                         f"larger block_k, upcast=0, or weights [G, n, k] (transpose_rhs=True)")
+    unfit = conversion_problem(config, problem)
+    if unfit is not None:
+        raise ValueError(f"tiling {source!r}: upcast=1 converts tiles in shared memory, but "
+                         f"{unfit}: take larger blocks, or upcast=0")
     if config.upcast and config.compute_warpgroups != 1 and problem.kernel is Kernel.TGMM:
         raise ValueError(f"tiling {source!r}: upcast=1 in tgmm is written for one compute "
                          f"warpgroup; compute_warpgroups={config.compute_warpgroups} takes "
@@ -269,13 +268,13 @@ def check_interpreted_devices(devices: int, warpgroups: int) -> None:
 def _upcast_decided(config: BlockConfig, problem: Problem, weight_tiles: int) -> BlockConfig:
     """`config` with `upcast` set where it applies and was left out: roofline.upcast_pays, where the
     float16 tiles fit beside the stages (cut to fit, not below 2) and have the rows conversion
-    takes (block_rules.converted_rows_fit)."""
+    takes (block_rules.conversion_problem)."""
     if config.upcast is not None or not operand_types.upcast_applies(problem):
         return config
     if roofline.upcast_pays(problem, config.compute_warpgroups):
         upcast = shared_memory.stages_that_fit(dataclasses.replace(config, upcast=True),
                                                problem, weight_tiles)
-        if shared_memory.fits(upcast, problem, weight_tiles) and converted_rows_fit(upcast,
-                                                                                     problem):
+        if (shared_memory.fits(upcast, problem, weight_tiles)
+                and conversion_problem(upcast, problem) is None):
             return upcast
     return dataclasses.replace(config, upcast=False)

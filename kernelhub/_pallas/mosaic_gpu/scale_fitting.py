@@ -29,12 +29,12 @@ def within_scale_block(config: BlockConfig, scale_block: int, problem: Problem,
     scaling its step's sums while the other multiplies (gmm_warp_specialized.py); and stages,
     not below 2, until the step's scale vectors fit beside them. Cut whatever the tiling's
     source (a table tuned without scale blocks may name it), as the Triton kernels' blocks
-    are; an upcast that the cut leaves converting weight tiles of fewer rows than conversion
-    takes (block_rules.converted_rows_fit: blocks of 32 along k of weights [G, k, n]) becomes
-    a copy first (upcast=0), the blocks' doing as the cut is."""
+    are; an upcast that the cut leaves converting tiles too small to convert
+    (block_rules.conversion_problem: blocks of 32 along k of weights [G, k, n]) becomes a copy
+    first (upcast=0), the blocks' doing as the cut is."""
     step = min(config.block_k, scale_block & -scale_block)
-    if step < config.block_k and not block_rules.converted_rows_fit(
-            dataclasses.replace(config, block_k=step), problem):
+    if step < config.block_k and block_rules.conversion_problem(
+            dataclasses.replace(config, block_k=step), problem) is not None:
         config = dataclasses.replace(config, upcast=False)
     block_m, columns = config.block_m, config.warpgroup_columns
     least = block_rules.min_columns(problem, config.compute_warpgroups)
