@@ -50,6 +50,17 @@ def e4m3_of_codes(codes: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(bits, jnp.float8_e4m3fn)
 
 
+def stored_bits(dtype) -> int:
+    """Bits an element of `dtype` takes where jax packs 4-bit values (in memory, VMEM and
+    shared memory): 4 for int4, uint4 and float4_e2m1fn, whose numpy itemsize says a byte."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.iinfo(dtype).bits
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.finfo(dtype).bits
+    return 8 * dtype.itemsize
+
+
 # float16's exponent field for 0.5 (bias 15), shifted past its 10 mantissa bits minus one: e2m1's
 # code for 1.0 (2) plus this, shifted left by 9, is 1.0's float16 bits, and every normal code
 # after it follows (its exponent and mantissa bits line up with float16's top ones).

@@ -39,6 +39,7 @@ import dataclasses
 import numpy as np
 
 from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas import four_bit_bits
 from kernelhub._pallas.mosaic_gpu import operand_types
 
 OUTPUT_ROWS = (64, 128)
@@ -160,7 +161,7 @@ def conversion_problem(config: BlockConfig, problem: Problem) -> str | None:
         if np.dtype(dtype).itemsize == 1 and rows < LAYOUT_ROWS:
             return (f"the {dtype} {name} tiles it converts have {rows} rows, and converting "
                     f"takes {LAYOUT_ROWS} or more")
-        if operand_types.stored_bytes(dtype) < 1 and minor < FOUR_BIT_ROW_VALUES:
+        if four_bit_bits.stored_bits(dtype) == 4 and minor < FOUR_BIT_ROW_VALUES:
             return (f"the {dtype} {name} tiles it reads have {minor} values along their minor "
                     f"axis, and TMA takes {FOUR_BIT_ROW_VALUES} or more of 4-bit values")
     return None

@@ -37,13 +37,6 @@ UPCAST_DTYPE = np.dtype(np.float16)
 E2M1_CODES = np.dtype(jnp.uint4)
 
 
-def stored_bytes(dtype: Any) -> float:
-    """Bytes an element of `dtype` takes as stored, in memory and in shared memory: half of one
-    for 4-bit values (two to a byte; numpy's itemsize says 1), else the itemsize."""
-    dtype = np.dtype(dtype)
-    return 0.5 if dtype in (*quantization.FOUR_BIT_DTYPES, E2M1_CODES) else dtype.itemsize
-
-
 def read_as(array: jax.Array) -> jax.Array:
     """An operand as a kernel whose tiles are converted in shared memory reads it: e2m1 values
     as their uint4 codes (`E2M1_CODES`), any other as it is."""

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas import four_bit_bits
 from kernelhub._pallas.mosaic_gpu import block_rules, operand_types
 from kernelhub._pallas.mosaic_gpu.block_rules import BlockConfig
 
@@ -85,8 +86,8 @@ def _pipeline_bytes(config: BlockConfig, problem: Problem, weight_tiles: int) ->
     if not config.upcast:
         return scales + (stages * _step_elements(config, problem, weight_tiles)
                          * operand_types.operand_bytes(problem))
-    widths = (operand_types.stored_bytes(problem.lhs_dtype),
-              operand_types.stored_bytes(problem.rhs_dtype))
+    widths = (four_bit_bits.stored_bits(problem.lhs_dtype) / 8,
+              four_bit_bits.stored_bits(problem.rhs_dtype) / 8)
     counts = _operand_step_elements(config, problem, weight_tiles)
     pipeline = stages * sum(c * w for c, w in zip(counts, widths))
     converted = operand_types.converted_dtype(problem.lhs_dtype, problem.rhs_dtype).itemsize

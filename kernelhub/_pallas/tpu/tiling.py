@@ -24,9 +24,9 @@ import numpy as np
 
 from kernelhub._core.shapes import is_static
 from kernelhub._grouped_matmul.problem import Kernel, Problem
+from kernelhub._pallas import four_bit_bits
 from kernelhub._pallas.tpu import mxu
 from kernelhub._pallas.tpu.hardware import Chip
-from kernelhub.quantization import FOUR_BIT_DTYPES
 
 LANES = 128
 GRID_STEP_SECONDS = 0.35e-6  # fixed cost of one grid step on a TensorCore
@@ -58,8 +58,7 @@ def compute_bytes(problem: Problem) -> int:
 def sublanes(dtype: Any) -> int:
     """Rows of `dtype` in one vector register: 8 for 32-bit types, 16 for 16-bit ones, 64 for
     4-bit ones (packed; numpy gives them an itemsize of one byte)."""
-    bits = 4 if np.dtype(dtype) in FOUR_BIT_DTYPES else 8 * np.dtype(dtype).itemsize
-    return 8 * (32 // bits)
+    return 8 * (32 // four_bit_bits.stored_bits(dtype))
 
 
 def row_granule(problem: Problem) -> int:
