@@ -17,8 +17,8 @@
 #           $KERNELHUB_GPU_DTYPES (default "bf16 fp8")
 # epilogue: fused epilogues against the same math unfused, forward and forward + grad
 # quantized: the quantized gmm forward per format (8-bit with one scale per row and column, scale
-#           blocks, MXFP8, 4-bit weights): the Triton kernel beside the Mosaic GPU kernel (8-bit
-#           formats), dense bf16 and dense 8-bit; at $KERNELHUB_GPU_SHAPES where set
+#           blocks, MXFP8, 4-bit weights): the Triton kernel beside the Mosaic GPU kernel (every
+#           format), dense bf16 and dense 8-bit; at $KERNELHUB_GPU_SHAPES where set
 # bench:    the older table, TFLOP/s against cuBLAS dense and ragged_dot (gpu_bench.md)
 # sweep:    a few block configs per shape (gpu_sweep.md)
 # profile:  Mosaic GPU's on-device profiler over one call of each pass at the fine-grained
