@@ -33,6 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import cuda_twins  # noqa: E402
 import kernelhub  # noqa: E402
 from kernelhub import testing  # noqa: E402
 
@@ -202,6 +203,7 @@ def pytest_configure(config):
     # Global (not a per-test context), so threads the tests start and subprocesses inherit it.
     jax.config.update("jax_numpy_dtype_promotion", PROMOTION)
     os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = PROMOTION
+    cuda_twins.install()
 
 
 @pytest.fixture(autouse=True)
@@ -211,6 +213,18 @@ def _promotion_of_the_test(request):
         return
     with jax.numpy_dtype_promotion("standard"):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _interpreted_mosaic_gpu_kernels_lower_for_cuda():
+    """After each test, the Mosaic GPU kernels it interpreted, lowered for cuda
+    (tests/cuda_twins.py); on a GPU the suites run the compiled kernels instead."""
+    yield
+    if jax.default_backend() == "cpu":
+        failures = cuda_twins.TWINS.lower()
+        if failures:
+            pytest.fail("interpreted here, these Mosaic GPU kernel calls do not lower for cuda:\n"
+                        + "\n".join(failures), pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -1905,6 +1905,38 @@ def test_narrow_weights_export_for_cuda_at_shapes_smaller_than_a_tile(dtype):
         sizes), 1)
 
 
+@pytest.mark.skipif(ON_GPU, reason="a CPU host's check: on a GPU the kernels run compiled")
+def test_every_interpreted_kernel_call_is_lowered_for_cuda_after_its_test():
+    """tests/cuda_twins.py, which the whole suite's interpreted calls go through: a forward and
+    its gradients interpreted here note three kernel calls (each with its shapes, dtypes and
+    static arguments), each lowered for cuda to a Mosaic GPU kernel once, however often it
+    ran; a call that lowers to no Mosaic GPU kernel is reported with its arguments."""
+    import cuda_twins
+
+    twins = cuda_twins.TWINS
+    twins.lower()  # whatever this test's setup noted: not what it counts
+    lowered = twins.lowered
+    rng = np.random.default_rng(7)
+    lhs, rhs = _values(rng, (37, 24), jnp.bfloat16), _values(rng, (3, 24, 10), jnp.bfloat16)
+    sizes = jnp.asarray([13, 0, 22], jnp.int32)
+    gmm = _mosaic(GMM)
+    for _ in range(2):
+        jitted_vjp(lambda l, r: gmm(l, r, sizes, preferred_element_type=jnp.float32),
+                   (lhs, rhs), jnp.ones((37, 10), jnp.float32))
+    assert twins.lower() == []
+    assert twins.lowered == lowered + 3  # forward, lhs gradient (gmm again), weight gradient
+
+    def not_a_kernel(lhs, scale, *, interpret):
+        return lhs * scale
+
+    call = cuda_twins.KernelCall(not_a_kernel, jax.tree.structure(((0, 0), {})),
+                                 (jax.ShapeDtypeStruct((4, 8), jnp.float32), 2.0), False)
+    twins.note(call)
+    twins.note(call)
+    assert twins.lower() == [
+        "not_a_kernel(float32[4, 8], 2.0): lowered with no Mosaic GPU kernel"]
+
+
 def test_forward_with_fills_spread_exports_for_cuda(monkeypatch):
     """The profile's spread-fills forward (visits.SPREAD_FILLS) at DeepSeek-V3's shard lowers
     to one Mosaic GPU kernel and nothing else of ours, another program than the row-ordered
