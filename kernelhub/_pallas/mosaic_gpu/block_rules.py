@@ -170,13 +170,12 @@ def conversion_problem(config: BlockConfig, problem: Problem) -> str | None:
 def _stored_tiles(config: BlockConfig, problem: Problem) -> list[tuple[str, str, int, int]]:
     """(operand, dtype, rows one compute warpgroup converts, values along the minor axis) of
     each operand's tile as an upcast kernel reads it: gmm's weights transposed where the
-    converted type is K-major only, tgmm's operands in the layouts of tgmm_chunks.py."""
+    converted type is K-major only, tgmm's as operand_types.tgmm_tiles lays them."""
     bm, bk, bn = config.block_m, config.block_k, config.block_n
     converted = operand_types.converted_dtype(problem.lhs_dtype, problem.rhs_dtype)
     k_major = converted is not None and converted.name in operand_types.K_MAJOR_ONLY
     if problem.kernel is Kernel.TGMM:
-        lhs = (bk, bm) if k_major else (bm, bk)
-        rhs = (bn, bm) if k_major else (bm, bn)
+        lhs, rhs = operand_types.tgmm_tiles(k_major, bm, bk, bn)
     else:
         lhs = (bm, bk)
         if problem.kernel is Kernel.GMM_TRANSPOSED_RHS or k_major:

@@ -45,6 +45,17 @@ def read_as(array: jax.Array) -> jax.Array:
     return array
 
 
+def tgmm_tiles(k_major_only: bool, block_m: int, block_k: int,
+               block_n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The shapes of tgmm's lhs and rhs tiles as its kernel reads them from lhs [m, k] and rhs
+    [m, n] (tgmm_chunks.ChunkLayout): as stored, [block_m, block_k] and [block_m, block_n],
+    where wgmma takes the multiplied type either way; [block_k, block_m] and [block_n, block_m],
+    the summed rows along the minor axis, where wgmma reads that type K-major only."""
+    if k_major_only:
+        return (block_k, block_m), (block_n, block_m)
+    return (block_m, block_k), (block_m, block_n)
+
+
 def converted_dtype(lhs_dtype: Any, rhs_dtype: Any) -> np.dtype | None:
     """What `upcast` converts a call's 8-bit tiles to: float16 beside another 8-bit operand,
     else the other operand's type (float16, bfloat16 and float32 hold every int8, e4m3 and

@@ -74,9 +74,8 @@ class ChunkLayout:
         other); interpreted, the transposing tile (`scratch`)."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
-        bm, bk, bn = blocks.block_m, blocks.block_k, blocks.block_n
-        lhs_tile = (bm, bk) if self.lhs_rows_major else (bk, bm)
-        rhs_tile = (bn, bm) if self.rhs_k_major else (bm, bn)
+        lhs_tile, rhs_tile = operand_types.tgmm_tiles(self.k_major_only, blocks.block_m,
+                                                      blocks.block_k, blocks.block_n)
         tiles = {}
         if self.converted is not None and jnp.dtype(lhs_dtype) != self.converted:
             tiles["lhs_converted"] = plgpu.SMEM((2, *lhs_tile), self.converted)
