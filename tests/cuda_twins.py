@@ -1,12 +1,17 @@
-"""Every Mosaic GPU kernel the suite interprets is lowered for cuda too, once per distinct call.
+"""Every GPU kernel the suite interprets is lowered for cuda too, once per distinct call.
 
-Mosaic GPU's interpreter runs a kernel's program on this host without the passes that lower it
-for a GPU (layout inference, TMA's rules, the shared-memory limit), so a kernel can pass every
-interpreted test here and still fail to lower on an H100: three such faults were found by hand
-on 2026-11-29, none by a test. While a test runs, each interpreted raw kernel call (the forward
-and the weight gradient's) is noted with its operands' shapes and dtypes and every static
-argument; after the test the same call with `interpret=False` is exported for cuda, which runs
-all of Mosaic GPU's lowering from a CPU, and a failure fails the test that made the call.
+The interpreters run a kernel's program on this host without the passes that lower it for a
+GPU: Mosaic GPU's interpreter has no layout inference and checks neither TMA's rules nor the
+shared-memory limit, and Pallas's Triton interpreter runs jax operations where the Triton
+lowering takes only some. So a kernel can pass every interpreted test here and still fail to
+lower on an H100: three such Mosaic GPU faults were found by hand on 2026-11-29, none by a test.
+While a test runs, each interpreted raw kernel call of the Mosaic GPU and Triton backends (the
+forward's and the weight gradient's) is noted with its operands' shapes and dtypes and every
+static argument; after the test the same call with `interpret=False` is exported for cuda, which
+runs the backend's whole lowering from a CPU (Mosaic GPU's to its custom call, with jax.export's
+default checks; Triton's to Triton IR, whose custom call is not export-stable, hence that check
+disabled), and a call that fails, or lowers to no kernel of its backend, fails the test that
+made it. (Only a GPU compiles the lowered kernels: PTX, and Mosaic GPU's own at jax's compile.)
 
 Only on a CPU host: on a GPU the suites run the compiled kernels themselves.
 """
@@ -23,10 +28,16 @@ import jax
 import numpy as np
 
 import kernelhub.export
+from kernelhub._core import jax_internals
+from kernelhub._verify import cuda_lowering
 
-_KERNELS = (("kernelhub._pallas.mosaic_gpu.grouped_matmul", "raw_grouped_matmul"),
+# (module, raw kernel, the kernel kind kernelhub.export.kernels_by_platform counts it as)
+_KERNELS = (("kernelhub._pallas.mosaic_gpu.grouped_matmul", "raw_grouped_matmul", "mosaic_gpu"),
             ("kernelhub._pallas.mosaic_gpu.transposed_grouped_matmul",
-             "raw_transposed_grouped_matmul"))
+             "raw_transposed_grouped_matmul", "mosaic_gpu"),
+            ("kernelhub._pallas.gpu.grouped_matmul", "raw_grouped_matmul", "triton"),
+            ("kernelhub._pallas.gpu.transposed_grouped_matmul", "raw_transposed_grouped_matmul",
+             "triton"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +45,7 @@ class KernelCall:
     """One interpreted call, as what it takes to make it again on abstract operands."""
 
     kernel: Callable[..., Any]
+    kind: str  # "mosaic_gpu" or "triton"
     structure: Any  # the treedef of (args, kwargs)
     leaves: tuple  # a jax.ShapeDtypeStruct for each array, the value itself for the rest
     x64: bool
@@ -43,7 +55,7 @@ class KernelCall:
                  for leaf in self.leaves]
         args, kwargs = jax.tree.unflatten(self.structure, shown)
         listed = [*map(repr, args), *(f"{name}={value!r}" for name, value in kwargs.items())]
-        return f"{self.kernel.__name__}({', '.join(listed)})"
+        return f"{self.kind} {self.kernel.__name__}({', '.join(listed)})"
 
     def export_for_cuda(self) -> jax.export.Exported:
         arrays = [leaf for leaf in self.leaves if _is_spec(leaf)]
@@ -54,7 +66,11 @@ class KernelCall:
             args, kwargs = jax.tree.unflatten(self.structure, leaves)
             return self.kernel(*args, **kwargs, interpret=False)
 
-        with jax.enable_x64(self.x64):
+        # lowering_for: as kernelhub's own calls lower for cuda (jax 0.11's Triton lowering
+        # asks the host which GPU it compiles for).
+        with jax.enable_x64(self.x64), jax_internals.lowering_for("cuda"):
+            if self.kind == "triton":
+                return cuda_lowering.export_for_cuda(compiled, arrays)
             return jax.export.export(jax.jit(compiled), platforms=["cuda"])(*arrays)
 
 
@@ -85,7 +101,7 @@ class Twins:
         self.lowered = 0
 
     def note(self, call: KernelCall) -> None:
-        key = (call.kernel.__name__, call.structure, tuple(
+        key = (call.kind, call.kernel.__name__, call.structure, tuple(
             (leaf.shape, str(leaf.dtype)) if _is_spec(leaf) else repr(leaf)
             for leaf in call.leaves), call.x64)
         with self._lock:
@@ -104,8 +120,8 @@ class Twins:
             except Exception as error:  # noqa: BLE001  (each failure is reported, with its call)
                 failures.append(f"{call.describe()}: {type(error).__name__}: {error}")
                 continue
-            if not kernelhub.export.kernels_by_platform(exported)["cuda"].get("mosaic_gpu"):
-                failures.append(f"{call.describe()}: lowered with no Mosaic GPU kernel")
+            if not kernelhub.export.kernels_by_platform(exported)["cuda"].get(call.kind):
+                failures.append(f"{call.describe()}: lowered with no {call.kind} kernel")
             self.lowered += 1
         return failures
 
@@ -113,13 +129,13 @@ class Twins:
 TWINS = Twins()
 
 
-def _noting(kernel: Callable[..., Any]) -> Callable[..., Any]:
+def _noting(kernel: Callable[..., Any], kind: str) -> Callable[..., Any]:
     @functools.wraps(kernel)
     def noted(*args, interpret: bool = False, **kwargs):
         out = kernel(*args, interpret=interpret, **kwargs)
         if interpret:  # noted once it ran: a call refused before it runs has no twin to lower
             leaves, structure = jax.tree.flatten((args, kwargs))
-            TWINS.note(KernelCall(kernel, structure, tuple(map(_abstract, leaves)),
+            TWINS.note(KernelCall(kernel, kind, structure, tuple(map(_abstract, leaves)),
                                   bool(jax.config.jax_enable_x64)))
         return out
 
@@ -130,6 +146,6 @@ def install() -> None:
     """Wraps the raw kernels where the backend's registration looks them up at each call."""
     import importlib
 
-    for module_name, name in _KERNELS:
+    for module_name, name, kind in _KERNELS:
         module = importlib.import_module(module_name)
-        setattr(module, name, _noting(getattr(module, name)))
+        setattr(module, name, _noting(getattr(module, name), kind))

@@ -1920,7 +1920,7 @@ def test_every_interpreted_kernel_call_is_lowered_for_cuda_after_its_test():
     lhs, rhs = _values(rng, (37, 24), jnp.bfloat16), _values(rng, (3, 24, 10), jnp.bfloat16)
     sizes = jnp.asarray([13, 0, 22], jnp.int32)
     gmm = _mosaic(GMM)
-    for _ in range(2):
+    for _ in range(2):  # called twice, lowered once
         jitted_vjp(lambda l, r: gmm(l, r, sizes, preferred_element_type=jnp.float32),
                    (lhs, rhs), jnp.ones((37, 10), jnp.float32))
     assert twins.lower() == []
@@ -1929,12 +1929,12 @@ def test_every_interpreted_kernel_call_is_lowered_for_cuda_after_its_test():
     def not_a_kernel(lhs, scale, *, interpret):
         return lhs * scale
 
-    call = cuda_twins.KernelCall(not_a_kernel, jax.tree.structure(((0, 0), {})),
+    call = cuda_twins.KernelCall(not_a_kernel, "mosaic_gpu", jax.tree.structure(((0, 0), {})),
                                  (jax.ShapeDtypeStruct((4, 8), jnp.float32), 2.0), False)
     twins.note(call)
     twins.note(call)
     assert twins.lower() == [
-        "not_a_kernel(float32[4, 8], 2.0): lowered with no Mosaic GPU kernel"]
+        "mosaic_gpu not_a_kernel(float32[4, 8], 2.0): lowered with no mosaic_gpu kernel"]
 
 
 def test_forward_with_fills_spread_exports_for_cuda(monkeypatch):
