@@ -216,14 +216,14 @@ def _promotion_of_the_test(request):
 
 
 @pytest.fixture(autouse=True)
-def _interpreted_mosaic_gpu_kernels_lower_for_cuda():
-    """After each test, the Mosaic GPU kernels it interpreted, lowered for cuda
+def _interpreted_gpu_kernels_lower_for_cuda():
+    """After each test, the GPU kernels (Mosaic GPU, Triton) it interpreted, lowered for cuda
     (tests/cuda_twins.py); on a GPU the suites run the compiled kernels instead."""
     yield
     if jax.default_backend() == "cpu":
         failures = cuda_twins.TWINS.lower()
         if failures:
-            pytest.fail("interpreted here, these Mosaic GPU kernel calls do not lower for cuda:\n"
+            pytest.fail("interpreted here, these GPU kernel calls do not lower for cuda:\n"
                         + "\n".join(failures), pytrace=False)
 
 
