@@ -33,7 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-import cuda_twins  # noqa: E402
+import lowered_twins  # noqa: E402
 import kernelhub  # noqa: E402
 from kernelhub import testing  # noqa: E402
 
@@ -203,7 +203,7 @@ def pytest_configure(config):
     # Global (not a per-test context), so threads the tests start and subprocesses inherit it.
     jax.config.update("jax_numpy_dtype_promotion", PROMOTION)
     os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = PROMOTION
-    cuda_twins.install()
+    lowered_twins.install()
 
 
 @pytest.fixture(autouse=True)
@@ -216,14 +216,14 @@ def _promotion_of_the_test(request):
 
 
 @pytest.fixture(autouse=True)
-def _interpreted_gpu_kernels_lower_for_cuda():
-    """After each test, the GPU kernels (Mosaic GPU, Triton) it interpreted, lowered for cuda
-    (tests/cuda_twins.py); on a GPU the suites run the compiled kernels instead."""
+def _interpreted_kernels_lower_for_their_chips():
+    """After each test, the Pallas kernels (Mosaic GPU, Triton, TPU) it interpreted, lowered for
+    cuda or tpu (tests/lowered_twins.py); on a GPU the suites run the compiled kernels instead."""
     yield
     if jax.default_backend() == "cpu":
-        failures = cuda_twins.TWINS.lower()
+        failures = lowered_twins.TWINS.lower()
         if failures:
-            pytest.fail("interpreted here, these GPU kernel calls do not lower for cuda:\n"
+            pytest.fail("interpreted here, these kernel calls do not lower for their chips:\n"
                         + "\n".join(failures), pytrace=False)
 
 

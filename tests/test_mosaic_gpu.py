@@ -1907,13 +1907,13 @@ def test_narrow_weights_export_for_cuda_at_shapes_smaller_than_a_tile(dtype):
 
 @pytest.mark.skipif(ON_GPU, reason="a CPU host's check: on a GPU the kernels run compiled")
 def test_every_interpreted_kernel_call_is_lowered_for_cuda_after_its_test():
-    """tests/cuda_twins.py, which the whole suite's interpreted calls go through: a forward and
+    """tests/lowered_twins.py, which the whole suite's interpreted calls go through: a forward and
     its gradients interpreted here note three kernel calls (each with its shapes, dtypes and
     static arguments), each lowered for cuda to a Mosaic GPU kernel once, however often it
     ran; a call that lowers to no Mosaic GPU kernel is reported with its arguments."""
-    import cuda_twins
+    import lowered_twins
 
-    twins = cuda_twins.TWINS
+    twins = lowered_twins.TWINS
     twins.lower()  # whatever this test's setup noted: not what it counts
     lowered = twins.lowered
     rng = np.random.default_rng(7)
@@ -1929,8 +1929,9 @@ def test_every_interpreted_kernel_call_is_lowered_for_cuda_after_its_test():
     def not_a_kernel(lhs, scale, *, interpret):
         return lhs * scale
 
-    call = cuda_twins.KernelCall(not_a_kernel, "mosaic_gpu", jax.tree.structure(((0, 0), {})),
-                                 (jax.ShapeDtypeStruct((4, 8), jnp.float32), 2.0), False)
+    call = lowered_twins.KernelCall(not_a_kernel, "mosaic_gpu", "cuda",
+                                    jax.tree.structure(((0, 0), {})),
+                                    (jax.ShapeDtypeStruct((4, 8), jnp.float32), 2.0), False)
     twins.note(call)
     twins.note(call)
     assert twins.lower() == [

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import kernelhub
 from kernelhub._grouped_matmul.problem import Kernel, Problem
 import reference
-from conftest import assert_close, equations
+from conftest import assert_close, equations, jitted_vjp
 from kernelhub._pallas.tpu import hardware, interpreted, schedule, tiling
 from kernelhub._verify import tpu_ahead_of_time as ahead_of_time
 from strategies import PATTERNS, normal, sizes_for
@@ -684,6 +684,30 @@ def test_lowering_outside_a_tpu_context_uses_portable_tiles():
     problem = Problem(Kernel.GMM, shape.m, shape.k, shape.n, shape.experts,
                              shape.local_experts, jnp.bfloat16, jnp.bfloat16, jnp.bfloat16, False)
     assert tiles == {"gmm": tiling.default_for_chip(problem, hardware.PORTABLE).as_tuple()}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="a CPU host's check: elsewhere the suites run compiled kernels")
+def test_every_interpreted_kernel_call_is_lowered_for_tpu_after_its_test():
+    """tests/lowered_twins.py, for the Pallas TPU kernels: a forward and its gradients
+    interpreted here note three kernel calls, each lowered for tpu to a Mosaic kernel once
+    however often it ran (its failure path: tests/test_mosaic_gpu.py's test of the same
+    kind)."""
+    import lowered_twins
+
+    twins = lowered_twins.TWINS
+    twins.lower()  # whatever this test's setup noted: not what it counts
+    lowered = twins.lowered
+    rng = np.random.default_rng(7)
+    lhs = jnp.asarray(rng.standard_normal((37, 24)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.standard_normal((3, 24, 10)), jnp.bfloat16)
+    sizes = jnp.asarray([13, 0, 22], jnp.int32)
+    gmm = kernelhub.get("grouped_matmul", platform="pallas")
+    for _ in range(2):  # called twice, lowered once
+        jitted_vjp(lambda l, r: gmm(l, r, sizes, preferred_element_type=jnp.float32),
+                   (lhs, rhs), jnp.ones((37, 10), jnp.float32))
+    assert twins.lower() == []
+    assert twins.lowered == lowered + 3  # forward, lhs gradient (gmm again), weight gradient
 
 
 def test_moe_shapes_are_the_ones_documented():

@@ -470,12 +470,12 @@ def test_lowers_for_cuda_with_existing_out_and_transposed_rhs():
 @pytest.mark.skipif(jax.default_backend() == "gpu",
                     reason="a CPU host's check: on a GPU the kernels run compiled")
 def test_every_interpreted_kernel_call_is_lowered_for_cuda_after_its_test():
-    """tests/cuda_twins.py, for the Triton kernels: a forward and its gradients interpreted
+    """tests/lowered_twins.py, for the Triton kernels: a forward and its gradients interpreted
     here note three kernel calls, each lowered for cuda to a Triton kernel once however often
     it ran (its failure path: tests/test_mosaic_gpu.py's test of the same name)."""
-    import cuda_twins
+    import lowered_twins
 
-    twins = cuda_twins.TWINS
+    twins = lowered_twins.TWINS
     twins.lower()  # whatever this test's setup noted: not what it counts
     lowered = twins.lowered
     rng = np.random.default_rng(7)

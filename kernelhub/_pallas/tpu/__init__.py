@@ -18,10 +18,9 @@ from kernelhub._grouped_matmul.autodiff import Differentiable
 from kernelhub._grouped_matmul.names import (
     ACTIVATION, BIAS, GLU, QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES)
 from kernelhub._grouped_matmul.registration import implementations, register_grouped_matmuls
+from kernelhub._pallas.tpu import grouped_matmul as _gmm_kernel
+from kernelhub._pallas.tpu import transposed_grouped_matmul as _tgmm_kernel
 from kernelhub._pallas.tpu import tuning_space
-from kernelhub._pallas.tpu.grouped_matmul import grouped_matmul as _raw_grouped_matmul
-from kernelhub._pallas.tpu.transposed_grouped_matmul import (
-    transposed_grouped_matmul as _raw_transposed_grouped_matmul)
 
 # Mosaic takes a symbolic m (kernelhub.export's dynamic-shape mode, docs/export.md).
 _FEATURES = (QUANTIZED, QUANTIZED_4BIT, QUANTIZED_BLOCKS, SYMBOLIC_SHAPES, BIAS, ACTIVATION, GLU)
@@ -32,8 +31,18 @@ def _raw(interpret: Any) -> tuple:
     # the MXU where it has them, else widened per tile in VMEM: mxu.compute_dtype) and
     # apply scale blocks along the contraction; one scale per row or column is applied around
     # them (fold_scales).
-    return (functools.partial(_raw_grouped_matmul, interpret=interpret),
-            functools.partial(_raw_transposed_grouped_matmul, interpret=interpret))
+    return (functools.partial(_raw_gmm, interpret=interpret),
+            functools.partial(_raw_tgmm, interpret=interpret))
+
+
+# The kernels are looked up in their modules at each call, as the GPU backends' are, so that a
+# test can wrap them where every registration finds them (tests/lowered_twins.py).
+def _raw_gmm(*args, **kwargs):
+    return _gmm_kernel.grouped_matmul(*args, **kwargs)
+
+
+def _raw_tgmm(*args, **kwargs):
+    return _tgmm_kernel.transposed_grouped_matmul(*args, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)
