@@ -164,3 +164,27 @@ def install() -> None:
     for module_name, name, kind, platform in _KERNELS:
         module = importlib.import_module(module_name)
         setattr(module, name, _noting(getattr(module, name), kind, platform))
+
+
+def lowered_for_a_forward_with_gradients(platform: str) -> tuple[int, list[str]]:
+    """For the twins' own tests: a small gmm forward with both gradients on `platform`'s
+    interpreted kernels, called twice; how many distinct calls that lowered, and what failed."""
+    import jax.numpy as jnp
+
+    TWINS.lower()  # whatever the test's setup noted: not what this counts
+    before = TWINS.lowered
+    rng = np.random.default_rng(7)
+    lhs = jnp.asarray(rng.standard_normal((37, 24)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.standard_normal((3, 24, 10)), jnp.bfloat16)
+    sizes = jnp.asarray([13, 0, 22], jnp.int32)
+    gmm = kernelhub.get("grouped_matmul", platform=platform)
+
+    for _ in range(2):  # two programs making the same calls: lowered once
+        def forward_and_gradients(lhs, rhs):
+            out, pullback = jax.vjp(
+                lambda l, r: gmm(l, r, sizes, preferred_element_type=jnp.float32), lhs, rhs)
+            return out, pullback(jnp.ones_like(out))
+
+        jax.jit(forward_and_gradients)(lhs, rhs)
+    failures = TWINS.lower()
+    return TWINS.lowered - before, failures

@@ -20,7 +20,7 @@ import kernelhub
 import reference
 from kernelhub._grouped_matmul.groups import NO_OFFSET
 from kernelhub._grouped_matmul.problem import Kernel, Problem
-from conftest import assert_close, jitted_vjp
+from conftest import assert_close
 from kernelhub._grouped_matmul import visits
 from kernelhub._pallas.gpu import config
 from kernelhub._verify import cuda_lowering as cuda_export
@@ -475,19 +475,8 @@ def test_every_interpreted_kernel_call_is_lowered_for_cuda_after_its_test():
     it ran (its failure path: tests/test_mosaic_gpu.py's test of the same name)."""
     import lowered_twins
 
-    twins = lowered_twins.TWINS
-    twins.lower()  # whatever this test's setup noted: not what it counts
-    lowered = twins.lowered
-    rng = np.random.default_rng(7)
-    lhs = jnp.asarray(rng.standard_normal((37, 24)), jnp.bfloat16)
-    rhs = jnp.asarray(rng.standard_normal((3, 24, 10)), jnp.bfloat16)
-    sizes = jnp.asarray([13, 0, 22], jnp.int32)
-    gmm = kernelhub.get(GMM, platform="triton")
-    for _ in range(2):  # called twice, lowered once
-        jitted_vjp(lambda l, r: gmm(l, r, sizes, preferred_element_type=jnp.float32),
-                   (lhs, rhs), jnp.ones((37, 10), jnp.float32))
-    assert twins.lower() == []
-    assert twins.lowered == lowered + 3  # forward, lhs gradient (gmm again), weight gradient
+    # forward, lhs gradient (gmm again), weight gradient
+    assert lowered_twins.lowered_for_a_forward_with_gradients("triton") == (3, [])
 
 
 def _offset_bits(triton_ir: str) -> dict[int, set[int]]:
