@@ -203,7 +203,8 @@ def pytest_configure(config):
     # Global (not a per-test context), so threads the tests start and subprocesses inherit it.
     jax.config.update("jax_numpy_dtype_promotion", PROMOTION)
     os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = PROMOTION
-    lowered_twins.install()
+    if jax.default_backend() == "cpu":  # elsewhere the suites run the compiled kernels
+        lowered_twins.install()
 
 
 @pytest.fixture(autouse=True)
@@ -218,13 +219,12 @@ def _promotion_of_the_test(request):
 @pytest.fixture(autouse=True)
 def _interpreted_kernels_lower_for_their_chips():
     """After each test, the Pallas kernels (Mosaic GPU, Triton, TPU) it interpreted, lowered for
-    cuda or tpu (tests/lowered_twins.py); on a GPU the suites run the compiled kernels instead."""
+    cuda or tpu (tests/lowered_twins.py; installed on a CPU host only)."""
     yield
-    if jax.default_backend() == "cpu":
-        failures = lowered_twins.TWINS.lower()
-        if failures:
-            pytest.fail("interpreted here, these kernel calls do not lower for their chips:\n"
-                        + "\n".join(failures), pytrace=False)
+    failures = lowered_twins.TWINS.lower()
+    if failures:
+        pytest.fail("interpreted here, these kernel calls do not lower for their chips:\n"
+                    + "\n".join(failures), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
